@@ -3,6 +3,10 @@
 One program handles one token and a block of heads: program_id(1) < num_q_blocks rotates query
 heads, the rest rotate key heads and (WRITE_KV) store K and V into the cache slot of the token.
 The same kernel with ROTATE=False is the standalone KV write.
+
+The rotary dims of a head are addressed as a [HALF, 2] grid of pairs (i, j): neox pairs dim i
+with dim i + HALF, GPT-J pairs dim 2i with 2i + 1. Both load as one contiguous tile and are split
+in registers, so neither needs a gather.
 """
 
 from __future__ import annotations
@@ -14,41 +18,6 @@ import triton
 import triton.language as tl
 
 from sgl_ext._common import KVLayout, fp8_max
-
-
-@triton.jit
-def _rotate(
-    row_ptrs,  # [BLOCK_H, 1] pointers to the start of each head row
-    head_mask,  # [BLOCK_H, 1]
-    cos_ptr,  # pointer to this token's cos row (sin follows after ROT_DIM // 2)
-    HEAD_DIM: tl.constexpr,
-    ROT_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    IS_NEOX: tl.constexpr,
-    ROTATE: tl.constexpr,
-):
-    """Load [BLOCK_H, BLOCK_D] rows and return them rotated, in fp32."""
-    d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
-    d_mask = d < HEAD_DIM
-    x = tl.load(row_ptrs + d, mask=head_mask & d_mask, other=0.0).to(tl.float32)
-    if ROTATE:
-        HALF: tl.constexpr = ROT_DIM // 2
-        rot = d < ROT_DIM
-        if IS_NEOX:
-            ci = tl.where(d < HALF, d, d - HALF)
-            partner = tl.where(d < HALF, d + HALF, d - HALF)
-            sign = tl.where(d < HALF, -1.0, 1.0)
-        else:
-            ci = d // 2
-            partner = d ^ 1
-            sign = tl.where((d % 2) == 0, -1.0, 1.0)
-        ci = tl.where(rot, ci, 0)
-        partner = tl.where(rot, partner, d)
-        cos = tl.load(cos_ptr + ci, mask=rot, other=1.0)
-        sin = tl.load(cos_ptr + HALF + ci, mask=rot, other=0.0)
-        xp = tl.load(row_ptrs + partner, mask=head_mask & rot, other=0.0).to(tl.float32)
-        x = tl.where(rot, x * cos + (sign * xp) * sin, x)
-    return x
 
 
 @triton.jit
@@ -70,15 +39,10 @@ def _round_to_fp8_grid(x, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
 
 
 @triton.jit
-def _quantize(
-    x, scale_ptr, scale_f, SCALE_MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMULATE: tl.constexpr
-):
-    """x (fp32) / scale, clamped to the fp8 range when FP8_MAX > 0."""
-    if SCALE_MODE == 1:
-        x = tl.math.div_rn(x, tl.full(x.shape, scale_f, tl.float32))
-    elif SCALE_MODE == 2:
-        s = tl.load(scale_ptr).to(tl.float32)
-        x = tl.math.div_rn(x, tl.full(x.shape, 1.0, tl.float32) * s)
+def _quantize(x, scale, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, EMULATE: tl.constexpr):
+    """x (fp32) / scale (IEEE division), clamped to the fp8 range when FP8_MAX > 0."""
+    if HAS_SCALE:
+        x = tl.math.div_rn(x, tl.zeros_like(x) + scale)
     if FP8_MAX > 0:
         x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
         if EMULATE:
@@ -87,6 +51,33 @@ def _quantize(
             else:  # e5m2
                 x = _round_to_fp8_grid(x, 2, -14)
     return x
+
+
+@triton.jit
+def _load_scale(ptr, f, MODE: tl.constexpr):
+    if MODE == 2:
+        return tl.load(ptr).to(tl.float32)
+    return f
+
+
+@triton.jit
+def _pair_offsets(
+    BLOCK_HALF: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr
+):  # -> [1, BLOCK_HALF, 2] dim offsets and mask
+    i = tl.arange(0, BLOCK_HALF)[None, :, None]
+    j = tl.arange(0, 2)[None, None, :]
+    if IS_NEOX:
+        d = i + j * HALF
+    else:
+        d = 2 * i + j
+    return d, (i < HALF) & (j < 2)
+
+
+@triton.jit
+def _rotate_pairs(x, cos, sin):
+    """x [H, HALF, 2] fp32 pairs (a, b) -> (a cos - b sin, b cos + a sin)."""
+    a, b = tl.split(x)
+    return tl.join(a * cos - b * sin, b * cos + a * sin)
 
 
 @triton.jit
@@ -125,70 +116,82 @@ def rope_kv_kernel(
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
     ROT_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_H: tl.constexpr,
     IS_NEOX: tl.constexpr,
     ROTATE: tl.constexpr,
     WRITE_KV: tl.constexpr,
-    K_SCALE_MODE: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr,  # 0 none, 1 python float, 2 device tensor
     V_SCALE_MODE: tl.constexpr,
-    K_FP8_MAX: tl.constexpr,
+    K_FP8_MAX: tl.constexpr,  # 0 when the buffer is not fp8
     V_FP8_MAX: tl.constexpr,
     EMULATE_FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
-    h = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
-    d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
+    h = tl.arange(0, BLOCK_H)[:, None, None]  # [BLOCK_H, 1, 1]
+    HALF: tl.constexpr = ROT_DIM // 2
+    d, pair_mask = _pair_offsets(BLOCK_HALF, HALF, IS_NEOX)  # [1, BLOCK_HALF, 2]
+    ci = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: cos/sin column of each pair
+    if USE_PDL:
+        # Programmatic dependent launch: everything above overlapped the previous kernel; wait
+        # for its results before the first load, and let the next kernel start launching.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if ROTATE:
         pos = tl.load(pos_ptr + t).to(tl.int64)
         pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # memory safety; debug checks report
-        cos_ptr = cos_sin_ptr + pos * cs_stride
-    else:
-        cos_ptr = cos_sin_ptr
+        cs_row = cos_sin_ptr + pos * cs_stride
     if hb < num_q_blocks:
         heads = hb * BLOCK_H + h
-        h_mask = heads < num_q_heads
-        rows = q_ptr + t * q_tok_stride + heads * q_head_stride
-        x = _rotate(rows, h_mask, cos_ptr, HEAD_DIM, ROT_DIM, BLOCK_D, IS_NEOX, True)
-        tl.store(rows + d, x.to(q_ptr.dtype.element_ty), mask=h_mask & (d < ROT_DIM))
+        mask = (heads < num_q_heads) & pair_mask
+        ptrs = q_ptr + t * q_tok_stride + heads * q_head_stride + d
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        cos = tl.load(cs_row + ci, mask=ci < HALF, other=0.0)
+        sin = tl.load(cs_row + HALF + ci, mask=ci < HALF, other=0.0)
+        tl.store(ptrs, _rotate_pairs(x, cos, sin).to(q_ptr.dtype.element_ty), mask=mask)
     else:
-        heads = (hb - num_q_blocks) * BLOCK_H + h
-        h_mask = heads < num_kv_heads
-        rows = k_ptr + t * k_tok_stride + heads * k_head_stride
-        k = _rotate(rows, h_mask, cos_ptr, HEAD_DIM, ROT_DIM, BLOCK_D, IS_NEOX, ROTATE)
-        k = k.to(k_ptr.dtype.element_ty)
-        if ROTATE:
-            tl.store(rows + d, k, mask=h_mask & (d < ROT_DIM))
+        heads = (hb - num_q_blocks) * BLOCK_H + h  # [BLOCK_H, 1, 1]
+        h_ok = heads < num_kv_heads
+        mask = h_ok & pair_mask
+        k_row = k_ptr + t * k_tok_stride + heads * k_head_stride
         if WRITE_KV:
+            # Issue every independent load first: slot, V row, K tail, scales.
             loc = tl.load(loc_ptr + t).to(tl.int64)
-            ok = (loc >= 0) & (loc < num_slots)
+            dv = tl.arange(0, BLOCK_DV)[None, None, :]
+            dv_mask = h_ok & (dv < V_HEAD_DIM)
+            v = tl.load(v_ptr + t * v_tok_stride + heads * v_head_stride + dv, mask=dv_mask)
+            k_scale = _load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
+            v_scale = _load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
+            if BLOCK_TAIL > 0:  # pass-through dims of K (partial rotary) go to the cache too
+                dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, None, :]
+                t_mask = h_ok & (dt < HEAD_DIM)
+                k_tail = tl.load(k_row + dt, mask=t_mask)
+        k = tl.load(k_row + d, mask=mask, other=0.0)
+        if ROTATE:
+            cos = tl.load(cs_row + ci, mask=ci < HALF, other=0.0)
+            sin = tl.load(cs_row + HALF + ci, mask=ci < HALF, other=0.0)
+            k = _rotate_pairs(k.to(tl.float32), cos, sin).to(k_ptr.dtype.element_ty)
+            tl.store(k_row + d, k, mask=mask)
+        if WRITE_KV:
+            ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
             loc = tl.where(ok, loc, 0)
             page = loc // page_size
             off = loc - page * page_size
-            kq = _quantize(
-                k.to(tl.float32), k_scale_ptr, k_scale_f, K_SCALE_MODE, K_FP8_MAX, EMULATE_FP8
-            )
             kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + heads * kb_head_stride
-            tl.store(
-                kdst + d,
-                kq.to(kbuf_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
-                mask=ok & h_mask & (d < HEAD_DIM),
-            )
-            dv = tl.arange(0, BLOCK_DV)[None, :]
-            dv_mask = h_mask & (dv < V_HEAD_DIM)
-            vsrc = v_ptr + t * v_tok_stride + heads * v_head_stride + dv
-            v = tl.load(vsrc, mask=dv_mask, other=0.0)
-            vq = _quantize(
-                v.to(tl.float32), v_scale_ptr, v_scale_f, V_SCALE_MODE, V_FP8_MAX, EMULATE_FP8
-            )
             vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + heads * vb_head_stride
-            tl.store(
-                vdst + dv,
-                vq.to(vbuf_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
-                mask=ok & dv_mask,
-            )
+            KT = kbuf_ptr.dtype.element_ty
+            kq = _quantize(k.to(tl.float32), k_scale, K_SCALE_MODE > 0, K_FP8_MAX, EMULATE_FP8)
+            tl.store(kdst + d, kq.to(KT), mask=ok & mask)
+            if BLOCK_TAIL > 0:
+                kt = _quantize(k_tail.to(tl.float32), k_scale, K_SCALE_MODE > 0, K_FP8_MAX,
+                               EMULATE_FP8)  # fmt: skip
+                tl.store(kdst + dt, kt.to(KT), mask=ok & t_mask)
+            vq = _quantize(v.to(tl.float32), v_scale, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
+            tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=ok & dv_mask)
 
 
 def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tuple:
@@ -200,8 +203,19 @@ def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tupl
     return 1, dummy, float(scale)
 
 
-def _block_h(num_heads: int, block_d: int) -> int:
-    return max(1, min(triton.next_power_of_2(num_heads), max(1, 2048 // block_d)))
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, int]:
+    """(heads per program, num_warps): small batches split heads finer for parallelism."""
+    override = os.environ.get("SGL_EXT_TRITON_CONFIG")  # "block_h,num_warps", for tuning only
+    if override:
+        bh, nw = (int(x) for x in override.split(","))
+        return bh, nw
+    elems = 2048 if num_tokens >= 512 else 512
+    block_h = max(1, min(triton.next_power_of_2(max_heads), elems // head_dim))
+    return block_h, 4
 
 
 def launch_rope_kv(
@@ -214,38 +228,34 @@ def launch_rope_kv(
     q_info: tuple[int, int, int] | None,  # (num_heads, token stride, head stride)
     k_info: tuple[int, int, int],
     kv: tuple | None,  # (value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
+    enable_pdl: bool | None = None,
 ) -> None:
     """Launch the kernel. q/positions/cos_sin_cache None: KV write only; kv None: RoPE only."""
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
     rotate = cos_sin_cache is not None
-    block_d = triton.next_power_of_2(head_size)
+    rot = cos_sin_cache.shape[1] if rotate else 0
     num_q_heads, q_tok, q_head = q_info if q_info is not None else (0, 0, 0)
     num_kv_heads, k_tok, k_head = k_info
-    block_h = _block_h(max(num_q_heads, num_kv_heads), block_d)
+    block_h, num_warps = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size)
     num_q_blocks = triton.cdiv(num_q_heads, block_h)
     grid = (num_tokens, num_q_blocks + triton.cdiv(num_kv_heads, block_h))
-    dummy = key
     if kv is not None:
         value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
-        k_lay: KVLayout
-        v_lay: KVLayout
     else:
         value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs = (
-            key,
-            0,
-            0,
-            1,
-            key,
-            key,
-            key,
-            None,
-            None,
-        )
+            key, 0, 0, 1, key, key, key, None, None,
+        )  # fmt: skip
         k_lay = v_lay = KVLayout(1, 1, 0, 0, 0, 1, 1)
-    k_mode, k_sptr, k_sf = _scale_args(ks, dummy)
-    v_mode, v_sptr, v_sf = _scale_args(vs, dummy)
+    k_mode, k_sptr, k_sf = _scale_args(ks, key)
+    v_mode, v_sptr, v_sf = _scale_args(vs, key)
+    interp = _interpreting()
+    if enable_pdl is None:
+        enable_pdl = key.is_cuda and torch.cuda.get_device_capability(key.device)[0] >= 9
+    use_pdl = bool(enable_pdl) and not interp
+    tail = head_size - rot
+    extra = {"launch_pdl": True} if use_pdl else {}
     rope_kv_kernel[grid](
         positions if rotate else key,
         cos_sin_cache if rotate else key,
@@ -280,8 +290,9 @@ def launch_rope_kv(
         cos_sin_cache.shape[0] if rotate else 1,
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
-        ROT_DIM=cos_sin_cache.shape[1] if rotate else 0,
-        BLOCK_D=block_d,
+        ROT_DIM=rot,
+        BLOCK_HALF=triton.next_power_of_2(max(1, rot // 2)),
+        BLOCK_TAIL=triton.next_power_of_2(tail) if tail > 0 else 0,
         BLOCK_DV=triton.next_power_of_2(v_head_dim),
         BLOCK_H=block_h,
         IS_NEOX=bool(is_neox),
@@ -291,6 +302,8 @@ def launch_rope_kv(
         V_SCALE_MODE=v_mode,
         K_FP8_MAX=fp8_max(kbuf.dtype),
         V_FP8_MAX=fp8_max(vbuf.dtype),
-        EMULATE_FP8=os.environ.get("TRITON_INTERPRET", "0") == "1",
-        num_warps=4,
+        EMULATE_FP8=interp,
+        USE_PDL=use_pdl,
+        num_warps=num_warps,
+        **extra,
     )

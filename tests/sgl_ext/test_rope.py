@@ -81,15 +81,16 @@ def run_case(
     arg = FusedSetKVBufferArg(v, kb, vb, ks, vs, loc) if fused else None
     sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, d, cs, neox, arg)
 
-    q_ref = rope_ref(pos.cpu(), orig[:, : hq * d], d, cs.cpu(), neox)  # [T, Hq, D] f64
-    k_ref = rope_ref(pos.cpu(), orig[:, hq * d : (hq + hkv) * d], d, cs.cpu(), neox)
+    orig_c = orig.cpu()
+    q_ref = rope_ref(pos.cpu(), orig_c[:, : hq * d], d, cs.cpu(), neox)  # [T, Hq, D] f64
+    k_ref = rope_ref(pos.cpu(), orig_c[:, hq * d : (hq + hkv) * d], d, cs.cpu(), neox)
     tol = TOL[dtype]
     q_out = q.reshape(t, hq, d).cpu().double()
     k_out = k.reshape(t, hkv, d).cpu().double()
     torch.testing.assert_close(q_out, q_ref, atol=tol * 4, rtol=tol)
     torch.testing.assert_close(k_out, k_ref, atol=tol * 4, rtol=tol)
     # Pass-through dims and V are bit-identical to the input.
-    qkv_c, orig_c = qkv.cpu(), orig.cpu()
+    qkv_c = qkv.cpu()
     q_tail = torch.cat([torch.arange(h * d + rot, (h + 1) * d) for h in range(hq + hkv)])
     assert torch.equal(bits(qkv_c[:, q_tail]), bits(orig_c[:, q_tail]))
     assert torch.equal(bits(qkv_c[:, (hq + hkv) * d :]), bits(orig_c[:, (hq + hkv) * d :]))
