@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_ext._backend import interpreting
 from sgl_ext._common import KVLayout, fp8_max
 
 
@@ -145,6 +146,8 @@ def rope_kv_kernel(
         pos = tl.load(pos_ptr + t).to(tl.int64)
         pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # memory safety; debug checks report
         cs_row = cos_sin_ptr + pos * cs_stride
+    else:
+        cs_row = cos_sin_ptr  # unused: there are no query blocks without rotation
     if hb < num_q_blocks:
         heads = hb * BLOCK_H + h
         mask = (heads < num_q_heads) & pair_mask
@@ -203,19 +206,32 @@ def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tupl
     return 1, dummy, float(scale)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, int]:
     """(heads per program, num_warps): small batches split heads finer for parallelism."""
     override = os.environ.get("SGL_EXT_TRITON_CONFIG")  # "block_h,num_warps", for tuning only
     if override:
         bh, nw = (int(x) for x in override.split(","))
         return bh, nw
-    elems = 2048 if num_tokens >= 512 else 512
+    # Measured on the H100 (benchmarks/NOTES.md): few tokens want many small programs (one warp,
+    # one head each) to spread latency; many tokens want ~1-2K elements per program.
+    if num_tokens <= 8:
+        elems = 128
+    elif num_tokens <= 32:
+        elems = 256
+    elif num_tokens <= 128:
+        elems = 512
+    elif num_tokens <= 4096:
+        elems = 1024
+    else:
+        elems = 2048
     block_h = max(1, min(triton.next_power_of_2(max_heads), elems // head_dim))
-    return block_h, 4
+    if num_tokens <= 128 or 1024 < num_tokens <= 4096:
+        num_warps = 1
+    elif num_tokens <= 1024:
+        num_warps = 2
+    else:
+        num_warps = max(1, min(8, block_h * head_dim // 512))
+    return block_h, num_warps
 
 
 def launch_rope_kv(
@@ -250,7 +266,7 @@ def launch_rope_kv(
         k_lay = v_lay = KVLayout(1, 1, 0, 0, 0, 1, 1)
     k_mode, k_sptr, k_sf = _scale_args(ks, key)
     v_mode, v_sptr, v_sf = _scale_args(vs, key)
-    interp = _interpreting()
+    interp = interpreting()
     if enable_pdl is None:
         enable_pdl = key.is_cuda and torch.cuda.get_device_capability(key.device)[0] >= 9
     use_pdl = bool(enable_pdl) and not interp

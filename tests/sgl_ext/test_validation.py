@@ -12,9 +12,9 @@ from sgl_ext import FusedSetKVBufferArg
 T, HQ, HKV, D = 5, 4, 2, 16
 
 
-def make_args():
+def make_args(device="cpu"):
     g = torch.Generator().manual_seed(3)
-    return dict(
+    args = dict(
         positions=torch.randint(0, 20, (T,), generator=g),
         query=torch.randn(T, HQ * D, generator=g).bfloat16(),
         key=torch.randn(T, HKV * D, generator=g).bfloat16(),
@@ -28,6 +28,7 @@ def make_args():
         v_scale=None,
         cache_loc=torch.tensor([1, 2, 3, 4, 5]),
     )
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
 
 
 def call(a):
@@ -78,8 +79,11 @@ def test_bad_input_raises_and_touches_nothing(backend, backend_name, row):
     name, make, exc = row[:3]
     named = row[3] if len(row) > 3 else name
     backend(backend_name)
-    a = make_args()
+    on_gpu = backend_name == "triton" and torch.cuda.is_available()
+    a = make_args("cuda" if on_gpu else "cpu")
     a[name] = make(a)
+    if isinstance(a[name], torch.Tensor):
+        a[name] = a[name].to(a["query"].device)
     snapshot = {k: v.clone() for k, v in a.items() if isinstance(v, torch.Tensor)}
     if exc is None:  # a valid variant: must run
         call(a)
