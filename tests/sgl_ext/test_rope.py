@@ -191,11 +191,26 @@ def test_fused_equals_rope_plus_set_kv_buffer(backend):
 def test_zero_tokens_is_a_no_op(backend):
     for name in ("native", "triton"):
         backend(name)
-        q, k, v = torch.randn(0, 32), torch.randn(0, 16), torch.randn(0, 16)
-        kb = torch.randn(8, 1, 16)
+        dev = "cuda" if (HAS_CUDA and name == "triton") else "cpu"
+        q, k, v = (torch.randn(0, n, device=dev) for n in (32, 16, 16))
+        kb = torch.randn(8, 1, 16, device=dev)
         before = kb.clone()
-        cs = make_cos_sin_cache(10, 16)
-        pos, loc = torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        cs = make_cos_sin_cache(10, 16).to(dev)
+        pos = torch.zeros(0, dtype=torch.long, device=dev)
+        loc = torch.zeros(0, dtype=torch.long, device=dev)
         arg = FusedSetKVBufferArg(v, kb, kb.clone(), None, None, loc)
         sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, 16, cs, True, arg)
         assert torch.equal(kb, before)
+
+
+def test_native_write_is_sync_free():
+    """The native KV write never reads a device value on the host (CUDA-graph capturable)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        k, v = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
+        kb, vb = torch.zeros(16, 2, 16), torch.zeros(16, 2, 16)
+        loc = torch.tensor([3, -1, 5, 7, 40])
+        sgl_ext.set_kv_buffer_native(k, v, kb, vb, loc)
+        kb8 = torch.zeros(4, 4, 2, 16, dtype=torch.float8_e4m3fn)
+        sgl_ext.set_kv_buffer_native(k, v, kb8, kb8.clone(), loc, 0.5, 2.0)
