@@ -62,23 +62,56 @@ def _load_scale(ptr, f, MODE: tl.constexpr):
 
 
 @triton.jit
-def _pair_offsets(
-    BLOCK_HALF: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr
-):  # -> [1, BLOCK_HALF, 2] dim offsets and mask
-    i = tl.arange(0, BLOCK_HALF)[None, :, None]
-    j = tl.arange(0, 2)[None, None, :]
-    if IS_NEOX:
-        d = i + j * HALF
+def _unpack16(w, IS_BF16: tl.constexpr):
+    """int32 words holding two 16-bit floats (little-endian) -> (low, high) in fp32."""
+    if IS_BF16:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
     else:
-        d = 2 * i + j
-    return d, (i < HALF) & (j < 2)
+        lo = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
 
 
 @triton.jit
-def _rotate_pairs(x, cos, sin):
-    """x [H, HALF, 2] fp32 pairs (a, b) -> (a cos - b sin, b cos + a sin)."""
-    a, b = tl.split(x)
-    return tl.join(a * cos - b * sin, b * cos + a * sin)
+def _pack16(lo, hi, DT: tl.constexpr):
+    """Two fp32 tensors -> int32 words of two 16-bit floats of dtype DT (lo in the low half)."""
+    lo16 = lo.to(DT).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi16 = hi.to(DT).to(tl.int16, bitcast=True).to(tl.int32)
+    return lo16 | (hi16 << 16)
+
+
+@triton.jit
+def _load_pairs(row, c, mask, HALF: tl.constexpr, MODE: tl.constexpr, IS_BF16: tl.constexpr):
+    """The rotary pairs (a, b) of rows [BH, 1] at pair index c [1, BLOCK_HALF], as fp32.
+
+    MODE 0: neox, b sits HALF dims after a; 1: GPT-J, adjacent dims; 2: GPT-J with each 16-bit
+    pair loaded as one int32 word (vectorised, no strided access).
+    """
+    if MODE == 0:
+        a = tl.load(row + c, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(row + HALF + c, mask=mask, other=0.0).to(tl.float32)
+    elif MODE == 1:
+        a = tl.load(row + 2 * c, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(row + 2 * c + 1, mask=mask, other=0.0).to(tl.float32)
+    else:
+        w = tl.load(row.to(tl.pointer_type(tl.int32)) + c, mask=mask, other=0)
+        a, b = _unpack16(w, IS_BF16)
+    return a, b
+
+
+@triton.jit
+def _store_pairs(row, c, mask, a, b, HALF: tl.constexpr, MODE: tl.constexpr):
+    """Store fp32 pairs (a, b) to rows of the row pointer's dtype (layout as in _load_pairs)."""
+    DT: tl.constexpr = row.dtype.element_ty
+    if MODE == 0:
+        tl.store(row + c, a.to(DT), mask=mask)
+        tl.store(row + HALF + c, b.to(DT), mask=mask)
+    elif MODE == 1:
+        tl.store(row + 2 * c, a.to(DT), mask=mask)
+        tl.store(row + 2 * c + 1, b.to(DT), mask=mask)
+    else:
+        tl.store(row.to(tl.pointer_type(tl.int32)) + c, _pack16(a, b, DT), mask=mask)
 
 
 @triton.jit
@@ -121,7 +154,9 @@ def rope_kv_kernel(
     BLOCK_TAIL: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    IS_NEOX: tl.constexpr,
+    PAIR_MODE: tl.constexpr,  # see _load_pairs
+    KBUF_PAIR_MODE: tl.constexpr,  # pair layout used for the K-cache store
+    IS_BF16: tl.constexpr,
     ROTATE: tl.constexpr,
     WRITE_KV: tl.constexpr,
     K_SCALE_MODE: tl.constexpr,  # 0 none, 1 python float, 2 device tensor
@@ -133,10 +168,10 @@ def rope_kv_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
-    h = tl.arange(0, BLOCK_H)[:, None, None]  # [BLOCK_H, 1, 1]
+    h = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
     HALF: tl.constexpr = ROT_DIM // 2
-    d, pair_mask = _pair_offsets(BLOCK_HALF, HALF, IS_NEOX)  # [1, BLOCK_HALF, 2]
-    ci = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: cos/sin column of each pair
+    c = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: pair index = cos/sin column
+    c_ok = c < HALF
     if USE_PDL:
         # Programmatic dependent launch: everything above overlapped the previous kernel; wait
         # for its results before the first load, and let the next kernel start launching.
@@ -150,35 +185,40 @@ def rope_kv_kernel(
         cs_row = cos_sin_ptr  # unused: there are no query blocks without rotation
     if hb < num_q_blocks:
         heads = hb * BLOCK_H + h
-        mask = (heads < num_q_heads) & pair_mask
-        ptrs = q_ptr + t * q_tok_stride + heads * q_head_stride + d
-        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        cos = tl.load(cs_row + ci, mask=ci < HALF, other=0.0)
-        sin = tl.load(cs_row + HALF + ci, mask=ci < HALF, other=0.0)
-        tl.store(ptrs, _rotate_pairs(x, cos, sin).to(q_ptr.dtype.element_ty), mask=mask)
+        mask = (heads < num_q_heads) & c_ok
+        row = q_ptr + t * q_tok_stride + heads * q_head_stride
+        a, b = _load_pairs(row, c, mask, HALF, PAIR_MODE, IS_BF16)
+        cos = tl.load(cs_row + c, mask=c_ok, other=0.0)
+        sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
+        _store_pairs(row, c, mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
     else:
-        heads = (hb - num_q_blocks) * BLOCK_H + h  # [BLOCK_H, 1, 1]
+        heads = (hb - num_q_blocks) * BLOCK_H + h  # [BLOCK_H, 1]
         h_ok = heads < num_kv_heads
-        mask = h_ok & pair_mask
         k_row = k_ptr + t * k_tok_stride + heads * k_head_stride
         if WRITE_KV:
             # Issue every independent load first: slot, V row, K tail, scales.
             loc = tl.load(loc_ptr + t).to(tl.int64)
-            dv = tl.arange(0, BLOCK_DV)[None, None, :]
+            dv = tl.arange(0, BLOCK_DV)[None, :]
             dv_mask = h_ok & (dv < V_HEAD_DIM)
             v = tl.load(v_ptr + t * v_tok_stride + heads * v_head_stride + dv, mask=dv_mask)
             k_scale = _load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
             v_scale = _load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
             if BLOCK_TAIL > 0:  # pass-through dims of K (partial rotary) go to the cache too
-                dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, None, :]
+                dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]
                 t_mask = h_ok & (dt < HEAD_DIM)
                 k_tail = tl.load(k_row + dt, mask=t_mask)
-        k = tl.load(k_row + d, mask=mask, other=0.0)
         if ROTATE:
-            cos = tl.load(cs_row + ci, mask=ci < HALF, other=0.0)
-            sin = tl.load(cs_row + HALF + ci, mask=ci < HALF, other=0.0)
-            k = _rotate_pairs(k.to(tl.float32), cos, sin).to(k_ptr.dtype.element_ty)
-            tl.store(k_row + d, k, mask=mask)
+            mask = h_ok & c_ok
+            a, b = _load_pairs(k_row, c, mask, HALF, PAIR_MODE, IS_BF16)
+            cos = tl.load(cs_row + c, mask=c_ok, other=0.0)
+            sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
+            KT: tl.constexpr = k_ptr.dtype.element_ty
+            # Round to the key dtype: the cache stores exactly the key the op returns.
+            a, b = (a * cos - b * sin).to(KT), (b * cos + a * sin).to(KT)
+            _store_pairs(k_row, c, mask, a.to(tl.float32), b.to(tl.float32), HALF, PAIR_MODE)
+        else:  # plain KV write: the whole head as one contiguous "pair" tile
+            mask = h_ok & c_ok
+            a, b = _load_pairs(k_row, c, mask, HALF, 0, IS_BF16)
         if WRITE_KV:
             ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
             loc = tl.where(ok, loc, 0)
@@ -186,13 +226,13 @@ def rope_kv_kernel(
             off = loc - page * page_size
             kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + heads * kb_head_stride
             vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + heads * vb_head_stride
-            KT = kbuf_ptr.dtype.element_ty
-            kq = _quantize(k.to(tl.float32), k_scale, K_SCALE_MODE > 0, K_FP8_MAX, EMULATE_FP8)
-            tl.store(kdst + d, kq.to(KT), mask=ok & mask)
+            KS: tl.constexpr = K_SCALE_MODE > 0
+            ka = _quantize(a.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
+            kb = _quantize(b.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
+            _store_pairs(kdst, c, ok & mask, ka, kb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
             if BLOCK_TAIL > 0:
-                kt = _quantize(k_tail.to(tl.float32), k_scale, K_SCALE_MODE > 0, K_FP8_MAX,
-                               EMULATE_FP8)  # fmt: skip
-                tl.store(kdst + dt, kt.to(KT), mask=ok & t_mask)
+                kt = _quantize(k_tail.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
+                tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=ok & t_mask)
             vq = _quantize(v.to(tl.float32), v_scale, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
             tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=ok & dv_mask)
 
@@ -204,6 +244,25 @@ def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tupl
     if isinstance(scale, torch.Tensor):
         return 2, scale, 1.0
     return 1, dummy, float(scale)
+
+
+def _word_aligned(t: torch.Tensor, *strides: int) -> bool:
+    """Every head row of t starts on a 4-byte boundary (16-bit pairs load as int32 words)."""
+    return t.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in strides)
+
+
+def _strides(lay: KVLayout) -> tuple[int, int, int]:
+    return lay.page_stride, lay.offset_stride, lay.head_stride
+
+
+def _gptj_mode(rows: list[tuple[torch.Tensor, int, int]]) -> int:
+    """2: 16-bit GPT-J pairs as int32 words when every row is 4-byte aligned, else 1 (strided).
+
+    rows: (tensor, token stride, head stride) of query and key.
+    """
+    if rows[0][0].dtype not in (torch.bfloat16, torch.float16):
+        return 1
+    return 2 if all(_word_aligned(t, ts, hs) for t, ts, hs in rows) else 1
 
 
 def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, int]:
@@ -251,7 +310,8 @@ def launch_rope_kv(
     if num_tokens == 0:
         return
     rotate = cos_sin_cache is not None
-    rot = cos_sin_cache.shape[1] if rotate else 0
+    # A plain KV write moves each head as one neox-style "pair" tile (plus an odd tail dim).
+    rot = cos_sin_cache.shape[1] if rotate else head_size - head_size % 2
     num_q_heads, q_tok, q_head = q_info if q_info is not None else (0, 0, 0)
     num_kv_heads, k_tok, k_head = k_info
     block_h, num_warps = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size)
@@ -271,6 +331,14 @@ def launch_rope_kv(
         enable_pdl = key.is_cuda and torch.cuda.get_device_capability(key.device)[0] >= 9
     use_pdl = bool(enable_pdl) and not interp
     tail = head_size - rot
+    pair_mode = 0
+    if rotate and not is_neox:
+        pair_mode = _gptj_mode([(query, q_tok, q_head), (key, k_tok, k_head)])
+    kbuf_mode = pair_mode
+    if pair_mode == 2 and (
+        kbuf.dtype != key.dtype or not _word_aligned(kbuf, *_strides(k_lay))
+    ):
+        kbuf_mode = 1
     extra = {"launch_pdl": True} if use_pdl else {}
     rope_kv_kernel[grid](
         positions if rotate else key,
@@ -311,7 +379,9 @@ def launch_rope_kv(
         BLOCK_TAIL=triton.next_power_of_2(tail) if tail > 0 else 0,
         BLOCK_DV=triton.next_power_of_2(v_head_dim),
         BLOCK_H=block_h,
-        IS_NEOX=bool(is_neox),
+        PAIR_MODE=pair_mode,
+        KBUF_PAIR_MODE=kbuf_mode,
+        IS_BF16=key.dtype == torch.bfloat16,
         ROTATE=rotate,
         WRITE_KV=kv is not None,
         K_SCALE_MODE=k_mode,

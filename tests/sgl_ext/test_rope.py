@@ -43,6 +43,7 @@ def run_case(
     num_slots=64,
     page_size=4,
     seed=None,
+    misalign=False,
 ):
     """Run the op once on fresh random inputs and check everything against the references."""
     gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
@@ -54,7 +55,8 @@ def run_case(
     pos = torch.randint(0, max_pos, (t,), generator=gen).to(pos_dtype)
     cs = make_cos_sin_cache(max_pos, rot)
     # q, k, v as strided column views of one fused qkv output: [T, (Hq + Hkv) * D + Hkv * Dv].
-    qkv = torch.randn(t, hq * d + hkv * d + hkv * dv, generator=gen).to(dtype)
+    qkv = torch.randn(t, hq * d + hkv * d + hkv * dv + misalign, generator=gen).to(dtype)
+    qkv = qkv[:, int(misalign) :]  # misalign: rows start off a 4-byte boundary
     qkv = qkv.to(device)
     pos, cs = pos.to(device), cs.to(device)
     q, k, v = qkv.split([hq * d, hkv * d, hkv * dv], dim=-1)  # [T, Hq*D], [T, Hkv*D], [T, Hkv*Dv]
@@ -151,6 +153,10 @@ TRITON_CASES = [
     dict(dtype=torch.float32, layout="flat", q3d=True, pos_dtype=torch.int32, dv=8),
     dict(dtype=torch.bfloat16, layout="nhd", page_size=1, hq=7, hkv=1, num_tokens=1),
     dict(dtype=torch.float16, fused=False, rot_frac=0.5, neox=False, d=24),
+    dict(dtype=torch.float32, neox=False, layout="nhd", page_size=16),
+    dict(dtype=torch.bfloat16, neox=False, misalign=True),
+    dict(dtype=torch.bfloat16, neox=False, kv_dtype=torch.float8_e5m2, layout="hnd"),
+    dict(dtype=torch.float16, neox=False, layout="cross", num_tokens=33, hq=3, hkv=3),
 ]
 
 
