@@ -121,6 +121,7 @@ def rope_kv_kernel(
     num_q_heads,
     num_kv_heads,
     num_q_blocks,
+    max_pos,
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
     ROT_DIM: tl.constexpr,
@@ -142,6 +143,7 @@ def rope_kv_kernel(
     d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
     if ROTATE:
         pos = tl.load(pos_ptr + t).to(tl.int64)
+        pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # memory safety; debug checks report
         cos_ptr = cos_sin_ptr + pos * cs_stride
     else:
         cos_ptr = cos_sin_ptr
@@ -275,6 +277,7 @@ def launch_rope_kv(
         num_q_heads,
         num_kv_heads,
         num_q_blocks,
+        cos_sin_cache.shape[0] if rotate else 1,
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
         ROT_DIM=cos_sin_cache.shape[1] if rotate else 0,
