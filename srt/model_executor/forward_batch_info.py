@@ -99,6 +99,8 @@ class ForwardBatch:
     enable_fused_rope_kv: bool = True
     # Whether the logits processor should return log-probs of the chosen tokens (host flag).
     return_logprob: bool = False
+    # Whether the logits processor should also return logits of every new token (EXTEND).
+    return_all_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.positions is None and self.forward_mode.is_decode():
