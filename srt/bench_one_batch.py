@@ -141,9 +141,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     results: list[dict[str, Any]] = []
     fused_modes = [False] if args.disable_fused_rope_kv else [True, False]
+    model = model_config = None
     for fused in fused_modes:
         sargs = build_server_args(args, fused)
-        runner = ModelRunner(sargs)
+        runner = ModelRunner(sargs, model_config, model)  # the second variant reuses the weights
+        model, model_config = runner.model, runner.model_config
         graph_modes = [False] + ([True] if runner.cuda_graph_runner is not None else [])
         name = "fused" if fused else "unfused"
         print(f"# {name}: device={runner.device} dtype={runner.dtype} kv={runner.kv_dtype} "
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                       f"{r['prefill_latency_s'] * 1e3:9.2f} ms | decode step "
                       f"{r['decode_step_latency_s'] * 1e3:8.3f} ms | decode "
                       f"{r['decode_tokens_per_s']:10.1f} tok/s", flush=True)  # fmt: skip
+        runner.cuda_graph_runner = None
         del runner
         gc.collect()
         if torch.cuda.is_available():

@@ -8,6 +8,7 @@ registry and loads the weights through the loader (or random, seeded weights for
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -113,15 +114,51 @@ def build_model_config(args: ServerArgs) -> Any:
 def load_model(
     model_config: Any, args: ServerArgs, dtype: torch.dtype, device: torch.device
 ) -> torch.nn.Module:
-    """The model class from the registry, with checkpoint or dummy (seeded random) weights."""
-    from srt.model_loader import get_model
+    """The registry's model class in `dtype` on `device`, with checkpoint or dummy weights.
 
-    load_format = args.load_format
-    if args.model_path is None:
-        load_format = "dummy"
-    return get_model(
-        model_config, load_format=load_format, dtype=dtype, device=device, seed=args.random_seed
-    )
+    Dummy weights are the loader's seeded CPU-generated ones (identical on every device), except
+    for big models on CUDA (the bench presets), which are drawn on the device: generating
+    billions of numbers on the CPU would dominate the benchmark's start-up.
+    """
+    from srt.model_loader.loader import get_model
+
+    config = dataclasses.replace(model_config, dtype=dtype)
+    load_format = "dummy" if args.model_path is None else args.load_format
+    if load_format != "dummy" or device.type != "cuda" or _num_params(config) < 2e8:
+        return get_model(config, load_format, device, args.random_seed)
+    from srt.models.registry import get_model_class
+
+    with torch.device(device):
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = get_model_class(config.architecture)(config)
+        finally:
+            torch.set_default_dtype(prev)
+    init_dummy_weights_on_device(model, args.random_seed)
+    if hasattr(model, "post_load_weights"):
+        model.post_load_weights()
+    return model.eval()
+
+
+def _num_params(cfg: Any) -> float:
+    """Rough parameter count (embeddings + attention + MLP or experts) to pick the init path."""
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    attn = h * cfg.head_dim * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+    mlp = 3 * h * cfg.intermediate_size * max(1, cfg.num_local_experts)
+    return 2.0 * cfg.vocab_size * h + layers * (attn + mlp)
+
+
+def init_dummy_weights_on_device(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
+    """Seeded N(0, std) weights drawn on the parameters' device (norm weights 1 + N(0, std))."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = torch.Generator(device=p.device).manual_seed(seed)
+            seed += 1
+            w = torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32) * std
+            if p.ndim == 1 and name.endswith("norm.weight"):
+                w += 1.0
+            p.copy_(w)
 
 
 def kv_cache_shape(model_config: Any) -> tuple[int, int, int, int]:

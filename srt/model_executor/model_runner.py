@@ -56,6 +56,8 @@ class ModelRunner:
     ----------
     server_args : ServerArgs (device-dependent defaults are resolved here).
     model_config : optional pre-built ModelConfig (else built from model_path / the tiny config).
+    model : optional already-loaded model to reuse (with its model_config), e.g. to compare the
+        fused and unfused paths on the same weights without loading them twice.
 
     Attributes
     ----------
@@ -64,7 +66,12 @@ class ModelRunner:
     attn_backend, cuda_graph_runner (None when disabled or capture failed).
     """
 
-    def __init__(self, server_args: ServerArgs, model_config: Any = None) -> None:
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        model_config: Any = None,
+        model: torch.nn.Module | None = None,
+    ) -> None:
         self.server_args = args = server_args.resolved()
         self.device = torch.device(args.device)
         if self.device.type == "cuda":
@@ -80,7 +87,11 @@ class ModelRunner:
             args.dtype, self.device, getattr(self.model_config, "dtype", None)
         )
         self.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, self.dtype)
-        self.model = self._load_model().requires_grad_(False).eval()
+        if model is None:
+            model = self._load_model()
+        elif model_config is None:
+            raise ValueError("passing model needs its model_config too")
+        self.model = model.requires_grad_(False).eval()
         self._init_memory_pool()
         self.attn_backend = self._init_attention_backend()
         self.cuda_graph_runner = None
