@@ -70,7 +70,9 @@ def run_scenario(make_backend, *, page_size=1, hq=4, hkv=2, d=16, window=-1, cap
             before = [b.clone() for b in (pool.get_key_buffer(0), pool.get_value_buffer(0))]
         out = layer(q, k if save_kv else None, v if save_kv else None, fb, save_kv_cache=save_kv)
         if not save_kv:
-            for b, a in zip(before, (pool.get_key_buffer(0), pool.get_value_buffer(0)), strict=True):
+            for b, a in zip(
+                before, (pool.get_key_buffer(0), pool.get_value_buffer(0)), strict=True
+            ):
                 assert torch.equal(b.view(torch.uint8), a.view(torch.uint8)), "cache written"
         assert out.shape == (T, hq * d) and out.dtype == dtype
         start = 0
