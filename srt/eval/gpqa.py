@@ -178,12 +178,13 @@ def summarize(
     }
     if unfused_records is not None:
         pairs = list(zip(records, unfused_records, strict=True))
-        summary["unfused_accuracy"] = mean_and_stderr([u["score"] for u in unfused_records])[0]
-        summary["unfused_stderr"] = mean_and_stderr([u["score"] for u in unfused_records])[1]
-        summary["agreement"] = sum(f["response"] == u["response"] for f, u in pairs) / len(pairs)
-        summary["answer_agreement"] = sum(f["extracted"] == u["extracted"] for f, u in pairs) / len(
-            pairs
-        )
+        u_acc, u_err = mean_and_stderr([u["score"] for u in unfused_records])
+        same_text = sum(f["response"] == u["response"] for f, u in pairs)
+        same_letter = sum(f["extracted"] == u["extracted"] for f, u in pairs)
+        summary["unfused_accuracy"] = u_acc
+        summary["unfused_stderr"] = u_err
+        summary["agreement"] = same_text / len(pairs)  # identical response texts
+        summary["answer_agreement"] = same_letter / len(pairs)  # identical extracted letters
     return summary
 
 
