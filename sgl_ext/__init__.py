@@ -1,5 +1,6 @@
 """sgl_ext: RoPE fused with the KV-cache write, source-compatible with sgl_kernel."""
 
+from sgl_ext import _ops  # noqa: F401  (registers torch.ops.sgl_ext.* for torch.compile)
 from sgl_ext._common import set_debug_checks
 from sgl_ext.kv_cache import set_kv_buffer, set_kv_buffer_native
 from sgl_ext.rope import (
@@ -7,7 +8,6 @@ from sgl_ext.rope import (
     apply_rope_native,
     apply_rope_with_cos_sin_cache_inplace,
 )
-from sgl_ext import _ops  # noqa: F401  (registers torch.ops.sgl_ext.* for torch.compile)
 
 __all__ = [
     "FusedSetKVBufferArg",

@@ -99,7 +99,9 @@ class KVLayout:
     head_dim: int
 
 
-def kv_layout(name: str, buf: torch.Tensor, num_heads: int, head_dim: int | None) -> KVLayout:
+def kv_layout(
+    name: str, buf: torch.Tensor, num_heads: int, head_dim: int | None, dim_of: str = "head_size"
+) -> KVLayout:
     """Decode a 2-D [slots, H*D], 3-D [slots, H, D] or 4-D [pages, page_size, H, D] buffer."""
     if buf.ndim == 2:
         if head_dim is None or buf.shape[1] != num_heads * head_dim:
@@ -114,7 +116,7 @@ def kv_layout(name: str, buf: torch.Tensor, num_heads: int, head_dim: int | None
         if h != num_heads:
             raise ValueError(f"{name} has {h} heads, expected num_kv_heads = {num_heads}")
         if head_dim is not None and d != head_dim:
-            raise ValueError(f"{name} head dim {d} != expected {head_dim}")
+            raise ValueError(f"{name} head dim {d} != {dim_of} {head_dim}")
         off_stride = 0 if buf.ndim == 3 else buf.stride(1)
         lay = KVLayout(pages * ps, ps, buf.stride(0), off_stride, buf.stride(-2), h, d)
     else:
@@ -186,7 +188,7 @@ def check_kv_write(
     check_device("k_buffer", k_buffer, device)
     check_device("v_buffer", v_buffer, device)
     k_lay = kv_layout("k_buffer", k_buffer, num_kv_heads, head_dim)
-    v_lay = kv_layout("v_buffer", v_buffer, num_kv_heads, v_head_dim)
+    v_lay = kv_layout("v_buffer", v_buffer, num_kv_heads, v_head_dim, "the head dim of value")
     if (k_lay.num_slots, k_lay.page_size) != (v_lay.num_slots, v_lay.page_size):
         raise ValueError(
             f"v_buffer has {v_lay.num_slots} slots in pages of {v_lay.page_size}, k_buffer has"

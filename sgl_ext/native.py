@@ -25,7 +25,9 @@ def rotate_native(
     rot = cos_sin_cache.shape[1]
     half = rot // 2
     xs = x.unflatten(-1, (-1, head_size)) if x.ndim == 2 else x  # [T, H, D] view
-    cos_sin = cos_sin_cache.index_select(0, positions.long()).unsqueeze(1)  # [T, 1, rot]
+    # Out-of-range positions are clamped (memory safety; the debug checks report them).
+    pos = positions.long().clamp(0, cos_sin_cache.shape[0] - 1)
+    cos_sin = cos_sin_cache.index_select(0, pos).unsqueeze(1)  # [T, 1, rot]
     cos, sin = cos_sin[..., :half], cos_sin[..., half:]  # [T, 1, rot/2] each
     xr = xs[..., :rot].float()  # [T, H, rot]
     if is_neox:
@@ -73,6 +75,8 @@ def scatter_native(
     Sync-free: a skipped token repeats the first written token's (slot, value) pair, which is
     harmless; if no token is written, slot 0 is rewritten with its own contents.
     """
+    if cache_loc.shape[0] == 0:
+        return
     view = _slot_view(buf, lay)
     rows = rows.reshape(rows.shape[0], lay.num_heads, lay.head_dim).to(buf.dtype)  # [T, H, D]
     if fp8_max(buf.dtype):  # fp8 has few kernels (where, index_put): move its bytes instead

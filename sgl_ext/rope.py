@@ -66,7 +66,9 @@ def _check_rope(
     q_info = C.heads_view("query", query, num_tokens, head_size)
     k_info = C.heads_view("key", key, num_tokens, head_size)
     if cos_sin_cache.ndim != 2:
-        raise ValueError(f"cos_sin_cache must be 2-D [max_pos, rotary_dim], got {cos_sin_cache.ndim}-D")
+        raise ValueError(
+            f"cos_sin_cache must be 2-D [max_pos, rotary_dim], got {cos_sin_cache.ndim}-D"
+        )
     rot = cos_sin_cache.shape[1]
     if rot == 0 or rot % 2 or rot > head_size:
         raise ValueError(

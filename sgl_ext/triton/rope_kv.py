@@ -121,6 +121,7 @@ def rope_kv_kernel(
     num_q_heads,
     num_kv_heads,
     num_q_blocks,
+    max_pos,
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
     ROT_DIM: tl.constexpr,
@@ -142,6 +143,7 @@ def rope_kv_kernel(
     d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
     if ROTATE:
         pos = tl.load(pos_ptr + t).to(tl.int64)
+        pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # memory safety; debug checks report
         cos_ptr = cos_sin_ptr + pos * cs_stride
     else:
         cos_ptr = cos_sin_ptr
@@ -165,7 +167,9 @@ def rope_kv_kernel(
             loc = tl.where(ok, loc, 0)
             page = loc // page_size
             off = loc - page * page_size
-            kq = _quantize(k.to(tl.float32), k_scale_ptr, k_scale_f, K_SCALE_MODE, K_FP8_MAX, EMULATE_FP8)
+            kq = _quantize(
+                k.to(tl.float32), k_scale_ptr, k_scale_f, K_SCALE_MODE, K_FP8_MAX, EMULATE_FP8
+            )
             kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + heads * kb_head_stride
             tl.store(
                 kdst + d,
@@ -176,7 +180,9 @@ def rope_kv_kernel(
             dv_mask = h_mask & (dv < V_HEAD_DIM)
             vsrc = v_ptr + t * v_tok_stride + heads * v_head_stride + dv
             v = tl.load(vsrc, mask=dv_mask, other=0.0)
-            vq = _quantize(v.to(tl.float32), v_scale_ptr, v_scale_f, V_SCALE_MODE, V_FP8_MAX, EMULATE_FP8)
+            vq = _quantize(
+                v.to(tl.float32), v_scale_ptr, v_scale_f, V_SCALE_MODE, V_FP8_MAX, EMULATE_FP8
+            )
             vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + heads * vb_head_stride
             tl.store(
                 vdst + dv,
@@ -226,8 +232,17 @@ def launch_rope_kv(
         k_lay: KVLayout
         v_lay: KVLayout
     else:
-        value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs = (key, 0, 0, 1, key, key, key,
-                                                                     None, None)
+        value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs = (
+            key,
+            0,
+            0,
+            1,
+            key,
+            key,
+            key,
+            None,
+            None,
+        )
         k_lay = v_lay = KVLayout(1, 1, 0, 0, 0, 1, 1)
     k_mode, k_sptr, k_sf = _scale_args(ks, dummy)
     v_mode, v_sptr, v_sf = _scale_args(vs, dummy)
@@ -262,6 +277,7 @@ def launch_rope_kv(
         num_q_heads,
         num_kv_heads,
         num_q_blocks,
+        cos_sin_cache.shape[0] if rotate else 1,
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
         ROT_DIM=cos_sin_cache.shape[1] if rotate else 0,

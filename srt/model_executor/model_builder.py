@@ -1,0 +1,137 @@
+"""Model construction for the runner: config (checkpoint, embedded tiny, presets) and weights.
+
+`build_model_config(server_args)` reads the HF config of `model_path`, or the embedded tiny
+Llama config when there is none, with `json_model_override_args` merged on top (the bench presets
+`llama3-8b` / `gpt-oss-20b` are such overrides). `load_model` finds the model class through the
+registry and loads the weights through the loader (or random, seeded weights for "dummy").
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import torch
+
+from srt.server_args import ServerArgs
+
+# Llama-3-8B: 32 layers, hidden 4096, 32 q / 8 kv heads, D 128, FFN 14336.
+LLAMA3_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+
+# gpt-oss-20b: 24 layers, hidden 2880, 64 q / 8 kv heads, D 64, 32 experts (top-4) of FFN 2880,
+# sliding window 128 on every other layer, attention sinks, YaRN RoPE.
+GPT_OSS_20B: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "experts_per_token": 4,
+    "vocab_size": 201088,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 150000.0,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "attention_bias": True,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "eos_token_id": 200002,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {"llama3-8b": LLAMA3_8B, "gpt-oss-20b": GPT_OSS_20B}
+
+
+def preset_overrides(name: str) -> str:
+    """json_model_override_args that turn the embedded config into a preset's shape."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose from {sorted(PRESETS)}")
+    return json.dumps(PRESETS[name])
+
+
+def tiny_config_dict() -> dict[str, Any]:
+    """The embedded tiny Llama config (shipped by srt/configs/tiny.py)."""
+    from srt.configs import tiny
+
+    cfg = getattr(tiny, "TINY_LLAMA_CONFIG", None) or tiny.TINY_CONFIG
+    return copy.deepcopy(dict(cfg))
+
+
+def build_model_config(args: ServerArgs) -> Any:
+    """ModelConfig of the checkpoint (or the tiny config) with the JSON overrides applied."""
+    from srt.configs.model_config import ModelConfig
+
+    overrides = args.model_overrides
+    if args.model_path is None:
+        cfg = tiny_config_dict()
+        if overrides.get("architectures") and overrides["architectures"] != cfg.get(
+            "architectures"
+        ):
+            cfg = {}  # a preset replaces the tiny config rather than patching it
+        cfg.update(overrides)
+        return ModelConfig.from_hf(cfg, context_length=args.context_length)
+    return ModelConfig.from_hf(
+        args.model_path, context_length=args.context_length, overrides=overrides or None
+    )
+
+
+def load_model(
+    model_config: Any, args: ServerArgs, dtype: torch.dtype, device: torch.device
+) -> torch.nn.Module:
+    """The model class from the registry, with checkpoint or dummy (seeded random) weights."""
+    from srt.model_loader import get_model
+
+    load_format = args.load_format
+    if args.model_path is None:
+        load_format = "dummy"
+    return get_model(
+        model_config, load_format=load_format, dtype=dtype, device=device, seed=args.random_seed
+    )
+
+
+def kv_cache_shape(model_config: Any) -> tuple[int, int, int, int]:
+    """(num_layers, num_kv_heads, head_dim, v_head_dim) of the model's KV cache."""
+    layers = int(model_config.num_hidden_layers)
+    heads = int(model_config.num_key_value_heads)
+    head_dim = int(model_config.head_dim)
+    v_head_dim = int(getattr(model_config, "v_head_dim", None) or head_dim)
+    return layers, heads, head_dim, v_head_dim
