@@ -8,6 +8,7 @@ surface is used (``Engine(...)``, ``engine.tokenizer``, ``engine.generate``,
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -26,13 +27,12 @@ def _engine_class() -> type:
 def make_engine(args: argparse.Namespace, fused: bool) -> Any:
     """An Engine for the eval's command line, with the fused RoPE+KV path on or off.
 
-    The torch RNG is reseeded with ``args.seed`` first, so that dummy (random) weights are the
-    same for the fused and the unfused engine and their outputs can be compared.
+    ``random_seed=args.seed`` seeds the dummy (random) weights, so that the fused and the
+    unfused engine hold the same model and their outputs can be compared token for token.
     """
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(args.seed)
     return _engine_class()(
         model_path=args.model_path,
         load_format=args.load_format,
@@ -42,7 +42,15 @@ def make_engine(args: argparse.Namespace, fused: bool) -> Any:
         page_size=args.page_size,
         enable_fused_rope_kv=fused,
         cuda_graph=device.startswith("cuda") and not args.disable_cuda_graph,
+        random_seed=args.seed,
     )
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def prompt_token_ids(tokenizer: Any, text: str) -> tuple[str, list[int]]:
@@ -87,10 +95,14 @@ def generate_texts(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     texts: list[str] = []
+    # This bar counts every prompt; the Engine's own per-call bar would only add noise.
+    extra = {"progress_bar": False} if _accepts(engine.generate, "progress_bar") else {}
     with tqdm(total=len(input_ids), desc=desc, unit="prompt", file=sys.stderr) as bar:
         for start in range(0, len(input_ids), batch_size):
             chunk = [list(ids) for ids in input_ids[start : start + batch_size]]
-            outputs = engine.generate(input_ids=chunk, sampling_params=dict(sampling_params))
+            outputs = engine.generate(
+                input_ids=chunk, sampling_params=dict(sampling_params), **extra
+            )
             if isinstance(outputs, dict):  # a single request may come back unwrapped
                 outputs = [outputs]
             if len(outputs) != len(chunk):

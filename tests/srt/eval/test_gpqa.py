@@ -17,7 +17,7 @@ from gpqa_fakes import (
 )
 
 from srt.eval import gpqa
-from srt.eval.engine_io import prompt_token_ids
+from srt.eval.engine_io import generate_texts, prompt_token_ids
 from srt.eval.multichoice import LETTERS, QUERY_TEMPLATE
 
 # ---------------------------------------------------------------- CSV loading and errors
@@ -256,6 +256,36 @@ def test_engine_shut_down_on_error(gpqa_csv, tiny_tokenizer, capsys):
     with pytest.raises(RuntimeError, match="kernel failed"):
         gpqa.main(argv, engine_factory=factory)
     assert log == [("start", True), ("shutdown", True)]
+
+
+def test_generate_texts_engine_contract(tiny_tokenizer):
+    class IdsOnly:
+        """Returns output_ids but no text; takes progress_bar like the real Engine."""
+
+        tokenizer = tiny_tokenizer
+
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, input_ids=None, sampling_params=None, progress_bar=None):
+            self.calls.append((len(input_ids), progress_bar))
+            # Echo each prompt's last two tokens plus EOS (dropped on decode).
+            return [{"output_ids": ids[-2:] + [tiny_tokenizer.eos_token_id]} for ids in input_ids]
+
+    eng = IdsOnly()
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in ["one two", "three four", "five six"]]
+    texts = generate_texts(eng, prompts, {"max_new_tokens": 2}, batch_size=2)
+    assert texts == [tiny_tokenizer.decode(p[-2:]) for p in prompts]
+    assert eng.calls == [(2, False), (1, False)]
+
+    class Short(IdsOnly):
+        def generate(self, input_ids=None, sampling_params=None, progress_bar=None):
+            return super().generate(input_ids, sampling_params)[:-1]
+
+    with pytest.raises(RuntimeError, match="1 outputs for 2"):
+        generate_texts(Short(), prompts[:2], {}, batch_size=4)
+    with pytest.raises(ValueError, match="batch_size"):
+        generate_texts(eng, prompts, {}, batch_size=0)
 
 
 # ---------------------------------------------------------------- end to end, real Engine
