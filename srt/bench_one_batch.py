@@ -27,11 +27,13 @@ from srt.server_args import ServerArgs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m srt.bench_one_batch", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m srt.bench_one_batch", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--model-path", default=None, help="HF checkpoint dir (default: tiny config)")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy", "safetensors", "pt"])
     p.add_argument("--model-preset", default=None, choices=sorted(PRESETS),
-                   help="dummy model of a real model's shape (implies --load-format dummy)")  # fmt: skip
+                   help="dummy model of a real model's shape (implies dummy weights)")  # fmt: skip
     p.add_argument("--batch-size", type=int, nargs="+", default=[1, 8])
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=32)

@@ -14,7 +14,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp
 
 
 def default_device() -> str:
-    """"cuda" when a GPU is visible, else "cpu"."""
+    """ "cuda" when a GPU is visible, else "cpu"."""
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -89,15 +89,13 @@ class ServerArgs:
         if self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
-            raise ValueError(
-                f"max_total_tokens must be >= page_size, got {self.max_total_tokens}"
-            )
+            raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
         if not 0.0 < self.mem_fraction_static <= 1.0:
-            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
-        if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(
-                f"max_running_requests must be >= 1, got {self.max_running_requests}"
+                f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
             )
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.tp_size != 1:
             raise ValueError(f"only tp_size=1 is supported, got {self.tp_size}")
         try:

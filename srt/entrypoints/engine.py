@@ -22,7 +22,9 @@ from srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-TINY_TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "tiny_tokenizer")
+TINY_TOKENIZER_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), "assets", "tiny_tokenizer"
+)
 PROGRESS_MIN_REQUESTS = 32
 
 
@@ -103,9 +105,10 @@ class Engine:
 
     def _eos_token_ids(self) -> frozenset[int]:
         ids: set[int] = set()
-        eos = getattr(getattr(self.model_runner.model_config, "hf_config", None), "eos_token_id", None)
+        mc = self.model_runner.model_config
+        eos = getattr(getattr(mc, "hf_config", None), "eos_token_id", None)
         if eos is None:
-            eos = getattr(self.model_runner.model_config, "eos_token_id", None)
+            eos = getattr(mc, "eos_token_id", None)
         if isinstance(eos, int):
             ids.add(eos)
         elif isinstance(eos, (list, tuple)):
@@ -115,9 +118,7 @@ class Engine:
         return frozenset(ids)
 
     # ---- requests ----
-    def _make_req(
-        self, input_ids: list[int], params: SamplingParams, return_logprob: bool
-    ) -> Req:
+    def _make_req(self, input_ids: list[int], params: SamplingParams, return_logprob: bool) -> Req:
         vocab = int(self.model_runner.model_config.vocab_size)
         if not input_ids:
             raise ValueError("a request needs at least one input token")
@@ -229,9 +230,8 @@ class Engine:
         }
         if req.return_logprob:
             out["output_token_logprobs"] = list(req.output_token_logprobs)
-            meta["output_token_logprobs"] = [
-                (lp, tok, None) for lp, tok in zip(req.output_token_logprobs, req.output_ids)
-            ]
+            pairs = zip(req.output_token_logprobs, req.output_ids, strict=True)
+            meta["output_token_logprobs"] = [(lp, tok, None) for lp, tok in pairs]
         out["meta_info"] = meta
         return out
 

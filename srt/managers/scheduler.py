@@ -70,7 +70,9 @@ class Scheduler:
 
     def _reserved_slots(self) -> int:
         """Slots the running requests may still allocate before they finish."""
-        return sum(self._slots_for(r.target_len()) - self._slots_for(r.kv_len) for r in self.running)
+        return sum(
+            self._slots_for(r.target_len()) - self._slots_for(r.kv_len) for r in self.running
+        )
 
     def _admit(self) -> list[Req]:
         free = self.runner.token_to_kv_pool_allocator.available_size() - self._reserved_slots()

@@ -34,7 +34,7 @@ _KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 def resolve_dtype(name: str, device: torch.device, config_dtype: torch.dtype | None) -> torch.dtype:
-    """"auto": the checkpoint's half dtype on CUDA (bf16 if it is fp32), float32 on CPU."""
+    """ "auto": the checkpoint's half dtype on CUDA (bf16 if it is fp32), float32 on CPU."""
     if name != "auto":
         return _DTYPES[name]
     if device.type != "cuda":
@@ -80,7 +80,7 @@ class ModelRunner:
             args.dtype, self.device, getattr(self.model_config, "dtype", None)
         )
         self.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, self.dtype)
-        self.model = self._load_model()
+        self.model = self._load_model().requires_grad_(False).eval()
         self._init_memory_pool()
         self.attn_backend = self._init_attention_backend()
         self.cuda_graph_runner = None
@@ -196,12 +196,13 @@ class ModelRunner:
         float [B, V]: logits of each request's last new token.
         """
         fb = forward_batch
-        out = self.model(fb.input_ids, fb.positions, fb)
-        logits = getattr(out, "next_token_logits", out)  # LogitsProcessorOutput or a tensor
-        if fb.forward_mode.is_extend() and logits.shape[0] != fb.batch_size:
-            # [T, V] per-token logits: keep each request's last token.
-            last = fb.extend_start_loc.long() + fb.extend_seq_lens.long() - 1  # [B]
-            logits = logits.index_select(0, last)
+        with torch.inference_mode():
+            out = self.model(fb.input_ids, fb.positions, fb)
+            logits = getattr(out, "next_token_logits", out)  # LogitsProcessorOutput or tensor
+            if fb.forward_mode.is_extend() and logits.shape[0] != fb.batch_size:
+                # [T, V] per-token logits: keep each request's last token.
+                last = fb.extend_start_loc.long() + fb.extend_seq_lens.long() - 1  # [B]
+                logits = logits.index_select(0, last)
         return logits
 
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
@@ -214,5 +215,6 @@ class ModelRunner:
         fb = forward_batch
         if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(fb):
             return self.cuda_graph_runner.replay(fb)
-        self.attn_backend.init_forward_metadata(fb)
+        with torch.inference_mode():
+            self.attn_backend.init_forward_metadata(fb)
         return self.model_forward(fb)

@@ -46,13 +46,15 @@ def slot_index(buf: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, ..
 def gather_kv(
     buf: torch.Tensor, slots: torch.Tensor, scale: float | torch.Tensor | None
 ) -> torch.Tensor:
-    """float32 [*slots.shape, H, D]: buf at `slots`, dequantised (stored * scale when scaled)."""
+    """float32 [*slots.shape, H, D]: buf at `slots`, dequantised (fp8: stored * scale).
+
+    Scales apply to fp8 buffers only (non-fp8 pools ignore them, as in SGLang)."""
     idx = slot_index(buf, slots.long())
     if buf.dtype in FP8_DTYPES:
         # Move bytes (fp8 lacks some indexing kernels on CPU), then reinterpret.
         out = buf.view(torch.uint8)[idx].view(buf.dtype).float()
     else:
-        out = buf[idx].float()
+        return buf[idx].float()
     if scale is not None:
         if isinstance(scale, torch.Tensor):
             out = out * scale.reshape(()).to(device=out.device, dtype=torch.float32)

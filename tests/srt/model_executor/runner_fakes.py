@@ -32,14 +32,16 @@ class FakeModel(nn.Module):
     def __init__(self, cfg: FakeConfig, dtype: torch.dtype, device: torch.device, seed: int = 0):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        H, Hq, Hkv, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        H, Hq, D = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+        Hkv = cfg.num_key_value_heads
         self.cfg, self.D, self.Hq, self.Hkv = cfg, D, Hq, Hkv
 
         def w(*shape):
             return nn.Parameter((torch.randn(*shape, generator=g) / shape[-1] ** 0.5).to(dtype))
 
         self.embed = w(cfg.vocab_size, H)
-        self.qkv = nn.ParameterList([w((Hq + 2 * Hkv) * D, H) for _ in range(cfg.num_hidden_layers)])
+        L = cfg.num_hidden_layers
+        self.qkv = nn.ParameterList([w((Hq + 2 * Hkv) * D, H) for _ in range(L)])
         self.o = nn.ParameterList([w(H, Hq * D) for _ in range(cfg.num_hidden_layers)])
         self.lm_head = w(cfg.vocab_size, H)
         self.attn = nn.ModuleList(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from fb_harness import Harness, StandInKVPool
+from fb_harness import Harness, make_kv_pool
 
 from srt.layers.radix_attention import RadixAttention
 
@@ -47,7 +47,7 @@ def run_scenario(make_backend, *, page_size=1, hq=4, hkv=2, d=16, window=-1, cap
     Checks every output against ref_attention over the request's full K/V history.
     """
     g = torch.Generator().manual_seed(seed)
-    pool = StandInKVPool(256, page_size, kv_dtype, hkv, d, 1, device)
+    pool = make_kv_pool(256, page_size, kv_dtype, hkv, d, 1, device)
     backend = make_backend()
     h = Harness(pool, backend, max_reqs=4, max_ctx=64, device=device)
     sinks = torch.randn(hq, generator=g).to(device) if use_sinks else None
@@ -67,10 +67,10 @@ def run_scenario(make_backend, *, page_size=1, hq=4, hkv=2, d=16, window=-1, cap
         v = torch.randn(T, hkv * d, generator=g).to(device, dtype)
         if not save_kv:  # the fused path: the cache is written beforehand, by someone else
             pool.set_kv_buffer(layer, fb.out_cache_loc, k, v, scale, scale)
-            before = [b.clone() for b in (pool.k_buffer[0], pool.v_buffer[0])]
+            before = [b.clone() for b in (pool.get_key_buffer(0), pool.get_value_buffer(0))]
         out = layer(q, k if save_kv else None, v if save_kv else None, fb, save_kv_cache=save_kv)
         if not save_kv:
-            for b, a in zip(before, (pool.k_buffer[0], pool.v_buffer[0]), strict=True):
+            for b, a in zip(before, (pool.get_key_buffer(0), pool.get_value_buffer(0)), strict=True):
                 assert torch.equal(b.view(torch.uint8), a.view(torch.uint8)), "cache written"
         assert out.shape == (T, hq * d) and out.dtype == dtype
         start = 0
