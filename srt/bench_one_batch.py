@@ -70,9 +70,7 @@ def run_batch(runner: Any, bs: int, input_len: int, output_len: int, use_graph: 
     prompts = torch.randint(0, vocab, (bs, input_len), generator=g).tolist()
     params = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
     reqs = [Req(i, p, params) for i, p in enumerate(prompts)]
-    sb = ScheduleBatch(runner.req_to_token_pool, runner.token_to_kv_pool_allocator,
-                       runner.token_to_kv_pool, runner.attn_backend, runner.page_size, dev,
-                       runner.server_args.enable_fused_rope_kv)  # fmt: skip
+    sb = ScheduleBatch.from_runner(runner)
     graph_runner = runner.cuda_graph_runner
     try:
         fb = sb.prepare_for_extend(reqs)

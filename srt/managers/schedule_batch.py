@@ -110,6 +110,20 @@ class ScheduleBatch:
         self.device = torch.device(device)
         self.enable_fused_rope_kv = enable_fused_rope_kv
 
+    @classmethod
+    def from_runner(cls, runner: Any, enable_fused_rope_kv: bool | None = None) -> ScheduleBatch:
+        """Bound to a ModelRunner's pools and backend (fusion: the runner's setting by default)."""
+        fused = runner.server_args.enable_fused_rope_kv
+        return cls(
+            runner.req_to_token_pool,
+            runner.token_to_kv_pool_allocator,
+            runner.token_to_kv_pool,
+            runner.attn_backend,
+            runner.page_size,
+            runner.device,
+            fused if enable_fused_rope_kv is None else enable_fused_rope_kv,
+        )
+
     # ---- memory ----
     def _alloc_slots(self, num_tokens: int) -> torch.Tensor:
         slots = self.allocator.alloc(num_tokens)

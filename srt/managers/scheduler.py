@@ -35,15 +35,7 @@ class Scheduler:
         self.page_size = model_runner.page_size
         self.max_running_requests = model_runner.max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
-        self.batch = ScheduleBatch(
-            model_runner.req_to_token_pool,
-            model_runner.token_to_kv_pool_allocator,
-            model_runner.token_to_kv_pool,
-            model_runner.attn_backend,
-            model_runner.page_size,
-            model_runner.device,
-            model_runner.server_args.enable_fused_rope_kv,
-        )
+        self.batch = ScheduleBatch.from_runner(model_runner)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.num_prefill_steps = 0

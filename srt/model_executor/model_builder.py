@@ -8,7 +8,6 @@ registry and loads the weights through the loader (or random, seeded weights for
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -89,29 +88,26 @@ def preset_overrides(name: str) -> str:
 
 
 def tiny_config_dict() -> dict[str, Any]:
-    """The embedded tiny Llama config (shipped by srt/configs/tiny.py)."""
-    from srt.configs import tiny
+    """The embedded tiny Llama config (srt/configs/tiny.py), a fresh copy."""
+    from srt.configs.tiny import tiny_llama_config
 
-    cfg = getattr(tiny, "TINY_LLAMA_CONFIG", None) or tiny.TINY_CONFIG
-    return copy.deepcopy(dict(cfg))
+    return tiny_llama_config()
 
 
 def build_model_config(args: ServerArgs) -> Any:
     """ModelConfig of the checkpoint (or the tiny config) with the JSON overrides applied."""
-    from srt.configs.model_config import ModelConfig
+    from srt.configs.model_config import ModelConfig, read_config_json
 
     overrides = args.model_overrides
     if args.model_path is None:
         cfg = tiny_config_dict()
-        if overrides.get("architectures") and overrides["architectures"] != cfg.get(
-            "architectures"
-        ):
+        if overrides.get("architectures") not in (None, cfg["architectures"]):
             cfg = {}  # a preset replaces the tiny config rather than patching it
-        cfg.update(overrides)
-        return ModelConfig.from_hf(cfg, context_length=args.context_length)
-    return ModelConfig.from_hf(
-        args.model_path, context_length=args.context_length, overrides=overrides or None
-    )
+        return ModelConfig.from_hf({**cfg, **overrides})
+    if not overrides:
+        return ModelConfig.from_hf(args.model_path)
+    cfg = {**read_config_json(args.model_path), **overrides}
+    return ModelConfig.from_hf(cfg, path=args.model_path)
 
 
 def load_model(

@@ -133,7 +133,10 @@ class ModelRunner:
         if tokens < ps:
             raise ValueError(f"KV pool of {tokens} tokens is smaller than one page ({ps})")
         self.max_total_num_tokens = tokens
-        self.context_len = args.context_length or int(self.model_config.context_len)
+        self.context_len = args.context_length or int(
+            getattr(self.model_config, "context_len", None)
+            or self.model_config.max_position_embeddings
+        )
         self.max_running_requests = args.max_running_requests or max(1, min(256, tokens // ps))
         alt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.req_to_token_pool = ReqToTokenPool(
@@ -180,7 +183,8 @@ class ModelRunner:
                 stacklevel=2,
             )
             self.cuda_graph_runner = None
-            torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
 
     # ---- forward ----
     @property

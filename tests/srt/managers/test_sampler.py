@@ -12,8 +12,12 @@ def _gens(n, seed=0):
 
 def test_greedy_and_degenerate_filters_pick_argmax():
     logits = torch.randn(7, 33, generator=torch.Generator().manual_seed(1))
-    params = [SamplingParams(temperature=0.0), SamplingParams(top_k=1, temperature=2.0),
-              SamplingParams(top_p=1e-6, temperature=1.5), SamplingParams(min_p=1.0)] * 2  # fmt: skip
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=1, temperature=2.0),
+        SamplingParams(top_p=1e-6, temperature=1.5),
+        SamplingParams(min_p=1.0),
+    ] * 2
     params = params[:7]
     ids, lp = sample(logits, params, _gens(7), return_logprob=True)
     assert torch.equal(ids, logits.argmax(-1))

@@ -37,7 +37,8 @@ def test_continuous_batching_matches_one_by_one(make_engine):
     eng = make_engine(max_total_tokens=96)  # too small for all at once: requests wait
     batched = eng.generate(input_ids=prompts, sampling_params=params)
     assert eng.scheduler.num_prefill_steps > 1, "expected requests to join between decode steps"
-    alone = [eng.generate(input_ids=p, sampling_params=sp) for p, sp in zip(prompts, params)]
+    pairs = zip(prompts, params, strict=True)
+    alone = [eng.generate(input_ids=p, sampling_params=sp) for p, sp in pairs]
     assert [o["output_ids"] for o in batched] == [o["output_ids"] for o in alone]
     for o, sp in zip(batched, params, strict=True):
         assert len(o["output_ids"]) == sp["max_new_tokens"]
@@ -102,10 +103,11 @@ def test_seeded_sampling_independent_of_batch(make_engine):
     ]
     batched = eng.generate(input_ids=prompts, sampling_params=sp, return_logprob=True)
     alone = [eng.generate(input_ids=p, sampling_params=s, return_logprob=True)
-             for p, s in zip(prompts, sp)]  # fmt: skip
+             for p, s in zip(prompts, sp, strict=True)]  # fmt: skip
     assert [o["output_ids"] for o in batched] == [o["output_ids"] for o in alone]
     for b, a in zip(batched, alone, strict=True):
-        lp_b, lp_a = torch.tensor(b["output_token_logprobs"]), torch.tensor(a["output_token_logprobs"])
+        lp_b = torch.tensor(b["output_token_logprobs"])
+        lp_a = torch.tensor(a["output_token_logprobs"])
         assert lp_b.shape == (8,) and bool((lp_b <= 0).all())
         torch.testing.assert_close(lp_b, lp_a, rtol=0, atol=1e-5)
     # Different seeds on the same prompt explore different continuations.
