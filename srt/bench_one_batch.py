@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--attention-backend", default=None, choices=["torch_native", "triton"])
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--no-eager", action="store_true",
+                   help="with CUDA graphs, skip the eager decode variant")  # fmt: skip
     p.add_argument("--disable-fused-rope-kv", action="store_true",
                    help="run only the unfused path (RoPE op + set_kv_buffer)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         runner = ModelRunner(sargs, model_config, model)  # the second variant reuses the weights
         model, model_config = runner.model, runner.model_config
         graph_modes = [False] + ([True] if runner.cuda_graph_runner is not None else [])
+        if args.no_eager and len(graph_modes) > 1:
+            graph_modes = [True]
         name = "fused" if fused else "unfused"
         print(f"# {name}: device={runner.device} dtype={runner.dtype} kv={runner.kv_dtype} "
               f"backend={sargs.attention_backend} page_size={sargs.page_size} "
