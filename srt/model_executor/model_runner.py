@@ -140,15 +140,19 @@ class ModelRunner:
             tokens = self._profile_max_num_token(cell_size)
         else:
             tokens = args.cpu_max_total_tokens
-        tokens = tokens // ps * ps
-        if tokens < ps:
-            raise ValueError(f"KV pool of {tokens} tokens is smaller than one page ({ps})")
-        self.max_total_num_tokens = tokens
         self.context_len = args.context_length or int(
             getattr(self.model_config, "context_len", None)
             or self.model_config.max_position_embeddings
         )
-        self.max_running_requests = args.max_running_requests or max(1, min(256, tokens // ps))
+        rows = args.max_running_requests or 256
+        if args.max_total_tokens is None:
+            # More than every request row at full context can never be used.
+            tokens = min(tokens, rows * (self.context_len + ps))
+        tokens = tokens // ps * ps
+        if tokens < ps:
+            raise ValueError(f"KV pool of {tokens} tokens is smaller than one page ({ps})")
+        self.max_total_num_tokens = tokens
+        self.max_running_requests = args.max_running_requests or max(1, min(rows, tokens // ps))
         alt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.req_to_token_pool = ReqToTokenPool(
             self.max_running_requests, self.context_len + 4, self.device
