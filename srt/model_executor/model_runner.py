@@ -180,9 +180,19 @@ class ModelRunner:
 
             return TorchNativeAttnBackend(self.req_to_token_pool, self.device)
         if name == "triton":
-            from srt.layers.attention.triton_backend import TritonAttnBackend
+            try:
+                from srt.layers.attention.triton_backend import TritonAttnBackend
+            except ImportError as e:
+                warnings.warn(
+                    f"Triton attention backend unavailable ({e}); using torch_native",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            else:
+                return TritonAttnBackend(self.req_to_token_pool, self.device)
+            from srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-            return TritonAttnBackend(self.req_to_token_pool, self.device)
+            return TorchNativeAttnBackend(self.req_to_token_pool, self.device)
         raise ValueError(f"unknown attention_backend {name!r}")
 
     def _init_cuda_graphs(self) -> None:

@@ -82,10 +82,11 @@ def _gpu_runner(monkeypatch, fused: bool, max_bs: int = 16) -> ModelRunner:
     args = ServerArgs(device="cuda", max_total_tokens=8192, cuda_graph_max_bs=max_bs,
                       max_running_requests=2 * max_bs, enable_fused_rope_kv=fused,
                       context_length=512)  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # a capture failure fails the test
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         runner = ModelRunner(args)
-    assert runner.cuda_graph_runner is not None
+    failed = [str(w.message) for w in caught if "capture failed" in str(w.message)]
+    assert not failed and runner.cuda_graph_runner is not None, failed
     return runner
 
 
