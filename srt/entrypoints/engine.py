@@ -212,6 +212,9 @@ class Engine:
             bar = tqdm(total=n, desc="generate", file=sys.stderr)
         try:
             self.scheduler.run_until_idle(bar)
+        except BaseException:
+            self.scheduler.abort_all()  # leave no request holding KV memory
+            raise
         finally:
             if bar is not None:
                 bar.close()

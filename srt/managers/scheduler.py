@@ -135,6 +135,18 @@ class Scheduler:
         self.running = still
         return finished
 
+    def abort_all(self) -> list[Req]:
+        """Drop every waiting and running request, freeing their KV memory (after an error)."""
+        dropped = list(self.waiting) + self.running
+        for req in self.running:
+            self.batch.free_req(req)
+            req.finished_reason = {"type": "abort"}
+        for req in self.waiting:
+            req.finished_reason = {"type": "abort"}
+        self.waiting.clear()
+        self.running = []
+        return dropped
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -132,3 +132,25 @@ def test_bad_requests_raise_before_running(make_engine):
     eng.shutdown()
     with pytest.raises(RuntimeError, match="shutdown"):
         eng.generate(input_ids=[1])
+
+
+def test_error_mid_run_frees_everything(make_engine):
+    eng = make_engine(max_total_tokens=64)
+    runner = eng.model_runner
+    real_forward, calls = runner.forward, []
+
+    def flaky(fb):
+        calls.append(fb.forward_mode)
+        if len(calls) == 4:
+            raise RuntimeError("device lost")
+        return real_forward(fb)
+
+    runner.forward = flaky
+    with pytest.raises(RuntimeError, match="device lost"):
+        eng.generate(input_ids=_prompts(6), sampling_params=dict(GREEDY, max_new_tokens=8))
+    assert not eng.scheduler.has_work()
+    assert runner.token_to_kv_pool_allocator.available_size() == 64
+    assert runner.req_to_token_pool.available_size() == runner.max_running_requests
+    runner.forward = real_forward
+    out = eng.generate(input_ids=[1, 2], sampling_params=dict(GREEDY, max_new_tokens=3))
+    assert len(out["output_ids"]) == 3
