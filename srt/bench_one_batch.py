@@ -73,7 +73,6 @@ def run_batch(runner: Any, bs: int, input_len: int, output_len: int, use_graph: 
     params = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
     reqs = [Req(i, p, params) for i, p in enumerate(prompts)]
     sb = ScheduleBatch.from_runner(runner)
-    graph_runner = runner.cuda_graph_runner
     try:
         fb = sb.prepare_for_extend(reqs)
         _sync(dev)
@@ -89,12 +88,7 @@ def run_batch(runner: Any, bs: int, input_len: int, output_len: int, use_graph: 
             fb = sb.prepare_for_decode(reqs)
             _sync(dev)
             t0 = time.perf_counter()
-            if not use_graph:
-                runner.cuda_graph_runner = None  # eager for this forward only
-            try:
-                ids = runner.forward(fb).argmax(dim=-1).tolist()
-            finally:
-                runner.cuda_graph_runner = graph_runner
+            ids = runner.forward(fb, use_graph).argmax(dim=-1).tolist()
             steps.append(time.perf_counter() - t0)
             for out, t in zip(outputs, ids, strict=True):
                 out.append(t)

@@ -234,16 +234,22 @@ class ModelRunner:
                 logits = logits.index_select(0, last)
         return logits
 
-    def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, forward_batch: ForwardBatch, use_cuda_graph: bool = True) -> torch.Tensor:
         """Run one EXTEND or DECODE batch; decode replays a CUDA graph when one fits.
+
+        Parameters
+        ----------
+        forward_batch : the batch.
+        use_cuda_graph : False forces the eager path (benchmarks and tests compare the two).
 
         Returns
         -------
         float [B, V] next-token logits (for a graph replay: a view valid until the next one).
         """
         fb = forward_batch
-        if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(fb):
-            return self.cuda_graph_runner.replay(fb)
+        graphs = self.cuda_graph_runner if use_cuda_graph else None
+        if graphs is not None and graphs.can_run(fb):
+            return graphs.replay(fb)
         with torch.inference_mode():
             self.attn_backend.init_forward_metadata(fb)
         return self.model_forward(fb)
