@@ -292,17 +292,6 @@ def test_generate_texts_engine_contract(tiny_tokenizer):
 # ---------------------------------------------------------------- end to end, real Engine
 
 
-def _engine_available() -> bool:
-    try:
-        from srt.eval.engine_io import _engine_class
-
-        _engine_class()
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _engine_available(), reason="srt Engine not built yet")
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_end_to_end_dummy_cpu(gpqa_csv, tmp_path: Path, capsys, page_size):
     out = tmp_path / "e2e.jsonl"
