@@ -26,22 +26,24 @@ def main() -> None:
     p.add_argument("--block-h", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--kv-dtype", default="bf16")
+    p.add_argument("--pdl", type=int, nargs="+", default=[1, 0])
+    p.add_argument("--gptj", action="store_true")
     p.add_argument("--json-out")
     args = p.parse_args()
     kv = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}[args.kv_dtype]
     results = []
     for shape in args.shapes:
         for t in args.tokens:
-            c = Case(shape, t, kv, 1.0, True)
+            c = Case(shape, t, kv, 1.0, not args.gptj)
             reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
             best = None
-            for pdl in (True, False):
+            for pdl in map(bool, args.pdl):
 
                 def fn(i, c=c, pdl=pdl):
                     pos, q, k, v, loc = c.split(i)
                     arg = FusedSetKVBufferArg(v, c.kb, c.vb, c.k_scale, c.k_scale, loc)
                     sgl_ext.apply_rope_with_cos_sin_cache_inplace(
-                        pos, q, k, c.d, c.cs, True, arg, enable_pdl=pdl
+                        pos, q, k, c.d, c.cs, c.neox, arg, enable_pdl=pdl
                     )
 
                 for bh in args.block_h:
