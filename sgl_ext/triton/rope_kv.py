@@ -207,18 +207,19 @@ def rope_kv_kernel(
                 dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]
                 t_mask = h_ok & (dt < HEAD_DIM)
                 k_tail = tl.load(k_row + dt, mask=t_mask)
+        mask = h_ok & c_ok
         if ROTATE:
-            mask = h_ok & c_ok
-            a, b = _load_pairs(k_row, c, mask, HALF, PAIR_MODE, IS_BF16)
+            ka, kb = _load_pairs(k_row, c, mask, HALF, PAIR_MODE, IS_BF16)
             cos = tl.load(cs_row + c, mask=c_ok, other=0.0)
             sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
             KT: tl.constexpr = k_ptr.dtype.element_ty
             # Round to the key dtype: the cache stores exactly the key the op returns.
-            a, b = (a * cos - b * sin).to(KT), (b * cos + a * sin).to(KT)
-            _store_pairs(k_row, c, mask, a.to(tl.float32), b.to(tl.float32), HALF, PAIR_MODE)
+            ka, kb = (ka * cos - kb * sin).to(KT).to(tl.float32), (kb * cos + ka * sin).to(KT).to(
+                tl.float32
+            )
+            _store_pairs(k_row, c, mask, ka, kb, HALF, PAIR_MODE)
         else:  # plain KV write: the whole head as one contiguous "pair" tile
-            mask = h_ok & c_ok
-            a, b = _load_pairs(k_row, c, mask, HALF, 0, IS_BF16)
+            ka, kb = _load_pairs(k_row, c, mask, HALF, 0, IS_BF16)
         if WRITE_KV:
             ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
             loc = tl.where(ok, loc, 0)
@@ -227,9 +228,9 @@ def rope_kv_kernel(
             kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + heads * kb_head_stride
             vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + heads * vb_head_stride
             KS: tl.constexpr = K_SCALE_MODE > 0
-            ka = _quantize(a.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
-            kb = _quantize(b.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
-            _store_pairs(kdst, c, ok & mask, ka, kb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
+            qa = _quantize(ka, k_scale, KS, K_FP8_MAX, EMULATE_FP8)
+            qb = _quantize(kb, k_scale, KS, K_FP8_MAX, EMULATE_FP8)
+            _store_pairs(kdst, c, ok & mask, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
             if BLOCK_TAIL > 0:
                 kt = _quantize(k_tail.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
                 tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=ok & t_mask)

@@ -1,0 +1,78 @@
+"""Compile the Triton kernels for sm_90 without a GPU (catches front-end errors the interpreter
+does not, e.g. if/else type mismatches). python benchmarks/compile_check.py"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from sgl_ext.triton.rope_kv import rope_kv_kernel  # noqa: E402
+
+PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32", "e4m3": "*fp8e4nv", "e5m2": "*fp8e5"}
+
+
+def compile_one(dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl, bh=4):
+    names = list(rope_kv_kernel.arg_names)
+    sig, consts = {}, {}
+    for n in names:
+        p = rope_kv_kernel.params[names.index(n)]
+        if p.is_constexpr:
+            continue
+        if n in ("q_ptr", "k_ptr", "v_ptr"):
+            sig[n] = PTR[dtype]
+        elif n in ("kbuf_ptr", "vbuf_ptr"):
+            sig[n] = PTR[kv]
+        elif n in ("pos_ptr", "loc_ptr"):
+            sig[n] = "*i64"
+        elif n in ("cos_sin_ptr", "k_scale_ptr", "v_scale_ptr"):
+            sig[n] = "*fp32"
+        elif n in ("k_scale_f", "v_scale_f"):
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i64" if "stride" in n else "i32"
+    fp8 = {"e4m3": 448.0, "e5m2": 57344.0}.get(kv, 0.0)
+    consts.update(
+        HEAD_DIM=128, V_HEAD_DIM=128, ROT_DIM=128 - 64 * tail, BLOCK_HALF=64 - 32 * tail,
+        BLOCK_TAIL=64 * tail, BLOCK_DV=128, BLOCK_H=bh, PAIR_MODE=pair_mode,
+        KBUF_PAIR_MODE=kbuf_mode, IS_BF16=dtype == "bf16", ROTATE=rotate, WRITE_KV=write_kv,
+        K_SCALE_MODE=ks, V_SCALE_MODE=ks, K_FP8_MAX=fp8, V_FP8_MAX=fp8, EMULATE_FP8=False,
+        USE_PDL=pdl,
+    )  # fmt: skip
+    for k, v in consts.items():
+        sig[k] = "constexpr"
+    src = ASTSource(rope_kv_kernel, sig, consts)
+    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+
+def main() -> int:
+    n = 0
+    cases = [
+        ("bf16", "bf16", True, True, 0, 0, 0, 0, True),
+        ("bf16", "e4m3", True, True, 0, 0, 2, 1, True),
+        ("fp16", "e5m2", True, True, 2, 1, 1, 0, False),
+        ("bf16", "bf16", True, True, 2, 2, 0, 1, True),
+        ("fp32", "fp32", True, True, 1, 1, 0, 0, True),
+        ("bf16", "bf16", True, False, 0, 0, 0, 0, True),
+        ("bf16", "bf16", True, False, 2, 2, 0, 0, True),
+        ("bf16", "bf16", False, True, 0, 0, 0, 0, True),
+        ("fp16", "e4m3", False, True, 0, 0, 2, 1, False),
+    ]
+    for case in cases:
+        compile_one(*case)
+        n += 1
+    for bh in (1, 32):
+        compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh)
+    print(f"compiled {n + 2} kernel variants for sm_90")
+    return 0
+
+
+if __name__ == "__main__":
+    del itertools
+    sys.exit(main())
