@@ -7,6 +7,7 @@ admission control) and runs submitted requests to completion.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import logging
 import os
@@ -248,6 +249,7 @@ class Engine:
         self.scheduler = None  # type: ignore[assignment]
         self.model_runner = None  # type: ignore[assignment]
         del runner
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

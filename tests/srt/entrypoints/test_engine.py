@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 import srt
 
@@ -80,3 +81,19 @@ def test_progress_bar_for_long_batches(engine, capsys):
     engine.generate(input_ids=[[i + 3] for i in range(40)],
                     sampling_params={"max_new_tokens": 2, "temperature": 0.0})  # fmt: skip
     assert "generate" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_engine_matches_eager_and_frees_memory():
+    base = torch.cuda.memory_allocated()
+    kw = dict(device="cuda", max_total_tokens=4096, cuda_graph_max_bs=8, skip_tokenizer_init=True)
+    prompts = [[5 + i] * (3 + 7 * i) for i in range(5)]  # B = 5 replays the bucket of 8
+    outs = {}
+    for graph in (True, False):
+        eng = srt.Engine(cuda_graph=graph, **kw)
+        assert (eng.model_runner.cuda_graph_runner is not None) == graph
+        outs[graph] = [o["output_ids"] for o in eng.generate(input_ids=prompts,
+                                                              sampling_params=GREEDY)]  # fmt: skip
+        eng.shutdown()
+    assert outs[True] == outs[False]
+    assert torch.cuda.memory_allocated() - base < 2**20  # model, KV pool and graphs released
