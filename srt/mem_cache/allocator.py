@@ -197,9 +197,10 @@ class PagedTokenToKVPoolAllocator:
         page_start = torch.cumsum(new_pages, 0) - new_pages  # [B] first new page of each request
         in_old_page = pos < prefix_pages_end[req]  # [T] fills the partly filled last page
         k = ((pos - prefix_pages_end[req]) // ps).clamp(min=0)  # [T] new-page ordinal
-        new_slot = pages[(page_start[req] + k).clamp(max=max(len(pages) - 1, 0))] * ps + pos % ps
+        padded = torch.cat((pages, pages.new_zeros(1)))  # [n + 1]: safe to index when n == 0
+        new_slot = padded[(page_start[req] + k).clamp(max=len(pages))] * ps + pos % ps
         old_slot = last[req] + (pos - prefix[req]) + 1
-        return torch.where(in_old_page, old_slot, new_slot) if len(pages) else old_slot
+        return torch.where(in_old_page, old_slot, new_slot)
 
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """One slot per request for its new token.
@@ -229,9 +230,8 @@ class PagedTokenToKVPoolAllocator:
         if pages is None:
             return None
         page_of = torch.cumsum(starts_page.to(torch.int64), 0) - 1  # [B] index into pages
-        if n == 0:
-            return last + 1
-        new_slot = pages[page_of.clamp(min=0)] * self.page_size
+        padded = torch.cat((pages, pages.new_zeros(1)))  # [n + 1]: safe to index when n == 0
+        new_slot = padded[page_of.clamp(min=0)] * self.page_size
         return torch.where(starts_page, new_slot, last + 1)
 
 
