@@ -17,10 +17,8 @@ from tqdm.auto import tqdm
 
 
 def _engine_class() -> type:
-    try:
-        from srt.entrypoints.engine import Engine
-    except ImportError:
-        from srt import Engine  # re-exported at the package top, as sglang.Engine
+    from srt.entrypoints.engine import Engine  # imported late: evals sit on top of the stack
+
     return Engine
 
 

@@ -155,8 +155,10 @@ class YaRNScalingRotaryEmbedding(RotaryEmbedding):
         rot = self.rotary_dim
         pos_freqs = self.base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)  # [rot/2]
         extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (self.scaling_factor * pos_freqs)
-        low, high = yarn_find_correction_range(self.beta_fast, self.beta_slow, rot, self.base,
-                                               self.max_position_embeddings, self.truncate)  # fmt: skip
+        low, high = yarn_find_correction_range(
+            self.beta_fast, self.beta_slow, rot, self.base, self.max_position_embeddings,
+            self.truncate,
+        )  # fmt: skip
         extra_mask = (1 - yarn_linear_ramp_mask(low, high, rot // 2)) * self.extrapolation_factor
         return interpolation * (1 - extra_mask) + extrapolation * extra_mask
 
@@ -168,7 +170,8 @@ class YaRNScalingRotaryEmbedding(RotaryEmbedding):
 
 
 class DeepseekScalingRotaryEmbedding(YaRNScalingRotaryEmbedding):
-    """DeepSeek's YaRN: attention factor mscale(f, mscale) / mscale(f, mscale_all_dim) * attn_factor.
+    """DeepSeek's YaRN: attention factor
+    yarn_get_mscale(f, mscale) / yarn_get_mscale(f, mscale_all_dim) * attn_factor.
 
     DeepSeek models usually use is_neox_style=False.
     """

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from gpqa_fakes import (
     COLUMNS,
     FakeEngine,
@@ -291,17 +292,6 @@ def test_generate_texts_engine_contract(tiny_tokenizer):
 # ---------------------------------------------------------------- end to end, real Engine
 
 
-def _engine_available() -> bool:
-    try:
-        from srt.eval.engine_io import _engine_class
-
-        _engine_class()
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _engine_available(), reason="srt Engine not built yet")
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_end_to_end_dummy_cpu(gpqa_csv, tmp_path: Path, capsys, page_size):
     out = tmp_path / "e2e.jsonl"
@@ -316,3 +306,15 @@ def test_end_to_end_dummy_cpu(gpqa_csv, tmp_path: Path, capsys, page_size):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(recs) == 3 and all(r["same_response"] for r in recs)
     assert all(r["response"] == r["unfused_response"] for r in recs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_end_to_end_dummy_cuda(gpqa_csv, tmp_path: Path, capsys, kv_cache_dtype):
+    # Fused and unfused write the same cache bits, so greedy outputs agree exactly (CUDA graphs on).
+    argv = ["--load-format", "dummy", "--device", "cuda", "--data", str(gpqa_csv(5))]
+    argv += ["--max-new-tokens", "8", "--batch-size", "3", "--compare-unfused"]
+    argv += ["--dtype", "bfloat16", "--kv-cache-dtype", kv_cache_dtype, "--page-size", "16"]
+    summary = _run(argv, gpqa.make_engine, capsys)
+    assert summary["num_samples"] == 5 and summary["agreement"] == 1.0
+    assert summary["accuracy"] == summary["unfused_accuracy"]

@@ -1,4 +1,4 @@
-"""Rotary embeddings vs HF transformers' rope functions, for every rope_type, + the fused KV write."""
+"""Rotary embeddings vs HF transformers' rope functions for every rope_type; the fused KV write."""
 
 from __future__ import annotations
 
