@@ -90,8 +90,12 @@ def test_stop_tokens_and_zero_new_tokens(make_engine):
     k = ids.index(stop)
     assert cut["output_ids"] == ids[: k + 1]
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    none = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 0})
-    assert none["output_ids"] == [] and none["meta_info"]["completion_tokens"] == 0
+    mixed = eng.generate(
+        input_ids=[prompt, prompt, prompt],
+        sampling_params=[dict(GREEDY, max_new_tokens=n) for n in (2, 0, 3)],
+    )
+    assert [len(o["output_ids"]) for o in mixed] == [2, 0, 3]
+    assert mixed[1]["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
 
 
 def test_seeded_sampling_independent_of_batch(make_engine):
