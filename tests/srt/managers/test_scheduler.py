@@ -138,14 +138,15 @@ def test_bad_requests_raise_before_running(make_engine):
         eng.generate(input_ids=[1])
 
 
-def test_error_mid_run_frees_everything(make_engine):
+@pytest.mark.parametrize("fail_at", [1, 2, 4])  # first prefill, first decode, a later step
+def test_error_mid_run_frees_everything(make_engine, fail_at):
     eng = make_engine(max_total_tokens=64)
     runner = eng.model_runner
     real_forward, calls = runner.forward, []
 
     def flaky(fb):
         calls.append(fb.forward_mode)
-        if len(calls) == 4:
+        if len(calls) == fail_at:
             raise RuntimeError("device lost")
         return real_forward(fb)
 
