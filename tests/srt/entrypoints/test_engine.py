@@ -86,7 +86,8 @@ def test_progress_bar_for_long_batches(engine, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_engine_matches_eager_and_frees_memory():
     base = torch.cuda.memory_allocated()
-    kw = dict(device="cuda", max_total_tokens=4096, cuda_graph_max_bs=8, skip_tokenizer_init=True)
+    kw = dict(device="cuda", dtype="float32", max_total_tokens=4096, cuda_graph_max_bs=8,
+              skip_tokenizer_init=True)  # fmt: skip
     prompts = [[5 + i] * (3 + 7 * i) for i in range(5)]  # B = 5 replays the bucket of 8
     outs = {}
     for graph in (True, False):
