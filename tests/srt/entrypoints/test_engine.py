@@ -86,18 +86,21 @@ def test_progress_bar_for_long_batches(engine, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_engine_matches_eager_and_frees_memory():
     base = torch.cuda.memory_allocated()
-    kw = dict(device="cuda", dtype="float32", max_total_tokens=4096, cuda_graph_max_bs=8,
+    # A 512 MiB KV pool (2**20 tokens), so that "released" is measurable.
+    kw = dict(device="cuda", dtype="float32", max_total_tokens=2**20, cuda_graph_max_bs=8,
               skip_tokenizer_init=True)  # fmt: skip
     prompts = [[5 + i] * (3 + 7 * i) for i in range(5)]  # B = 5 replays the bucket of 8
     outs = {}
     for graph in (True, False):
         eng = srt.Engine(cuda_graph=graph, **kw)
         assert (eng.model_runner.cuda_graph_runner is not None) == graph
+        assert torch.cuda.memory_allocated() - base > 2**29
         outs[graph] = [o["output_ids"] for o in eng.generate(input_ids=prompts,
                                                               sampling_params=GREEDY)]  # fmt: skip
         eng.shutdown()
     assert outs[True] == outs[False]
-    assert torch.cuda.memory_allocated() - base < 2**20  # model, KV pool and graphs released
+    # Model, KV pool and graphs released (cuBLAS workspaces of new streams may stay).
+    assert torch.cuda.memory_allocated() - base < 64 * 2**20
 
 
 TINY_GPT_OSS = {
