@@ -339,9 +339,8 @@ def test_stream_split_write_is_sync_free():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_graph_overlapped_write_equals_eager_kernel_bits(dtype):
     torch.manual_seed(7)
-    kw = dict(size=64, page_size=16, dtype=dtype, heads=2, dim=64, layers=2)
-    eager = MHATokenToKVPool(kw["size"], 16, dtype, 2, 64, 2, "cuda", cross_layer_layout=True)
-    graphed = MHATokenToKVPool(kw["size"], 16, dtype, 2, 64, 2, "cuda", cross_layer_layout=True,
+    eager = MHATokenToKVPool(64, 16, dtype, 2, 64, 2, "cuda", cross_layer_layout=True)
+    graphed = MHATokenToKVPool(64, 16, dtype, 2, 64, 2, "cuda", cross_layer_layout=True,
                                alt_stream=torch.cuda.Stream())  # fmt: skip
     graphed.set_stream_overlap(True)
     scale = torch.full((1,), 0.3, device="cuda") if dtype in FP8 else None
