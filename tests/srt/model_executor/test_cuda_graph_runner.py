@@ -252,3 +252,7 @@ def test_graph_runner_logic_with_simulated_graphs(monkeypatch, fused):
             sb.free_req(r)
     bigger = _start(runner, sb, 9, 2)
     assert not gr.can_run(sb.prepare_for_decode(bigger))  # > max bucket: eager
+    other = ScheduleBatch.from_runner(runner, enable_fused_rope_kv=not fused)
+    small = _start(runner, other, 2, 3)
+    assert not gr.can_run(other.prepare_for_decode(small))  # captured with the other setting
+    assert not gr.can_run(sb.prepare_for_extend([Req(0, [1, 2], SamplingParams())]))
