@@ -226,13 +226,13 @@ def _simulate_cuda_graphs(monkeypatch, runner):
     monkeypatch.setattr(runner, "model_forward", recording_forward)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_graph_runner_logic_with_simulated_graphs(monkeypatch, fused):
+@pytest.mark.parametrize("fused, page_size", [(True, 1), (False, 1), (True, 4)])
+def test_graph_runner_logic_with_simulated_graphs(monkeypatch, fused, page_size):
     """The real CudaGraphRunner code on CPU with record/replay simulated: buckets, padding
     rows (slot 0 only), input copies, backend replay metadata; replay == eager."""
     patch_builder(monkeypatch)
     runner = ModelRunner(ServerArgs(device="cpu", max_total_tokens=512, cuda_graph_max_bs=8,
-                                    enable_fused_rope_kv=fused))  # fmt: skip
+                                    enable_fused_rope_kv=fused, page_size=page_size))  # fmt: skip
     _simulate_cuda_graphs(monkeypatch, runner)
     gr = CudaGraphRunner(runner)
     assert sorted(gr.graphs) == gr.capture_bs == [1, 2, 4, 8] and not gr.is_capturing
