@@ -137,3 +137,14 @@ def test_real_model_continuous_batching_matches_alone(engine):
     alone = [engine.generate(input_ids=p, sampling_params=s)
              for p, s in zip(prompts, params, strict=True)]  # fmt: skip
     assert [o["output_ids"] for o in batched] == [o["output_ids"] for o in alone]
+
+
+def test_triton_attention_backend_agrees_with_torch_native(engine):
+    """The GPU default backend (Triton kernels; interpreted on CPU) gives the same tokens."""
+    prompts = [[5, 6, 7], [9] * 11]
+    sp = dict(GREEDY, max_new_tokens=4)
+    ref = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=sp)]
+    eng = srt.Engine(device="cpu", attention_backend="triton", max_total_tokens=256,
+                     skip_tokenizer_init=True)  # fmt: skip
+    assert type(eng.model_runner.attn_backend).__name__ == "TritonAttnBackend"
+    assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sp)] == ref
