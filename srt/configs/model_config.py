@@ -47,7 +47,8 @@ def resolve_dtype(dtype: str | torch.dtype, config_dtype: object = None) -> torc
 
 def read_config_json(path: str) -> dict[str, Any]:
     """config.json of a checkpoint directory (or a .json file path) as a dict."""
-    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    is_file = path.endswith(".json") and not os.path.isdir(path)
+    file = path if is_file else os.path.join(path, "config.json")
     if not os.path.isfile(file):
         raise FileNotFoundError(f"model config not found: {file}")
     try:

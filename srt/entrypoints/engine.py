@@ -7,6 +7,7 @@ admission control) and runs submitted requests to completion.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import logging
 import os
@@ -29,14 +30,12 @@ PROGRESS_MIN_REQUESTS = 32
 
 
 def _load_tokenizer(path: str | None) -> Any:
-    """A transformers tokenizer from `path`, or None if there is none (or no transformers)."""
-    if path is None or not os.path.isdir(path):
-        return None
-    try:
-        from transformers import AutoTokenizer
+    """The tokenizer in `path` (a local directory), or None if it has none or it is unusable."""
+    from srt.model_loader.loader import load_tokenizer
 
-        return AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001 - a model without a usable tokenizer still runs
+    try:
+        return load_tokenizer(path)
+    except (ValueError, ImportError) as e:  # a model without a usable tokenizer still runs
         logger.warning("no tokenizer loaded from %s: %s", path, e)
         return None
 
@@ -248,6 +247,7 @@ class Engine:
         self.scheduler = None  # type: ignore[assignment]
         self.model_runner = None  # type: ignore[assignment]
         del runner
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

@@ -38,6 +38,7 @@ class Scheduler:
         self.batch = ScheduleBatch.from_runner(model_runner)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
+        self.finished_early: list[Req] = []
         self.num_prefill_steps = 0
         self.num_decode_steps = 0
 
@@ -58,7 +59,11 @@ class Scheduler:
 
     def add_request(self, req: Req) -> None:
         self.check_fits(req)
-        self.waiting.append(req)
+        if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
+            req.check_finished()
+            self.finished_early.append(req)
+        else:
+            self.waiting.append(req)
 
     def _reserved_slots(self) -> int:
         """Slots the running requests may still allocate before they finish."""
@@ -103,19 +108,14 @@ class Scheduler:
 
     def step(self) -> list[Req]:
         """One prefill or decode step. Returns the requests that finished in it."""
-        finished: list[Req] = []
-        # Requests asking for no tokens finish without touching the model.
-        while self.waiting and self.waiting[0].sampling_params.max_new_tokens == 0:
-            req = self.waiting.popleft()
-            req.check_finished()
-            finished.append(req)
+        finished, self.finished_early = self.finished_early, []
         new = self._admit()
         if new:
+            self.running.extend(new)  # from here on they hold memory (abort_all frees it)
             fb = self.batch.prepare_for_extend(new, any(r.return_logprob for r in new))
             logits = self.runner.forward(fb)  # [B, V] last-position logits
             self.num_prefill_steps += 1
             self._sample_and_append(new, logits)
-            self.running.extend(new)
         elif self.running:
             reqs = self.running
             fb = self.batch.prepare_for_decode(reqs, any(r.return_logprob for r in reqs))
@@ -137,7 +137,8 @@ class Scheduler:
 
     def abort_all(self) -> list[Req]:
         """Drop every waiting and running request, freeing their KV memory (after an error)."""
-        dropped = list(self.waiting) + self.running
+        dropped = list(self.waiting) + self.running + self.finished_early
+        self.finished_early = []
         for req in self.running:
             self.batch.free_req(req)
             req.finished_reason = {"type": "abort"}
@@ -148,7 +149,7 @@ class Scheduler:
         return dropped
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.finished_early)
 
     def run_until_idle(self, progress: Any = None) -> None:
         """Step until no request is waiting or running; `progress.update(n)` per finished."""

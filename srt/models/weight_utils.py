@@ -43,7 +43,8 @@ def load_stacked_weights(
     ),
     rename=None,
 ) -> set[str]:
-    """Load (name, tensor) pairs into model parameters; returns the names of loaded params.
+    """Load (name, tensor) pairs into model parameters; returns the names of loaded params
+    (a packed parameter only when all its shards were loaded).
 
     Parameters
     ----------
@@ -55,6 +56,10 @@ def load_stacked_weights(
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    expected: dict[str, set] = {}  # packed part -> the shard ids that complete it
+    for packed, _, shard_id in stacked_params:
+        expected.setdefault(packed, set()).add(shard_id)
+    got: dict[tuple[str, str], set] = {}  # (param name, packed part) -> shard ids loaded
     for name, tensor in weights:
         if rename is not None:
             name = rename(name)
@@ -70,7 +75,7 @@ def load_stacked_weights(
                 continue
             p = params[pname]
             _call_loader(pname, p, tensor, shard_id)
-            loaded.add(pname)
+            got.setdefault((pname, packed), set()).add(shard_id)
             break
         else:
             if name not in params:
@@ -78,6 +83,8 @@ def load_stacked_weights(
             p = params[name]
             _call_loader(name, p, tensor, None)
             loaded.add(name)
+    # A packed parameter counts as loaded only once every shard arrived.
+    loaded |= {name for (name, packed), ids in got.items() if ids >= expected[packed]}
     return loaded
 
 

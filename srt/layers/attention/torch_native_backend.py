@@ -4,8 +4,9 @@ The reference backend: float32 math, GQA, sliding window, logit cap, attention s
 size, fp8 KV (dequantised with the layer's scales). K/V are gathered through
 req_to_token -> slot -> (page, offset), so the pool's buffers are never copied whole.
 
-Decode is batched and sync-free (fixed-width gather + mask), so it captures in a CUDA graph;
-extend loops over requests using host-side lengths.
+Decode is batched and sync-free (a gather of the full req_to_token row width + mask), so it
+captures in a CUDA graph and eager decode gives the same bits as a replay; extend loops over
+requests using host-side lengths.
 """
 
 from __future__ import annotations
@@ -103,10 +104,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         if self.req_to_token_pool is None:
             self.req_to_token_pool = forward_batch.req_to_token_pool
         if forward_batch.forward_mode.is_decode():
-            if forward_batch.seq_lens_cpu is not None:
-                max_len = int(forward_batch.seq_lens_cpu.max())
-            else:  # no host copy: read the full row width rather than sync
-                max_len = self.req_to_token_pool.req_to_token.shape[1]
+            # Always the full row width, as under a CUDA graph: the reduction then has the same
+            # shape eager and replayed, so both give the same bits (and no host sync is needed).
+            max_len = self.req_to_token_pool.req_to_token.shape[1]
             self.forward_metadata = _DecodeMetadata(
                 forward_batch.req_pool_indices.long(), forward_batch.seq_lens.long(), max_len
             )

@@ -90,8 +90,12 @@ def test_stop_tokens_and_zero_new_tokens(make_engine):
     k = ids.index(stop)
     assert cut["output_ids"] == ids[: k + 1]
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    none = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 0})
-    assert none["output_ids"] == [] and none["meta_info"]["completion_tokens"] == 0
+    mixed = eng.generate(
+        input_ids=[prompt, prompt, prompt],
+        sampling_params=[dict(GREEDY, max_new_tokens=n) for n in (2, 0, 3)],
+    )
+    assert [len(o["output_ids"]) for o in mixed] == [2, 0, 3]
+    assert mixed[1]["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
 
 
 def test_seeded_sampling_independent_of_batch(make_engine):
@@ -134,14 +138,15 @@ def test_bad_requests_raise_before_running(make_engine):
         eng.generate(input_ids=[1])
 
 
-def test_error_mid_run_frees_everything(make_engine):
+@pytest.mark.parametrize("fail_at", [1, 2, 4])  # first prefill, first decode, a later step
+def test_error_mid_run_frees_everything(make_engine, fail_at):
     eng = make_engine(max_total_tokens=64)
     runner = eng.model_runner
     real_forward, calls = runner.forward, []
 
     def flaky(fb):
         calls.append(fb.forward_mode)
-        if len(calls) == 4:
+        if len(calls) == fail_at:
             raise RuntimeError("device lost")
         return real_forward(fb)
 

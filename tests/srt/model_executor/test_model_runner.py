@@ -93,3 +93,29 @@ def test_server_args_validation():
         ServerArgs(json_model_override_args="{nope")
     a = ServerArgs(device="cpu").resolved()
     assert a.disable_cuda_graph and a.attention_backend == "torch_native"
+
+
+@pytest.mark.parametrize(
+    "preset, shape",
+    [
+        ("llama3-8b", (32, 4096, 32, 8, 128, 14336, 0)),
+        ("gpt-oss-20b", (24, 2880, 64, 8, 64, 2880, 32)),
+    ],
+)
+def test_bench_presets_have_the_real_shapes(preset, shape):
+    from srt.model_executor.model_builder import (
+        build_model_config,
+        kv_cache_shape,
+        preset_overrides,
+    )
+
+    cfg = build_model_config(ServerArgs(json_model_override_args=preset_overrides(preset)))
+    names = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "intermediate_size", "num_local_experts")  # fmt: skip
+    got = tuple(getattr(cfg, n) for n in names)
+    assert got == shape
+    assert kv_cache_shape(cfg) == (shape[0], shape[3], shape[4], shape[4])
+    if preset == "gpt-oss-20b":
+        assert cfg.get_window_left(0) == 127 and cfg.get_window_left(1) == -1
+    with pytest.raises(ValueError, match="unknown model preset"):
+        preset_overrides("llama-70b")

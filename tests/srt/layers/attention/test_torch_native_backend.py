@@ -44,13 +44,14 @@ def test_native_bf16():
     run_scenario(_backend, dtype=torch.bfloat16, kv_dtype=torch.bfloat16, use_sinks=True)
 
 
-def test_decode_without_host_lens_reads_full_row():
-    """Without seq_lens_cpu the decode gathers the whole req_to_token row (no device sync)."""
-    from fb_harness import Harness, StandInKVPool
+def test_decode_width_is_fixed_so_eager_equals_graph():
+    """Decode gathers the full req_to_token row whatever seq_lens_cpu says, so eager decode and a
+    graph replay (fixed width) reduce over the same shape: identical bits."""
+    from fb_harness import Harness, make_kv_pool
 
     from srt.layers.radix_attention import RadixAttention
 
-    pool = StandInKVPool(64, 1, torch.float32, 1, 8, 1, "cpu")
+    pool = make_kv_pool(64, 1, torch.float32, 1, 8, 1, "cpu")
     be = _backend()
     h = Harness(pool, be, max_reqs=2, max_ctx=16)
     layer = RadixAttention(2, 8, 0.3, 1, 0)
@@ -58,8 +59,6 @@ def test_decode_without_host_lens_reads_full_row():
     q, k, v = torch.randn(3, 16), torch.randn(3, 8), torch.randn(3, 8)
     layer(q, k, v, fb)
     fb = h.decode([1], [8])
-    fb.seq_lens_cpu = None
-    be.init_forward_metadata(fb)
     assert be.forward_metadata.max_len == 16
     q1, k1, v1 = torch.randn(1, 16), torch.randn(1, 8), torch.randn(1, 8)
     out = layer(q1, k1, v1, fb)
@@ -67,3 +66,14 @@ def test_decode_without_host_lens_reads_full_row():
     s = (q1.view(2, 8) @ kk.T) * 0.3  # [2 heads, 4 keys]
     ref = (torch.softmax(s, -1) @ vv).view(1, 16)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # the graph path: fixed buffers, copied in place on replay
+    be.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
+    be.init_forward_metadata_capture_cuda_graph(
+        1, 1, fb.req_pool_indices, fb.seq_lens, fb.forward_mode
+    )
+    out_g = layer(q1, None, None, fb, save_kv_cache=False)
+    assert torch.equal(out_g, out)
+    assert (
+        be.forward_metadata.req_pool_indices.data_ptr()
+        == be.cuda_graph_metadata.req_pool_indices.data_ptr()
+    )
