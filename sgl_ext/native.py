@@ -40,14 +40,17 @@ def rotate_native(
 
 
 def quantize_native(x: torch.Tensor, buf_dtype: torch.dtype, scale: Scale) -> torch.Tensor:
-    """What the cache stores for x: (x / scale) cast to the buffer dtype, saturating for fp8."""
+    """What the cache stores for x: x * (1 / scale) in fp32, cast to the buffer dtype.
+
+    The reciprocal is one IEEE fp32 division; fp8 casts saturate to the largest finite value.
+    """
     if scale is None and buf_dtype == x.dtype:
         return x
     y = x.float()
     if scale is not None:
         s = scale if isinstance(scale, torch.Tensor) else torch.tensor(scale, device=x.device)
-        # A 0-d device tensor keeps torch on a true (IEEE) division, as the kernels do.
-        y = y / s.reshape(()).to(device=x.device, dtype=torch.float32)
+        inv = torch.reciprocal(s.reshape(1).to(device=x.device, dtype=torch.float32))  # [1]
+        y = y * inv
     fmax = fp8_max(buf_dtype)
     if fmax:
         y = y.clamp(-fmax, fmax)

@@ -35,15 +35,16 @@ def _round_to_fp8_grid(x, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
     normal = bits.to(tl.float32, bitcast=True)
     QUANT: tl.constexpr = 2.0 ** (MIN_EXP - MANT)
     MAGIC: tl.constexpr = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds to integer
-    sub = ((x * (1.0 / QUANT) + MAGIC) - MAGIC) * QUANT
+    sub = ((tl.abs(x) * (1.0 / QUANT) + MAGIC) - MAGIC) * QUANT
+    sub = tl.where(x < 0, -sub, sub)  # keeps the sign of values that round to zero (-0.0)
     return tl.where(tl.abs(x) < 2.0**MIN_EXP, sub, normal)
 
 
 @triton.jit
-def _quantize(x, scale, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, EMULATE: tl.constexpr):
-    """x (fp32) / scale (IEEE division), clamped to the fp8 range when FP8_MAX > 0."""
+def _quantize(x, inv_scale, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, EMULATE: tl.constexpr):
+    """x (fp32) * inv_scale, clamped to the fp8 range when FP8_MAX > 0."""
     if HAS_SCALE:
-        x = tl.math.div_rn(x, tl.zeros_like(x) + scale)
+        x = x * inv_scale
     if FP8_MAX > 0:
         x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
         if EMULATE:
@@ -55,10 +56,14 @@ def _quantize(x, scale, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, EMULATE:
 
 
 @triton.jit
-def _load_scale(ptr, f, MODE: tl.constexpr):
+def _load_inv_scale(ptr, f, MODE: tl.constexpr):
+    """1 / scale as one IEEE fp32 division (mode 2: device tensor, 1: float argument)."""
+    one = tl.full((1,), 1.0, tl.float32)
     if MODE == 2:
-        return tl.load(ptr).to(tl.float32)
-    return f
+        s = one * tl.load(ptr).to(tl.float32)
+    else:
+        s = one * f
+    return tl.math.div_rn(one, s)  # [1], broadcasts
 
 
 @triton.jit
@@ -153,7 +158,8 @@ def rope_kv_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
     BLOCK_DV: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # query heads per program
+    BLOCK_HKV: tl.constexpr,  # key/value heads per program
     PAIR_MODE: tl.constexpr,  # see _load_pairs
     KBUF_PAIR_MODE: tl.constexpr,  # pair layout used for the K-cache store
     IS_BF16: tl.constexpr,
@@ -192,49 +198,50 @@ def rope_kv_kernel(
         sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
         _store_pairs(row, c, mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
     else:
-        heads = (hb - num_q_blocks) * BLOCK_H + h  # [BLOCK_H, 1]
-        h_ok = heads < num_kv_heads
-        k_row = k_ptr + t * k_tok_stride + heads * k_head_stride
+        kh = (hb - num_q_blocks) * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
+        h_ok = kh < num_kv_heads
+        k_row = k_ptr + t * k_tok_stride + kh * k_head_stride
         if WRITE_KV:
             # Issue every independent load first: slot, V row, K tail, scales.
             loc = tl.load(loc_ptr + t).to(tl.int64)
             dv = tl.arange(0, BLOCK_DV)[None, :]
             dv_mask = h_ok & (dv < V_HEAD_DIM)
-            v = tl.load(v_ptr + t * v_tok_stride + heads * v_head_stride + dv, mask=dv_mask)
-            k_scale = _load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
-            v_scale = _load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
+            v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
+            k_inv = _load_inv_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
+            v_inv = _load_inv_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
             if BLOCK_TAIL > 0:  # pass-through dims of K (partial rotary) go to the cache too
                 dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]
                 t_mask = h_ok & (dt < HEAD_DIM)
                 k_tail = tl.load(k_row + dt, mask=t_mask)
-        mask = h_ok & c_ok
+        km = h_ok & c_ok
         if ROTATE:
-            ka, kb = _load_pairs(k_row, c, mask, HALF, PAIR_MODE, IS_BF16)
+            ka, kb = _load_pairs(k_row, c, km, HALF, PAIR_MODE, IS_BF16)
             cos = tl.load(cs_row + c, mask=c_ok, other=0.0)
             sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
             KT: tl.constexpr = k_ptr.dtype.element_ty
             # Round to the key dtype: the cache stores exactly the key the op returns.
-            ka, kb = (ka * cos - kb * sin).to(KT).to(tl.float32), (kb * cos + ka * sin).to(KT).to(
-                tl.float32
+            ka, kb = (
+                (ka * cos - kb * sin).to(KT).to(tl.float32),
+                (kb * cos + ka * sin).to(KT).to(tl.float32),
             )
-            _store_pairs(k_row, c, mask, ka, kb, HALF, PAIR_MODE)
+            _store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
         else:  # plain KV write: the whole head as one contiguous "pair" tile
-            ka, kb = _load_pairs(k_row, c, mask, HALF, 0, IS_BF16)
+            ka, kb = _load_pairs(k_row, c, km, HALF, 0, IS_BF16)
         if WRITE_KV:
             ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
             loc = tl.where(ok, loc, 0)
             page = loc // page_size
             off = loc - page * page_size
-            kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + heads * kb_head_stride
-            vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + heads * vb_head_stride
+            kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
+            vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
             KS: tl.constexpr = K_SCALE_MODE > 0
-            qa = _quantize(ka, k_scale, KS, K_FP8_MAX, EMULATE_FP8)
-            qb = _quantize(kb, k_scale, KS, K_FP8_MAX, EMULATE_FP8)
-            _store_pairs(kdst, c, ok & mask, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
+            qa = _quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
+            qb = _quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
+            _store_pairs(kdst, c, ok & km, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
             if BLOCK_TAIL > 0:
-                kt = _quantize(k_tail.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
+                kt = _quantize(k_tail.to(tl.float32), k_inv, KS, K_FP8_MAX, EMULATE_FP8)
                 tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=ok & t_mask)
-            vq = _quantize(v.to(tl.float32), v_scale, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
+            vq = _quantize(v.to(tl.float32), v_inv, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
             tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=ok & dv_mask)
 
 
@@ -272,25 +279,19 @@ def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, 
     if override:
         bh, nw = (int(x) for x in override.split(","))
         return bh, nw
-    # Measured on the H100 (benchmarks/NOTES.md): few tokens want many small programs (one warp,
-    # one head each) to spread latency; many tokens want ~1-2K elements per program.
+    # Measured on the H100 (benchmarks/NOTES.md): few tokens want many small programs (one head
+    # each) to spread latency; more tokens want ~1K elements per program, and very many tokens
+    # whole tokens per program (up to 32 heads) to amortise the position and slot loads.
     if num_tokens <= 8:
-        elems = 128
-    elif num_tokens <= 32:
-        elems = 256
-    elif num_tokens <= 128:
-        elems = 512
+        block_h = 1
+    elif num_tokens <= 64:
+        block_h = max(1, 512 // head_dim)
     elif num_tokens <= 4096:
-        elems = 1024
+        block_h = max(1, 1024 // head_dim)
     else:
-        elems = 2048
-    block_h = max(1, min(triton.next_power_of_2(max_heads), elems // head_dim))
-    if num_tokens <= 128 or 1024 < num_tokens <= 4096:
-        num_warps = 1
-    elif num_tokens <= 1024:
-        num_warps = 2
-    else:
-        num_warps = max(1, min(8, block_h * head_dim // 512))
+        block_h = max(1, min(32, 4096 // head_dim))
+    block_h = min(block_h, triton.next_power_of_2(max_heads))
+    num_warps = 4
     return block_h, num_warps
 
 
@@ -316,8 +317,9 @@ def launch_rope_kv(
     num_q_heads, q_tok, q_head = q_info if q_info is not None else (0, 0, 0)
     num_kv_heads, k_tok, k_head = k_info
     block_h, num_warps = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size)
+    block_hkv = min(block_h, triton.next_power_of_2(num_kv_heads))
     num_q_blocks = triton.cdiv(num_q_heads, block_h)
-    grid = (num_tokens, num_q_blocks + triton.cdiv(num_kv_heads, block_h))
+    grid = (num_tokens, num_q_blocks + triton.cdiv(num_kv_heads, block_hkv))
     if kv is not None:
         value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
     else:
@@ -336,9 +338,7 @@ def launch_rope_kv(
     if rotate and not is_neox:
         pair_mode = _gptj_mode([(query, q_tok, q_head), (key, k_tok, k_head)])
     kbuf_mode = pair_mode
-    if pair_mode == 2 and (
-        kbuf.dtype != key.dtype or not _word_aligned(kbuf, *_strides(k_lay))
-    ):
+    if pair_mode == 2 and (kbuf.dtype != key.dtype or not _word_aligned(kbuf, *_strides(k_lay))):
         kbuf_mode = 1
     extra = {"launch_pdl": True} if use_pdl else {}
     rope_kv_kernel[grid](
@@ -380,6 +380,7 @@ def launch_rope_kv(
         BLOCK_TAIL=triton.next_power_of_2(tail) if tail > 0 else 0,
         BLOCK_DV=triton.next_power_of_2(v_head_dim),
         BLOCK_H=block_h,
+        BLOCK_HKV=block_hkv,
         PAIR_MODE=pair_mode,
         KBUF_PAIR_MODE=kbuf_mode,
         IS_BF16=key.dtype == torch.bfloat16,

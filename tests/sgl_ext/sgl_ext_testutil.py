@@ -34,13 +34,13 @@ def rope_ref(
 
 
 def quant_ref(x: torch.Tensor, buf_dtype: torch.dtype, scale) -> torch.Tensor:
-    """What the cache must hold for x: fp32 true division by scale, saturate, cast."""
+    """What the cache must hold for x: fp32 multiply by the fp32 reciprocal, saturate, cast."""
     if scale is None and buf_dtype == x.dtype:
         return x.clone()
     y = x.float()
     if scale is not None:
         s = scale.float().reshape(()) if isinstance(scale, torch.Tensor) else torch.tensor(scale)
-        y = y / s.to(y.device)
+        y = y * (1.0 / s.to(device=y.device, dtype=torch.float32))
     if buf_dtype in FP8:
         m = torch.finfo(buf_dtype).max
         y = y.clamp(-m, m)
