@@ -67,3 +67,12 @@ def test_llama_fp8_kv(llama_ckpt, kv_dtype):
     compare_with_hf(hf, prompts, dec, fused[0], fused[1], norm_tol=tol)
     with pytest.raises(AssertionError):  # the tolerance is tighter than "anything goes"
         compare_with_hf(hf, prompts, dec, fused[0], fused[1], norm_tol=tol / 50)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_llama_cuda_bf16_triton(llama_ckpt):
+    """bf16 on CUDA with the Triton attention backend agrees with CPU fp32 within bf16
+    tolerance; fused equals unfused bit for bit (logits and caches)."""
+    from hf_compare import gpu_bf16_check
+
+    gpu_bf16_check(llama_ckpt[0])
