@@ -20,6 +20,10 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def forced_backend() -> str | None:
     name = os.environ.get("SGL_EXT_BACKEND", "").strip().lower()
     if not name:
@@ -35,6 +39,10 @@ def select_backend(device: torch.device, cuda_ok: bool = False) -> str:
     if forced is not None:
         if forced == "triton" and not triton_available():
             raise RuntimeError("SGL_EXT_BACKEND=triton but triton is not installed")
+        if forced == "triton" and device.type != "cuda" and not interpreting():
+            raise RuntimeError(
+                f"SGL_EXT_BACKEND=triton needs CUDA tensors (got {device}) or TRITON_INTERPRET=1"
+            )
         if forced == "cuda" and (device.type != "cuda" or not cuda_ok):
             raise RuntimeError("SGL_EXT_BACKEND=cuda but the CUDA kernel cannot run this call")
         return forced

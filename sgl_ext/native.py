@@ -83,12 +83,13 @@ def scatter_native(
         view, rows = view.view(torch.uint8), rows.view(torch.uint8)
     loc = cache_loc.long()
     valid = (loc >= 0) & (loc < lay.num_slots)  # [T]
-    first = valid.to(torch.int8).argmax()  # first written token, 0 if none
+    # 1-element index tensors throughout: indexing with a 0-d tensor would call .item() (a sync).
+    first = valid.to(torch.int8).argmax().view(1)  # [1] first written token, 0 if none
     any_valid = valid.any()
-    zero = torch.zeros((), dtype=torch.long, device=loc.device)
-    target = torch.where(valid, loc, torch.where(any_valid, loc[first], zero))
-    slot0 = view[_slot_index(buf, lay, zero)]  # [H, D], current contents of slot 0
-    fill = torch.where(any_valid, rows[first], slot0)  # [H, D]
+    zero = torch.zeros(1, dtype=torch.long, device=loc.device)
+    target = torch.where(valid, loc, torch.where(any_valid, loc.index_select(0, first), zero))
+    slot0 = view[_slot_index(buf, lay, zero)]  # [1, H, D], current contents of slot 0
+    fill = torch.where(any_valid, rows.index_select(0, first), slot0)  # [1, H, D]
     rows = torch.where(valid[:, None, None], rows, fill)
     view[_slot_index(buf, lay, target)] = rows
 

@@ -104,6 +104,7 @@ def _run(
     q_info: tuple[int, int, int],
     k_info: tuple[int, int, int],
     kv: tuple | None,
+    enable_pdl: bool | None = None,
 ) -> None:
     backend = select_backend(query.device)
     if backend == "native":
@@ -115,7 +116,9 @@ def _run(
         return
     from sgl_ext.triton.rope_kv import launch_rope_kv
 
-    launch_rope_kv(positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv)
+    launch_rope_kv(
+        positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv, enable_pdl
+    )
 
 
 def apply_rope_with_cos_sin_cache_inplace(
@@ -148,7 +151,8 @@ def apply_rope_with_cos_sin_cache_inplace(
     fused_set_kv_buffer_arg : FusedSetKVBufferArg or None
         If given, the rotated K and the V are also written to the cache slots `cache_loc`.
     enable_pdl : bool or None
-        Accepted for sgl_kernel compatibility; the launch configuration is chosen internally.
+        Programmatic dependent launch on Hopper+ (the kernel's launch overlaps the previous
+        kernel's tail). None: on where supported.
     """
     q_info, k_info = _check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
     if C.debug_checks_enabled():
@@ -161,7 +165,7 @@ def apply_rope_with_cos_sin_cache_inplace(
         torch.ops.sgl_ext.rope_kv(positions, query, key, head_size, cos_sin_cache, is_neox,
                    *(_op_kv_args(a) if a is not None else (None,) * 6))  # fmt: skip
         return
-    _run(positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv)
+    _run(positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv, enable_pdl)
 
 
 def _op_kv_args(a: FusedSetKVBufferArg) -> tuple:

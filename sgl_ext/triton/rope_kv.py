@@ -3,6 +3,10 @@
 One program handles one token and a block of heads: program_id(1) < num_q_blocks rotates query
 heads, the rest rotate key heads and (WRITE_KV) store K and V into the cache slot of the token.
 The same kernel with ROTATE=False is the standalone KV write.
+
+The rotary dims of a head are addressed as a [HALF, 2] grid of pairs (i, j): neox pairs dim i
+with dim i + HALF, GPT-J pairs dim 2i with 2i + 1. Both load as one contiguous tile and are split
+in registers, so neither needs a gather.
 """
 
 from __future__ import annotations
@@ -13,42 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_ext._backend import interpreting
 from sgl_ext._common import KVLayout, fp8_max
-
-
-@triton.jit
-def _rotate(
-    row_ptrs,  # [BLOCK_H, 1] pointers to the start of each head row
-    head_mask,  # [BLOCK_H, 1]
-    cos_ptr,  # pointer to this token's cos row (sin follows after ROT_DIM // 2)
-    HEAD_DIM: tl.constexpr,
-    ROT_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    IS_NEOX: tl.constexpr,
-    ROTATE: tl.constexpr,
-):
-    """Load [BLOCK_H, BLOCK_D] rows and return them rotated, in fp32."""
-    d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
-    d_mask = d < HEAD_DIM
-    x = tl.load(row_ptrs + d, mask=head_mask & d_mask, other=0.0).to(tl.float32)
-    if ROTATE:
-        HALF: tl.constexpr = ROT_DIM // 2
-        rot = d < ROT_DIM
-        if IS_NEOX:
-            ci = tl.where(d < HALF, d, d - HALF)
-            partner = tl.where(d < HALF, d + HALF, d - HALF)
-            sign = tl.where(d < HALF, -1.0, 1.0)
-        else:
-            ci = d // 2
-            partner = d ^ 1
-            sign = tl.where((d % 2) == 0, -1.0, 1.0)
-        ci = tl.where(rot, ci, 0)
-        partner = tl.where(rot, partner, d)
-        cos = tl.load(cos_ptr + ci, mask=rot, other=1.0)
-        sin = tl.load(cos_ptr + HALF + ci, mask=rot, other=0.0)
-        xp = tl.load(row_ptrs + partner, mask=head_mask & rot, other=0.0).to(tl.float32)
-        x = tl.where(rot, x * cos + (sign * xp) * sin, x)
-    return x
 
 
 @triton.jit
@@ -70,15 +40,10 @@ def _round_to_fp8_grid(x, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
 
 
 @triton.jit
-def _quantize(
-    x, scale_ptr, scale_f, SCALE_MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMULATE: tl.constexpr
-):
-    """x (fp32) / scale, clamped to the fp8 range when FP8_MAX > 0."""
-    if SCALE_MODE == 1:
-        x = tl.math.div_rn(x, tl.full(x.shape, scale_f, tl.float32))
-    elif SCALE_MODE == 2:
-        s = tl.load(scale_ptr).to(tl.float32)
-        x = tl.math.div_rn(x, tl.full(x.shape, 1.0, tl.float32) * s)
+def _quantize(x, scale, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, EMULATE: tl.constexpr):
+    """x (fp32) / scale (IEEE division), clamped to the fp8 range when FP8_MAX > 0."""
+    if HAS_SCALE:
+        x = tl.math.div_rn(x, tl.zeros_like(x) + scale)
     if FP8_MAX > 0:
         x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
         if EMULATE:
@@ -87,6 +52,66 @@ def _quantize(
             else:  # e5m2
                 x = _round_to_fp8_grid(x, 2, -14)
     return x
+
+
+@triton.jit
+def _load_scale(ptr, f, MODE: tl.constexpr):
+    if MODE == 2:
+        return tl.load(ptr).to(tl.float32)
+    return f
+
+
+@triton.jit
+def _unpack16(w, IS_BF16: tl.constexpr):
+    """int32 words holding two 16-bit floats (little-endian) -> (low, high) in fp32."""
+    if IS_BF16:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _pack16(lo, hi, DT: tl.constexpr):
+    """Two fp32 tensors -> int32 words of two 16-bit floats of dtype DT (lo in the low half)."""
+    lo16 = lo.to(DT).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi16 = hi.to(DT).to(tl.int16, bitcast=True).to(tl.int32)
+    return lo16 | (hi16 << 16)
+
+
+@triton.jit
+def _load_pairs(row, c, mask, HALF: tl.constexpr, MODE: tl.constexpr, IS_BF16: tl.constexpr):
+    """The rotary pairs (a, b) of rows [BH, 1] at pair index c [1, BLOCK_HALF], as fp32.
+
+    MODE 0: neox, b sits HALF dims after a; 1: GPT-J, adjacent dims; 2: GPT-J with each 16-bit
+    pair loaded as one int32 word (vectorised, no strided access).
+    """
+    if MODE == 0:
+        a = tl.load(row + c, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(row + HALF + c, mask=mask, other=0.0).to(tl.float32)
+    elif MODE == 1:
+        a = tl.load(row + 2 * c, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(row + 2 * c + 1, mask=mask, other=0.0).to(tl.float32)
+    else:
+        w = tl.load(row.to(tl.pointer_type(tl.int32)) + c, mask=mask, other=0)
+        a, b = _unpack16(w, IS_BF16)
+    return a, b
+
+
+@triton.jit
+def _store_pairs(row, c, mask, a, b, HALF: tl.constexpr, MODE: tl.constexpr):
+    """Store fp32 pairs (a, b) to rows of the row pointer's dtype (layout as in _load_pairs)."""
+    DT: tl.constexpr = row.dtype.element_ty
+    if MODE == 0:
+        tl.store(row + c, a.to(DT), mask=mask)
+        tl.store(row + HALF + c, b.to(DT), mask=mask)
+    elif MODE == 1:
+        tl.store(row + 2 * c, a.to(DT), mask=mask)
+        tl.store(row + 2 * c + 1, b.to(DT), mask=mask)
+    else:
+        tl.store(row.to(tl.pointer_type(tl.int32)) + c, _pack16(a, b, DT), mask=mask)
 
 
 @triton.jit
@@ -125,70 +150,91 @@ def rope_kv_kernel(
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
     ROT_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    IS_NEOX: tl.constexpr,
+    PAIR_MODE: tl.constexpr,  # see _load_pairs
+    KBUF_PAIR_MODE: tl.constexpr,  # pair layout used for the K-cache store
+    IS_BF16: tl.constexpr,
     ROTATE: tl.constexpr,
     WRITE_KV: tl.constexpr,
-    K_SCALE_MODE: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr,  # 0 none, 1 python float, 2 device tensor
     V_SCALE_MODE: tl.constexpr,
-    K_FP8_MAX: tl.constexpr,
+    K_FP8_MAX: tl.constexpr,  # 0 when the buffer is not fp8
     V_FP8_MAX: tl.constexpr,
     EMULATE_FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     h = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
-    d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
+    HALF: tl.constexpr = ROT_DIM // 2
+    c = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: pair index = cos/sin column
+    c_ok = c < HALF
+    if USE_PDL:
+        # Programmatic dependent launch: everything above overlapped the previous kernel; wait
+        # for its results before the first load, and let the next kernel start launching.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if ROTATE:
         pos = tl.load(pos_ptr + t).to(tl.int64)
         pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # memory safety; debug checks report
-        cos_ptr = cos_sin_ptr + pos * cs_stride
+        cs_row = cos_sin_ptr + pos * cs_stride
     else:
-        cos_ptr = cos_sin_ptr
+        cs_row = cos_sin_ptr  # unused: there are no query blocks without rotation
     if hb < num_q_blocks:
         heads = hb * BLOCK_H + h
-        h_mask = heads < num_q_heads
-        rows = q_ptr + t * q_tok_stride + heads * q_head_stride
-        x = _rotate(rows, h_mask, cos_ptr, HEAD_DIM, ROT_DIM, BLOCK_D, IS_NEOX, True)
-        tl.store(rows + d, x.to(q_ptr.dtype.element_ty), mask=h_mask & (d < ROT_DIM))
+        mask = (heads < num_q_heads) & c_ok
+        row = q_ptr + t * q_tok_stride + heads * q_head_stride
+        a, b = _load_pairs(row, c, mask, HALF, PAIR_MODE, IS_BF16)
+        cos = tl.load(cs_row + c, mask=c_ok, other=0.0)
+        sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
+        _store_pairs(row, c, mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
     else:
-        heads = (hb - num_q_blocks) * BLOCK_H + h
-        h_mask = heads < num_kv_heads
-        rows = k_ptr + t * k_tok_stride + heads * k_head_stride
-        k = _rotate(rows, h_mask, cos_ptr, HEAD_DIM, ROT_DIM, BLOCK_D, IS_NEOX, ROTATE)
-        k = k.to(k_ptr.dtype.element_ty)
-        if ROTATE:
-            tl.store(rows + d, k, mask=h_mask & (d < ROT_DIM))
+        heads = (hb - num_q_blocks) * BLOCK_H + h  # [BLOCK_H, 1]
+        h_ok = heads < num_kv_heads
+        k_row = k_ptr + t * k_tok_stride + heads * k_head_stride
         if WRITE_KV:
+            # Issue every independent load first: slot, V row, K tail, scales.
             loc = tl.load(loc_ptr + t).to(tl.int64)
-            ok = (loc >= 0) & (loc < num_slots)
+            dv = tl.arange(0, BLOCK_DV)[None, :]
+            dv_mask = h_ok & (dv < V_HEAD_DIM)
+            v = tl.load(v_ptr + t * v_tok_stride + heads * v_head_stride + dv, mask=dv_mask)
+            k_scale = _load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
+            v_scale = _load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
+            if BLOCK_TAIL > 0:  # pass-through dims of K (partial rotary) go to the cache too
+                dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]
+                t_mask = h_ok & (dt < HEAD_DIM)
+                k_tail = tl.load(k_row + dt, mask=t_mask)
+        if ROTATE:
+            mask = h_ok & c_ok
+            a, b = _load_pairs(k_row, c, mask, HALF, PAIR_MODE, IS_BF16)
+            cos = tl.load(cs_row + c, mask=c_ok, other=0.0)
+            sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
+            KT: tl.constexpr = k_ptr.dtype.element_ty
+            # Round to the key dtype: the cache stores exactly the key the op returns.
+            a, b = (a * cos - b * sin).to(KT), (b * cos + a * sin).to(KT)
+            _store_pairs(k_row, c, mask, a.to(tl.float32), b.to(tl.float32), HALF, PAIR_MODE)
+        else:  # plain KV write: the whole head as one contiguous "pair" tile
+            mask = h_ok & c_ok
+            a, b = _load_pairs(k_row, c, mask, HALF, 0, IS_BF16)
+        if WRITE_KV:
+            ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
             loc = tl.where(ok, loc, 0)
             page = loc // page_size
             off = loc - page * page_size
-            kq = _quantize(
-                k.to(tl.float32), k_scale_ptr, k_scale_f, K_SCALE_MODE, K_FP8_MAX, EMULATE_FP8
-            )
             kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + heads * kb_head_stride
-            tl.store(
-                kdst + d,
-                kq.to(kbuf_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
-                mask=ok & h_mask & (d < HEAD_DIM),
-            )
-            dv = tl.arange(0, BLOCK_DV)[None, :]
-            dv_mask = h_mask & (dv < V_HEAD_DIM)
-            vsrc = v_ptr + t * v_tok_stride + heads * v_head_stride + dv
-            v = tl.load(vsrc, mask=dv_mask, other=0.0)
-            vq = _quantize(
-                v.to(tl.float32), v_scale_ptr, v_scale_f, V_SCALE_MODE, V_FP8_MAX, EMULATE_FP8
-            )
             vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + heads * vb_head_stride
-            tl.store(
-                vdst + dv,
-                vq.to(vbuf_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
-                mask=ok & dv_mask,
-            )
+            KS: tl.constexpr = K_SCALE_MODE > 0
+            ka = _quantize(a.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
+            kb = _quantize(b.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
+            _store_pairs(kdst, c, ok & mask, ka, kb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
+            if BLOCK_TAIL > 0:
+                kt = _quantize(k_tail.to(tl.float32), k_scale, KS, K_FP8_MAX, EMULATE_FP8)
+                tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=ok & t_mask)
+            vq = _quantize(v.to(tl.float32), v_scale, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
+            tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=ok & dv_mask)
 
 
 def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tuple:
@@ -200,8 +246,51 @@ def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tupl
     return 1, dummy, float(scale)
 
 
-def _block_h(num_heads: int, block_d: int) -> int:
-    return max(1, min(triton.next_power_of_2(num_heads), max(1, 2048 // block_d)))
+def _word_aligned(t: torch.Tensor, *strides: int) -> bool:
+    """Every head row of t starts on a 4-byte boundary (16-bit pairs load as int32 words)."""
+    return t.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in strides)
+
+
+def _strides(lay: KVLayout) -> tuple[int, int, int]:
+    return lay.page_stride, lay.offset_stride, lay.head_stride
+
+
+def _gptj_mode(rows: list[tuple[torch.Tensor, int, int]]) -> int:
+    """2: 16-bit GPT-J pairs as int32 words when every row is 4-byte aligned, else 1 (strided).
+
+    rows: (tensor, token stride, head stride) of query and key.
+    """
+    if rows[0][0].dtype not in (torch.bfloat16, torch.float16):
+        return 1
+    return 2 if all(_word_aligned(t, ts, hs) for t, ts, hs in rows) else 1
+
+
+def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, int]:
+    """(heads per program, num_warps): small batches split heads finer for parallelism."""
+    override = os.environ.get("SGL_EXT_TRITON_CONFIG")  # "block_h,num_warps", for tuning only
+    if override:
+        bh, nw = (int(x) for x in override.split(","))
+        return bh, nw
+    # Measured on the H100 (benchmarks/NOTES.md): few tokens want many small programs (one warp,
+    # one head each) to spread latency; many tokens want ~1-2K elements per program.
+    if num_tokens <= 8:
+        elems = 128
+    elif num_tokens <= 32:
+        elems = 256
+    elif num_tokens <= 128:
+        elems = 512
+    elif num_tokens <= 4096:
+        elems = 1024
+    else:
+        elems = 2048
+    block_h = max(1, min(triton.next_power_of_2(max_heads), elems // head_dim))
+    if num_tokens <= 128 or 1024 < num_tokens <= 4096:
+        num_warps = 1
+    elif num_tokens <= 1024:
+        num_warps = 2
+    else:
+        num_warps = max(1, min(8, block_h * head_dim // 512))
+    return block_h, num_warps
 
 
 def launch_rope_kv(
@@ -214,38 +303,43 @@ def launch_rope_kv(
     q_info: tuple[int, int, int] | None,  # (num_heads, token stride, head stride)
     k_info: tuple[int, int, int],
     kv: tuple | None,  # (value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
+    enable_pdl: bool | None = None,
 ) -> None:
     """Launch the kernel. q/positions/cos_sin_cache None: KV write only; kv None: RoPE only."""
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
     rotate = cos_sin_cache is not None
-    block_d = triton.next_power_of_2(head_size)
+    # A plain KV write moves each head as one neox-style "pair" tile (plus an odd tail dim).
+    rot = cos_sin_cache.shape[1] if rotate else head_size - head_size % 2
     num_q_heads, q_tok, q_head = q_info if q_info is not None else (0, 0, 0)
     num_kv_heads, k_tok, k_head = k_info
-    block_h = _block_h(max(num_q_heads, num_kv_heads), block_d)
+    block_h, num_warps = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size)
     num_q_blocks = triton.cdiv(num_q_heads, block_h)
     grid = (num_tokens, num_q_blocks + triton.cdiv(num_kv_heads, block_h))
-    dummy = key
     if kv is not None:
         value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
-        k_lay: KVLayout
-        v_lay: KVLayout
     else:
         value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs = (
-            key,
-            0,
-            0,
-            1,
-            key,
-            key,
-            key,
-            None,
-            None,
-        )
+            key, 0, 0, 1, key, key, key, None, None,
+        )  # fmt: skip
         k_lay = v_lay = KVLayout(1, 1, 0, 0, 0, 1, 1)
-    k_mode, k_sptr, k_sf = _scale_args(ks, dummy)
-    v_mode, v_sptr, v_sf = _scale_args(vs, dummy)
+    k_mode, k_sptr, k_sf = _scale_args(ks, key)
+    v_mode, v_sptr, v_sf = _scale_args(vs, key)
+    interp = interpreting()
+    if enable_pdl is None:
+        enable_pdl = key.is_cuda and torch.cuda.get_device_capability(key.device)[0] >= 9
+    use_pdl = bool(enable_pdl) and not interp
+    tail = head_size - rot
+    pair_mode = 0
+    if rotate and not is_neox:
+        pair_mode = _gptj_mode([(query, q_tok, q_head), (key, k_tok, k_head)])
+    kbuf_mode = pair_mode
+    if pair_mode == 2 and (
+        kbuf.dtype != key.dtype or not _word_aligned(kbuf, *_strides(k_lay))
+    ):
+        kbuf_mode = 1
+    extra = {"launch_pdl": True} if use_pdl else {}
     rope_kv_kernel[grid](
         positions if rotate else key,
         cos_sin_cache if rotate else key,
@@ -280,17 +374,22 @@ def launch_rope_kv(
         cos_sin_cache.shape[0] if rotate else 1,
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
-        ROT_DIM=cos_sin_cache.shape[1] if rotate else 0,
-        BLOCK_D=block_d,
+        ROT_DIM=rot,
+        BLOCK_HALF=triton.next_power_of_2(max(1, rot // 2)),
+        BLOCK_TAIL=triton.next_power_of_2(tail) if tail > 0 else 0,
         BLOCK_DV=triton.next_power_of_2(v_head_dim),
         BLOCK_H=block_h,
-        IS_NEOX=bool(is_neox),
+        PAIR_MODE=pair_mode,
+        KBUF_PAIR_MODE=kbuf_mode,
+        IS_BF16=key.dtype == torch.bfloat16,
         ROTATE=rotate,
         WRITE_KV=kv is not None,
         K_SCALE_MODE=k_mode,
         V_SCALE_MODE=v_mode,
         K_FP8_MAX=fp8_max(kbuf.dtype),
         V_FP8_MAX=fp8_max(vbuf.dtype),
-        EMULATE_FP8=os.environ.get("TRITON_INTERPRET", "0") == "1",
-        num_warps=4,
+        EMULATE_FP8=interp,
+        USE_PDL=use_pdl,
+        num_warps=num_warps,
+        **extra,
     )

@@ -17,7 +17,6 @@ import torch
 
 import sgl_ext
 from sgl_ext._common import check_kv_write
-from sgl_ext.native import quantize_native, scatter_native
 
 KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -313,35 +312,63 @@ class MHATokenToKVPool:
             k_scale = v_scale = None
         k_buf, v_buf = self._view(self.k_buffer[idx]), self._view(self.v_buffer[idx])
         if self._overlap_active(cache_k.device):
-            self._set_kv_overlapped(k_buf, v_buf, loc, cache_k, cache_v, k_scale, v_scale)
+            self._set_kv_overlapped(idx, k_buf, v_buf, loc, cache_k, cache_v, k_scale, v_scale)
             return
         sgl_ext.set_kv_buffer(
             cache_k, cache_v, k_buf, v_buf, loc, k_scale, v_scale, head_size=self.head_dim
         )
 
-    def _set_kv_overlapped(self, k_buf, v_buf, loc, cache_k, cache_v, k_scale, v_scale) -> None:
+    def _set_kv_overlapped(self, idx, k_buf, v_buf, loc, cache_k, cache_v, k_scale, v_scale):
         """K on the current stream, V on alt_stream; events join the streams both ways."""
         # Same metadata-only checks as the single-kernel path, before anything is enqueued.
-        T = cache_k.shape[0]
-        k_lay, v_lay, *_ = check_kv_write(
-            cache_k, cache_v, k_buf, v_buf, loc, k_scale, v_scale, T, self.head_dim
-        )
+        check_kv_write(cache_k, cache_v, k_buf, v_buf, loc, k_scale, v_scale, cache_k.shape[0],
+                       self.head_dim)  # fmt: skip
         cur = torch.cuda.current_stream(cache_k.device)
         alt = self.alt_stream
         assert alt is not None
         ready = torch.cuda.Event()
-        ready.record(cur)  # inputs (K, V, loc) are produced on the current stream
+        ready.record(cur)  # K, V and loc are produced on the current stream
         alt.wait_event(ready)
         k_rows = cache_k.reshape(cache_k.shape[0], self.head_num, self.head_dim)  # [T, H, D]
         v_rows = cache_v.reshape(cache_v.shape[0], self.head_num, self.v_head_dim)  # [T, H, Dv]
-        scatter_native(k_buf, k_lay, loc, quantize_native(k_rows, k_buf.dtype, k_scale))
+        self._scatter_rows(self.k_buffer[idx], loc, k_rows, k_scale)
         with torch.cuda.stream(alt):
-            scatter_native(v_buf, v_lay, loc, quantize_native(v_rows, v_buf.dtype, v_scale))
+            self._scatter_rows(self.v_buffer[idx], loc, v_rows, v_scale)
             done = torch.cuda.Event()
             done.record(alt)
         # Readers on the current stream see V; and since every later op on the current stream
         # is ordered after alt's work, the caller's tensors read on alt may be freed safely.
         cur.wait_event(done)
+
+    def _scatter_rows(self, store: torch.Tensor, loc: torch.Tensor, rows: torch.Tensor,
+                      scale: Scale) -> None:  # fmt: skip
+        """store[slot loc[i]] = quantised rows[i] with graph-capturable, sync-free torch ops.
+
+        store: a raw buffer (store_dtype) [slots, H, D] or [pages, ps, H, D]; rows [T, H, D].
+        Tokens with loc < 0 (or out of range) rewrite the padding slot 0 with its own contents.
+        """
+        if self.dtype in FP8_DTYPES:
+            y = rows.float()  # [T, H, D]
+            if scale is not None:
+                s = (
+                    scale
+                    if isinstance(scale, torch.Tensor)
+                    else torch.full((), float(scale), device=y.device)
+                )
+                # a 0-d device tensor: true IEEE division, as in the sgl_ext kernels
+                y = y / s.to(device=y.device, dtype=torch.float32).reshape(())
+            fmax = torch.finfo(self.dtype).max
+            q = y.clamp(-fmax, fmax).to(self.dtype).view(torch.uint8)  # [T, H, D]
+        else:
+            q = rows
+        loc64 = loc.long()
+        valid = (loc64 >= 0) & (loc64 < self.num_slots)  # [T]
+        target = torch.where(valid, loc64, 0)  # [T]
+        if store.ndim == 3:  # [slots, H, D]
+            index, slot0 = (target,), store[0]
+        else:  # [pages, ps, H, D]
+            index, slot0 = (target // self.page_size, target % self.page_size), store[0, 0]
+        store.index_put_(index, torch.where(valid[:, None, None], q, slot0))
 
     # ------------------------------------------------------------------ hygiene
     def zero_slots(self, indices: torch.Tensor) -> None:

@@ -303,3 +303,18 @@ def test_cuda_forward_matches_native_and_writes_cache(name):
     rope.forward_native(pos, q2, k2)
     torch.testing.assert_close(q, q2, atol=2e-2, rtol=1.6e-2)
     assert torch.equal(kb[loc], k.view(T, HKV, D)) and torch.equal(vb[loc], v.view(T, HKV, D))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_shared_rope_serves_both_devices():
+    """get_rope shares instances; moving one model's copy to CUDA must not break a CPU user."""
+    rope = get_rope(D, D, MAXP, THETA, True, {"rope_type": "dynamic", "factor": 2.0})
+    q, k = torch.randn(5, HQ * D), torch.randn(5, HKV * D)
+    want_q, want_k = q.clone(), k.clone()
+    rope(torch.arange(5), want_q, want_k)
+    rope.to("cuda")
+    rope(torch.arange(5), q, k)  # CPU inputs, module on CUDA
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    qc, kc = q.cuda(), k.cuda()
+    rope(torch.arange(5, device="cuda"), qc, kc)
+    rope.to("cpu")

@@ -204,3 +204,18 @@ def test_scrub_on_alloc_zeroes_whole_new_pages():
     pool.zeroed.clear()
     a.alloc_decode(torch.tensor([5]), out[-1:])  # same page: nothing new to scrub
     assert pool.zeroed == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_paged_allocator_on_cuda_matches_cpu():
+    cpu = PagedTokenToKVPoolAllocator(64, 4, "cpu")
+    gpu = PagedTokenToKVPoolAllocator(64, 4, "cuda")
+    args = (torch.tensor([0, 3, 0]), torch.tensor([5, 9, 0]), torch.tensor([-1, 6, -1]), 11)
+    out_c = cpu.alloc_extend(*args)
+    out_g = gpu.alloc_extend(*(a.cuda() if isinstance(a, torch.Tensor) else a for a in args))
+    assert out_g is not None and out_g.is_cuda and torch.equal(out_g.cpu(), out_c)
+    dec = (torch.tensor([6, 10]), torch.tensor([8, 12]))
+    assert torch.equal(gpu.alloc_decode(*(d.cuda() for d in dec)).cpu(), cpu.alloc_decode(*dec))
+    gpu.free(out_g)
+    cpu.free(out_c)
+    assert gpu.available_size() == cpu.available_size()
