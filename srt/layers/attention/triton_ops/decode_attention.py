@@ -39,9 +39,9 @@ def _decode_kernel(
         m_i = tl.load(Sinks + h).to(tl.float32)
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    start = 0
+    start = tl.zeros([], dtype=tl.int32)  # a tensor: the loop counter's type is fixed
     if USE_WINDOW:
-        start = tl.maximum(qpos - window, 0)
+        start = tl.maximum(qpos - window, start)
     n0 = start
     # a while loop: dynamic bounds also work under TRITON_INTERPRET (numpy 2.4 scalars)
     while n0 < seq_len:

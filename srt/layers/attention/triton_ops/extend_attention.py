@@ -50,9 +50,9 @@ def _extend_kernel(
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     hi = prefix + tl.minimum(n_ext, (mb + 1) * BLOCK_M)  # keys [lo, hi) can be visible
-    lo = 0
+    lo = tl.zeros([], dtype=tl.int32)  # a tensor: the loop counter's type is fixed
     if USE_WINDOW:
-        lo = tl.maximum(prefix + mb * BLOCK_M - window, 0)
+        lo = tl.maximum(prefix + mb * BLOCK_M - window, lo)
     n0 = lo
     # a while loop: dynamic bounds also work under TRITON_INTERPRET (numpy 2.4 scalars)
     while n0 < hi:
