@@ -44,6 +44,8 @@ class TopKExperts(nn.Module):
     swiglu_alpha, swiglu_limit : gpt-oss activation constants.
     """
 
+    dense_max_tokens = 64  # batches up to this size run every expert densely
+
     # shard_id -> description of a checkpoint tensor accepted by weight_loader
     LAYOUTS = {
         "gate_up_t_interleaved": "[E, H, 2I], columns g0 u0 g1 u1 ... (HF gpt-oss bf16)",
@@ -115,9 +117,13 @@ class TopKExperts(nn.Module):
         """x [T, H]; topk_weights float32 [T, k]; topk_ids int64 [T, k] -> [T, H] (x.dtype)."""
         out = torch.zeros_like(x)
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        # Dense (every expert on every token, weight 0 if unused) has static shapes and no host
+        # sync, so it captures; small eager batches use it too, so an eager decode step and its
+        # graph replay run the same arithmetic.
+        dense = capturing or x.shape[0] <= self.dense_max_tokens
         for e in range(self.num_experts):
             hit = topk_ids == e  # [T, k]
-            if capturing:  # static shapes: run every expert on every token, weight 0 if unused
+            if dense:
                 w = (topk_weights * hit).sum(-1, keepdim=True)  # [T, 1]
                 out += (self._expert(x, e) * w).to(x.dtype)
                 continue
