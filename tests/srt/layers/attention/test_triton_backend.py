@@ -25,6 +25,7 @@ def _backend():
         dict(cap=5.0, hq=3, hkv=3, d=8),
         dict(page_size=4, kv_dtype=torch.float8_e4m3fn, scale=0.5),
         dict(kv_dtype=torch.float8_e5m2, scale="tensor", use_sinks=True),
+        dict(dtype=torch.bfloat16, kv_dtype=torch.bfloat16, page_size=16, window=5, hq=8),
     ],
 )
 def test_triton_backend(kw):
