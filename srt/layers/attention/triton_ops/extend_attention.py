@@ -82,6 +82,7 @@ def _extend_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
         n0 += BLOCK_N
+    l_i = tl.where(mm, l_i, 1.0)  # padding rows (not stored): avoid 0 / 0
     out = acc / l_i[:, None]
     o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h * stride_oh + dv[None, :]
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=mm[:, None] & (dv[None, :] < DV))
