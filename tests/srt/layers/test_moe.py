@@ -23,13 +23,15 @@ def _ref(x, w13, b13, w2, b2, weights, ids, alpha, limit, act):
     return out
 
 
-@pytest.mark.parametrize("act, dense", [("swiglu_oai", True), ("swiglu_oai", False),
-                                        ("silu", True)])  # fmt: skip
-def test_experts_match_reference(act, dense):
+@pytest.mark.parametrize("act, path", [("swiglu_oai", "dense"), ("swiglu_oai", "grouped"),
+                                       ("swiglu_oai", "gathered"), ("silu", "dense")])  # fmt: skip
+def test_experts_match_reference(act, path):
     g = torch.Generator().manual_seed(0)
     E, H, I2, T, k = 5, 12, 7, 9, 2
+    if path == "gathered":  # T * k < E
+        E = 19
     m = TopKExperts(E, H, I2, activation=act, swiglu_alpha=1.5, swiglu_limit=0.8)
-    m.dense_max_tokens = 64 if dense else 0
+    m.dense_max_tokens = 0 if path == "grouped" else 64
     for p in m.parameters():
         p.copy_(torch.randn(p.shape, generator=g))
     x = torch.randn(T, H, generator=g)
