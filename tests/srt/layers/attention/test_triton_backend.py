@@ -21,7 +21,7 @@ def _backend():
     [
         dict(page_size=1),
         dict(page_size=4, save_kv=False, hq=7, hkv=1),
-        dict(page_size=16, window=3, use_sinks=True),
+        dict(page_size=16, window=3, use_sinks=True, pool_kw=dict(cross_layer_layout=True)),
         dict(cap=5.0, hq=3, hkv=3, d=8),
         dict(page_size=4, kv_dtype=torch.float8_e4m3fn, scale=0.5),
         dict(kv_dtype=torch.float8_e5m2, scale="tensor", use_sinks=True),
