@@ -65,6 +65,7 @@ def run_model(model, config: ModelConfig, prompts, decode_tokens, *, page_size=1
 
 
 def _close(got, ref, atol, rtol, norm_tol):
+    got = got.detach().double().cpu()
     if norm_tol is None:
         torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol)
         return

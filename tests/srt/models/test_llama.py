@@ -84,11 +84,12 @@ def test_llama_all_triton_interpreted(llama_ckpt, backend):
     from srt.layers.attention.triton_backend import TritonAttnBackend
 
     backend("triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on GPU machines
     path, hf = llama_ckpt
-    model, config = load_ours(path)
+    model, config = load_ours(path, device=dev)
     prompts, dec = make_prompts(config.vocab_size)
     dec = dec[:2]  # the interpreter is slow
-    runs = [run_model(model, config, prompts, dec, page_size=16, fused=f,
+    runs = [run_model(model, config, prompts, dec, page_size=16, fused=f, device=dev,
                       backend_cls=TritonAttnBackend) for f in (True, False)]  # fmt: skip
     assert torch.equal(runs[0][0], runs[1][0])
     assert all(torch.equal(x, y) for x, y in zip(runs[0][1], runs[1][1], strict=True))
