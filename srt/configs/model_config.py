@@ -217,7 +217,9 @@ class ModelConfig:
             sliding_window=cfg.get("sliding_window"),
             layer_types=_layer_types(cfg, n_layers),
             num_local_experts=int(experts),
-            num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+            num_experts_per_tok=int(
+                cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0
+            ),
             swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
             swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
             final_logit_softcapping=cfg.get("final_logit_softcapping"),

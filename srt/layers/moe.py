@@ -44,6 +44,8 @@ class TopKExperts(nn.Module):
     swiglu_alpha, swiglu_limit : gpt-oss activation constants.
     """
 
+    dense_max_tokens = 64  # batches up to this size run every expert densely
+
     # shard_id -> description of a checkpoint tensor accepted by weight_loader
     LAYOUTS = {
         "gate_up_t_interleaved": "[E, H, 2I], columns g0 u0 g1 u1 ... (HF gpt-oss bf16)",
@@ -111,19 +113,52 @@ class TopKExperts(nn.Module):
             out = out + self.w2_bias[e]
         return out
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor):
-        """x [T, H]; topk_weights float32 [T, k]; topk_ids int64 [T, k] -> [T, H] (x.dtype)."""
+    def _forward_gathered(self, x, topk_weights, topk_ids) -> torch.Tensor:
+        """Static shapes, reads only the T*k selected experts (cheapest when T*k < E)."""
         out = torch.zeros_like(x)
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        for j in range(topk_ids.shape[1]):
+            ids = topk_ids[:, j]  # [T]
+            h = torch.bmm(self.w13_weight[ids], x[:, :, None])[..., 0]  # [T, 2I, H] @ [T, H, 1]
+            if self.w13_bias is not None:
+                h = h + self.w13_bias[ids]
+            a = self._act(h)  # [T, I]
+            y = torch.bmm(self.w2_weight[ids], a[:, :, None])[..., 0]  # [T, H]
+            if self.w2_bias is not None:
+                y = y + self.w2_bias[ids]
+            out += (y * topk_weights[:, j, None]).to(x.dtype)
+        return out
+
+    def _forward_dense(self, x, topk_weights, topk_ids) -> torch.Tensor:
+        """Static shapes, every expert on every token (weight 0 where unused)."""
+        out = torch.zeros_like(x)
         for e in range(self.num_experts):
-            hit = topk_ids == e  # [T, k]
-            if capturing:  # static shapes: run every expert on every token, weight 0 if unused
-                w = (topk_weights * hit).sum(-1, keepdim=True)  # [T, 1]
-                out += (self._expert(x, e) * w).to(x.dtype)
-                continue
-            tok, slot = torch.where(hit)  # host sync: eager only
+            w = (topk_weights * (topk_ids == e)).sum(-1, keepdim=True)  # [T, 1]
+            out += (self._expert(x, e) * w).to(x.dtype)
+        return out
+
+    def _forward_grouped(self, x, topk_weights, topk_ids) -> torch.Tensor:
+        """Each expert on its own tokens only (host sync per expert: eager only)."""
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            tok, slot = torch.where(topk_ids == e)
             if tok.numel() == 0:
                 continue
             y = self._expert(x[tok], e) * topk_weights[tok, slot, None]
             out.index_add_(0, tok, y.to(x.dtype))
         return out
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor):
+        """x [T, H]; topk_weights [T, k]; topk_ids int64 [T, k] -> [T, H] (x.dtype).
+
+        Small batches (decode; always under CUDA-graph capture) take a static-shape, sync-free
+        path, so an eager decode step and its graph replay run the same arithmetic: gathered
+        experts when T*k < E (fewer weight bytes), else dense. Larger eager batches group tokens
+        per expert.
+        """
+        T, k = topk_ids.shape
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if capturing or T <= self.dense_max_tokens:
+            if T * k < self.num_experts:
+                return self._forward_gathered(x, topk_weights, topk_ids)
+            return self._forward_dense(x, topk_weights, topk_ids)
+        return self._forward_grouped(x, topk_weights, topk_ids)

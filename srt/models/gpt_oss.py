@@ -192,7 +192,12 @@ class GptOssForCausalLM(nn.Module):
                 pending_mxfp4.setdefault(base, {})[kind] = w
                 if len(pending_mxfp4[base]) == 2:
                     t = pending_mxfp4.pop(base)
-                    w = dequantize_mxfp4(t["blocks"], t["scales"], torch.float32)
+                    target = params.get(self._expert_param_name(base))
+                    if target is None:
+                        raise KeyError(f"MXFP4 tensor {name!r} matches no model parameter")
+                    # On the model's device, straight to its dtype (FP4 x 2^k is exact in bf16).
+                    dev = target.device
+                    w = dequantize_mxfp4(t["blocks"].to(dev), t["scales"].to(dev), target.dtype)
                     shard = "gate_up_interleaved" if base.endswith("gate_up_proj") else "down"
                     loaded.add(self._load_expert(params, base, w, shard))
                 continue
@@ -213,9 +218,13 @@ class GptOssForCausalLM(nn.Module):
         return loaded
 
     @staticmethod
-    def _load_expert(params: dict, ckpt_name: str, w: torch.Tensor, shard_id: str) -> str:
+    def _expert_param_name(ckpt_name: str) -> str:
         key = next(k for k in _EXPERT_PARAMS if ckpt_name.endswith(k))
-        pname = ckpt_name[: -len(key)] + _EXPERT_PARAMS[key][0]
+        return ckpt_name[: -len(key)] + _EXPERT_PARAMS[key][0]
+
+    @classmethod
+    def _load_expert(cls, params: dict, ckpt_name: str, w: torch.Tensor, shard_id: str) -> str:
+        pname = cls._expert_param_name(ckpt_name)
         if pname not in params:
             raise KeyError(f"checkpoint tensor {ckpt_name!r} matches no model parameter")
         p = params[pname]

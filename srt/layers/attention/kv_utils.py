@@ -63,7 +63,9 @@ def gather_kv(
     return out
 
 
-def layer_buffers(layer: RadixAttention, forward_batch: ForwardBatch):
-    """(k_buffer, v_buffer) of this layer from the pool."""
+def layer_buffers(
+    layer: RadixAttention, forward_batch: ForwardBatch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_buffer, v_buffer) of this layer from the pool: [slots, H, D] or [pages, ps, H, D]."""
     pool = forward_batch.token_to_kv_pool
     return pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)

@@ -90,6 +90,7 @@ def test_moe_eos_tie_fields():
     assert (c.num_local_experts, c.num_experts_per_tok) == (8, 2)
     assert c.eos_token_id == (1, 5) and c.tie_word_embeddings
     assert cfg(num_experts=4).num_local_experts == 4
+    assert cfg(experts_per_token=3).num_experts_per_tok == 3  # original gpt-oss key
     assert cfg(eos_token_id=3).eos_token_id == (3,)
 
 

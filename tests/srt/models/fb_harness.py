@@ -45,7 +45,7 @@ class StandInKVPool:
         )
 
 
-def make_kv_pool(size, page_size, dtype, head_num, head_dim, layer_num, device, real=True):
+def make_kv_pool(size, page_size, dtype, head_num, head_dim, layer_num, device, real=True, **kw):
     """The real pool when the layers branch is merged, else the stand-in."""
     if real:
         try:
@@ -53,7 +53,9 @@ def make_kv_pool(size, page_size, dtype, head_num, head_dim, layer_num, device, 
         except ImportError:
             pass
         else:
-            return MHATokenToKVPool(size, page_size, dtype, head_num, head_dim, layer_num, device)
+            return MHATokenToKVPool(
+                size, page_size, dtype, head_num, head_dim, layer_num, device, **kw
+            )
     return StandInKVPool(size, page_size, dtype, head_num, head_dim, layer_num, device)
 
 

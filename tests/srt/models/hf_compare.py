@@ -65,6 +65,7 @@ def run_model(model, config: ModelConfig, prompts, decode_tokens, *, page_size=1
 
 
 def _close(got, ref, atol, rtol, norm_tol):
+    got = got.detach().double().cpu()
     if norm_tol is None:
         torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol)
         return
@@ -93,3 +94,46 @@ def compare_with_hf(hf_model, prompts, decode_tokens, prefill, steps, atol=1e-4,
 def load_ours(path, dtype="float32", device="cpu"):
     config = ModelConfig.from_hf(path, dtype=dtype)
     return get_model(config, device=device), config
+
+
+def row_errors(a_prefill, a_steps, b_prefill, b_steps) -> torch.Tensor:
+    """Relative L2 error of every logits row of run a against run b (float64 [rows])."""
+    a = torch.cat([a_prefill, *a_steps]).double().cpu()
+    b = torch.cat([b_prefill, *b_steps]).double().cpu()
+    return (a - b).norm(dim=-1) / b.norm(dim=-1)
+
+
+def gpu_bf16_check(path, max_err=0.05, median_err=0.02):
+    """CUDA bf16 with the Triton backend vs CPU fp32 (native backend); fused == unfused exactly."""
+    from srt.layers.attention.triton_backend import TritonAttnBackend
+
+    cpu_model, cpu_cfg = load_ours(path)
+    prompts, dec = make_prompts(cpu_cfg.vocab_size)
+    ref = run_model(cpu_model, cpu_cfg, prompts, dec, page_size=16)
+    model, cfg = load_ours(path, dtype="bfloat16", device="cuda")
+    for page_size in (1, 16):
+        runs = {
+            fused: run_model(
+                model,
+                cfg,
+                prompts,
+                dec,
+                page_size=page_size,
+                fused=fused,
+                backend_cls=TritonAttnBackend,
+                device="cuda",
+            )  # fmt: skip
+            for fused in (True, False)
+        }
+        f, u = runs[True], runs[False]
+        assert torch.equal(f[0], u[0])
+        assert all(torch.equal(x, y) for x, y in zip(f[1], u[1], strict=True))
+        for lid in range(cfg.num_hidden_layers):
+            assert torch.equal(f[2].get_key_buffer(lid), u[2].get_key_buffer(lid))
+            assert torch.equal(f[2].get_value_buffer(lid), u[2].get_value_buffer(lid))
+        err = row_errors(f[0], f[1], ref[0], ref[1])
+        assert err.median() < median_err and err.max() < max_err, (
+            page_size,
+            err.median(),
+            err.max(),
+        )

@@ -47,3 +47,12 @@ def test_qwen3_fused_equals_unfused_and_fp8(qwen3_ckpt):
     # q/k-normed keys are O(1) per element and scores O(sqrt(D)): e4m3's ~6% rounding of K
     # moves the softmax more than for Llama, hence the looser bound.
     compare_with_hf(hf, prompts, dec, f8[0], f8[1], norm_tol=0.25)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_qwen3_cuda_bf16_triton(qwen3_ckpt):
+    """bf16 on CUDA with the Triton attention backend agrees with CPU fp32 within bf16
+    tolerance; fused equals unfused bit for bit (logits and caches)."""
+    from hf_compare import gpu_bf16_check
+
+    gpu_bf16_check(qwen3_ckpt[0])

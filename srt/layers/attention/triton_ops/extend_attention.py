@@ -3,11 +3,13 @@
 The new tokens' K/V are already in the cache (saved by the backend or by the fused RoPE kernel),
 so every key is read from the pool through req_to_token: one code path for prefix and new
 tokens. One program per (request, query head, block of BLOCK_M new tokens); causal, GQA, sliding
-window, logit cap, sinks, page_size >= 1, fp8 caches. Matmuls use IEEE fp32 (no TF32).
+window, logit cap, sinks, page_size >= 1, fp8 caches. Matmuls accumulate in fp32: exact IEEE
+products for fp32 models, TF32 tensor cores for bf16/fp16 models.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -24,7 +26,7 @@ def _extend_kernel(
     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr, K_SCALE_MODE: tl.constexpr,
     V_SCALE_MODE: tl.constexpr, HAS_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr,
-    USE_CAP: tl.constexpr,
+    USE_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -50,9 +52,9 @@ def _extend_kernel(
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     hi = prefix + tl.minimum(n_ext, (mb + 1) * BLOCK_M)  # keys [lo, hi) can be visible
-    lo = 0
+    lo = tl.zeros([], dtype=tl.int32)  # a tensor: the loop counter's type is fixed
     if USE_WINDOW:
-        lo = tl.maximum(prefix + mb * BLOCK_M - window, 0)
+        lo = tl.maximum(prefix + mb * BLOCK_M - window, lo)
     n0 = lo
     # a while loop: dynamic bounds also work under TRITON_INTERPRET (numpy 2.4 scalars)
     while n0 < hi:
@@ -62,7 +64,7 @@ def _extend_kernel(
         k = load_kv_tile(K, slot, jm[:, None] & (d[None, :] < D), kvh, d, k_page_stride,
                          k_off_stride, k_head_stride, KScale, k_scale_f, PAGE_SIZE, KV_FP8,
                          K_SCALE_MODE)  # fmt: skip
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale  # [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [BLOCK_M, BLOCK_N]
         if USE_CAP:
             s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
         vis = jm[None, :] & (j[None, :] <= qpos[:, None])
@@ -77,9 +79,10 @@ def _extend_kernel(
                          v_off_stride, v_head_stride, VScale, v_scale_f, PAGE_SIZE, KV_FP8,
                          V_SCALE_MODE)  # fmt: skip
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
         n0 += BLOCK_N
+    l_i = tl.where(mm, l_i, 1.0)  # padding rows (not stored): avoid 0 / 0
     out = acc / l_i[:, None]
     o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h * stride_oh + dv[None, :]
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=mm[:, None] & (dv[None, :] < DV))
@@ -116,5 +119,8 @@ def extend_attention_fwd(q, o, req_to_token, req_pool_indices,
         PAGE_SIZE=kv.page_size, KV_FP8=kv.fp8, K_SCALE_MODE=kv.k_scale_mode,
         V_SCALE_MODE=kv.v_scale_mode, HAS_SINKS=sinks is not None, USE_WINDOW=window >= 0,
         USE_CAP=logit_cap > 0,
+        # fp32 models: exact IEEE products. bf16/fp16 models: TF32 tensor cores (q/k/v values are
+        # exact in TF32; only the probabilities are rounded, to 10 mantissa bits).
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip
     return o

@@ -41,17 +41,17 @@ def quant(x, dtype, scale):
 
 def run_scenario(make_backend, *, page_size=1, hq=4, hkv=2, d=16, window=-1, cap=0.0,
                  use_sinks=False, kv_dtype=torch.float32, scale=None, dtype=torch.float32,
-                 device="cpu", save_kv=True, seed=0, atol=None):  # fmt: skip
+                 device="cpu", save_kv=True, seed=0, atol=None, pool_kw=None):  # fmt: skip
     """Two requests: prefill (7 and 1 tokens), an extend chunk (3 and 5), 3 decode steps.
 
     Checks every output against ref_attention over the request's full K/V history.
     """
     g = torch.Generator().manual_seed(seed)
-    pool = make_kv_pool(256, page_size, kv_dtype, hkv, d, 1, device)
+    pool = make_kv_pool(256, page_size, kv_dtype, hkv, d, 2, device, **(pool_kw or {}))
     backend = make_backend()
     h = Harness(pool, backend, max_reqs=4, max_ctx=64, device=device)
     sinks = torch.randn(hq, generator=g).to(device) if use_sinks else None
-    layer = RadixAttention(hq, d, d**-0.5, hkv, 0, sliding_window_size=window, logit_cap=cap,
+    layer = RadixAttention(hq, d, d**-0.5, hkv, 1, sliding_window_size=window, logit_cap=cap,
                            sinks=sinks, k_scale=scale, v_scale=scale)  # fmt: skip
     rows = [2, 0]
     hist_k = {r: [] for r in rows}
@@ -67,11 +67,11 @@ def run_scenario(make_backend, *, page_size=1, hq=4, hkv=2, d=16, window=-1, cap
         v = torch.randn(T, hkv * d, generator=g).to(device, dtype)
         if not save_kv:  # the fused path: the cache is written beforehand, by someone else
             pool.set_kv_buffer(layer, fb.out_cache_loc, k, v, scale, scale)
-            before = [b.clone() for b in (pool.get_key_buffer(0), pool.get_value_buffer(0))]
+            before = [b.clone() for b in (pool.get_key_buffer(1), pool.get_value_buffer(1))]
         out = layer(q, k if save_kv else None, v if save_kv else None, fb, save_kv_cache=save_kv)
         if not save_kv:
             for b, a in zip(
-                before, (pool.get_key_buffer(0), pool.get_value_buffer(0)), strict=True
+                before, (pool.get_key_buffer(1), pool.get_value_buffer(1)), strict=True
             ):
                 assert torch.equal(b.view(torch.uint8), a.view(torch.uint8)), "cache written"
         assert out.shape == (T, hq * d) and out.dtype == dtype

@@ -26,6 +26,8 @@ def test_native_basic(page_size, save_kv):
         dict(cap=5.0),
         dict(hq=7, hkv=1),
         dict(hq=3, hkv=3, d=8),
+        dict(page_size=4, pool_kw=dict(cross_layer_layout=True)),  # strided per-layer views
+        dict(page_size=1, pool_kw=dict(cross_layer_layout=True), kv_dtype=torch.float8_e4m3fn),
     ],
 )
 def test_native_features(kw):
