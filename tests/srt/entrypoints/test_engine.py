@@ -90,17 +90,21 @@ def test_cuda_graph_engine_matches_eager_and_frees_memory():
     kw = dict(device="cuda", dtype="float32", max_total_tokens=2**20, cuda_graph_max_bs=8,
               skip_tokenizer_init=True)  # fmt: skip
     prompts = [[5 + i] * (3 + 7 * i) for i in range(5)]  # B = 5 replays the bucket of 8
-    outs = {}
-    for graph in (True, False):
+    outs, after = {}, []
+    for graph in (True, False, True):
         eng = srt.Engine(cuda_graph=graph, **kw)
         assert (eng.model_runner.cuda_graph_runner is not None) == graph
         assert torch.cuda.memory_allocated() - base > 2**29
         outs[graph] = [o["output_ids"] for o in eng.generate(input_ids=prompts,
                                                               sampling_params=GREEDY)]  # fmt: skip
         eng.shutdown()
+        after.append(torch.cuda.memory_allocated() - base)
     assert outs[True] == outs[False]
-    # Model, KV pool and graphs released (cuBLAS workspaces of new streams may stay).
-    assert torch.cuda.memory_allocated() - base < 64 * 2**20
+    # Model, KV pool (512 MiB) and graphs are released. What stays is per-process library state
+    # created once (cuBLAS workspaces of the streams used: 64.1 MiB measured on an H100), and a
+    # second engine adds nothing to it.
+    assert after[0] < 96 * 2**20, after
+    assert after[2] <= after[0] + 2**20, after
 
 
 TINY_GPT_OSS = {
