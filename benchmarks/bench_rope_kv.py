@@ -153,6 +153,8 @@ def run(args) -> list[dict]:
     print(f"# device {torch.cuda.get_device_name()}, copy bandwidth {bw:.0f} GB/s (read+write), "
           f"empty kernel in graph {empty:.2f} µs, kv {args.kv_dtype}, rot_frac {args.rot_frac}, "
           f"{'neox' if not args.gptj else 'gptj'}")  # fmt: skip
+    # One static compile per (shape, T): lift dynamo's recompile limit (default 8) above that.
+    torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
     compiled = torch.compile(native_unfused, dynamic=False) if not args.no_compile else None
     rows = []
     for shape in args.shapes:
