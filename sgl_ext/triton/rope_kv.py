@@ -203,7 +203,8 @@ def rope_kv_kernel(
         k_row = k_ptr + t * k_tok_stride + kh * k_head_stride
         if WRITE_KV:
             # Issue every independent load first: slot, V row, K tail, scales.
-            loc = tl.load(loc_ptr + t).to(tl.int64)
+            # [1, 1] rather than a scalar: newer Triton interpreters reject scalar & tensor masks.
+            loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
             dv = tl.arange(0, BLOCK_DV)[None, :]
             dv_mask = h_ok & (dv < V_HEAD_DIM)
             v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
@@ -237,12 +238,12 @@ def rope_kv_kernel(
             KS: tl.constexpr = K_SCALE_MODE > 0
             qa = _quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
             qb = _quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
-            _store_pairs(kdst, c, ok & km, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
+            _store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
             if BLOCK_TAIL > 0:
                 kt = _quantize(k_tail.to(tl.float32), k_inv, KS, K_FP8_MAX, EMULATE_FP8)
-                tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=ok & t_mask)
+                tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=t_mask & ok)
             vq = _quantize(v.to(tl.float32), v_inv, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
-            tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=ok & dv_mask)
+            tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=dv_mask & ok)
 
 
 def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tuple:
