@@ -47,7 +47,7 @@ KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2"
 
 
 def graph_time_us(fn, reps: int, replays: int = 20) -> float:
-    """Median µs per fn() call: `reps` calls captured in one CUDA graph, replayed `replays` times."""
+    """Median µs per fn() call: `reps` calls in one CUDA graph, replayed `replays` times."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -79,7 +79,6 @@ def copy_bandwidth() -> float:
     b = torch.empty_like(a)
     t_memcpy = graph_time_us(lambda i: b.copy_(a), reps=4, replays=10)
     t_kernel = graph_time_us(lambda i: torch.mul(a, 1.0, out=b), reps=4, replays=10)
-    del a, b
     return 2 * 4 * n / (min(t_memcpy, t_kernel) * 1e-6) / 1e9
 
 
@@ -188,16 +187,20 @@ def run(args) -> list[dict]:
 
 def table(rows, bw, empty, args) -> str:
     cols = ["fused", "unfused", "native", "compile", "floor", "sglang_ref"]
-    out = [f"device: {torch.cuda.get_device_name()}; copy bw {bw:.0f} GB/s; empty kernel "
-           f"{empty:.2f} µs; kv {args.kv_dtype}; rot_frac {args.rot_frac}; "
-           f"{'gptj' if args.gptj else 'neox'}; µs per call in CUDA graph (median)", ""]  # fmt: skip
+    style = "gptj" if args.gptj else "neox"
+    head = (
+        f"device: {torch.cuda.get_device_name()}; copy bw {bw:.0f} GB/s; empty kernel "
+        f"{empty:.2f} µs; kv {args.kv_dtype}; rot_frac {args.rot_frac}; {style}; "
+        "µs per call in CUDA graph (median)"
+    )
+    out = [head, ""]
     out.append("| shape | T | " + " | ".join(cols) + " | fused GB/s | % copy bw | fused/sglang |")
     out.append("|" + "---|" * (len(cols) + 5))
     for r in rows:
         vals = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
         ratio = f"{r['fused'] / r['sglang_ref']:.2f}" if "sglang_ref" in r else "-"
-        out.append(f"| {r['shape']} | {r['T']} | " + " | ".join(vals)
-                   + f" | {r['fused_GBps']:.0f} | {r['pct_of_copy_bw']:.0f}% | {ratio} |")  # fmt: skip
+        tail = f" | {r['fused_GBps']:.0f} | {r['pct_of_copy_bw']:.0f}% | {ratio} |"
+        out.append(f"| {r['shape']} | {r['T']} | " + " | ".join(vals) + tail)
     return "\n".join(out)
 
 

@@ -45,7 +45,7 @@ def compile_one(dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl
         K_SCALE_MODE=ks, V_SCALE_MODE=ks, K_FP8_MAX=fp8, V_FP8_MAX=fp8, EMULATE_FP8=False,
         USE_PDL=pdl,
     )  # fmt: skip
-    for k, v in consts.items():
+    for k in consts:
         sig[k] = "constexpr"
     src = ASTSource(rope_kv_kernel, sig, consts)
     triton.compile(src, target=GPUTarget("cuda", 90, 32))

@@ -1,4 +1,4 @@
-"""set_kv_buffer: store K and V into the KV cache (the unfused write, same semantics as the fused op).
+"""set_kv_buffer: store K and V into the KV cache (the unfused write; the fused op's semantics).
 
 For layers that cannot fuse the write into RoPE. Identical bits to the fused op's cache write:
 fused == RoPE alone + this op, exactly.
@@ -80,8 +80,8 @@ def set_kv_buffer(
     if torch.compiler.is_compiling():
         from sgl_ext.rope import _scale_tensor
 
-        torch.ops.sgl_ext.set_kv(key, value, k_buffer, v_buffer, cache_loc, _scale_tensor(k_scale, key),
-                  _scale_tensor(v_scale, key), head_size)  # fmt: skip
+        ks, vs = _scale_tensor(k_scale, key), _scale_tensor(v_scale, key)
+        torch.ops.sgl_ext.set_kv(key, value, k_buffer, v_buffer, cache_loc, ks, vs, head_size)
         return
     _run(key, head_size, k_info, kv)
 

@@ -1,4 +1,4 @@
-"""apply_rope_with_cos_sin_cache_inplace against a float64 reference, every semantic of DESIGN §2."""
+"""apply_rope_with_cos_sin_cache_inplace vs a float64 reference: every semantic of DESIGN §2."""
 
 from __future__ import annotations
 
