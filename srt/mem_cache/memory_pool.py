@@ -16,7 +16,8 @@ from typing import Protocol
 import torch
 
 import sgl_ext
-from sgl_ext._common import check_kv_write
+from sgl_ext._common import check_kv_write, kv_layout
+from sgl_ext.native import quantize_native, scatter_native
 
 KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -291,7 +292,7 @@ class MHATokenToKVPool:
         cache_k : [T, H, D] or [T, H*D]; cache_v : [T, H, Dv] or [T, H*Dv]
             bf16/fp16/fp32; must equal `dtype` unless the pool is fp8. Never modified.
         k_scale, v_scale : None, positive float or 1-element tensor
-            fp8 pools store clamp(x / scale); ignored by non-fp8 pools (as in SGLang).
+            fp8 pools store saturate(x * (1 / scale)); ignored by non-fp8 pools (as in SGLang).
         """
         layer_id = layer.layer_id if layer_id_override is None else layer_id_override
         idx = self._index(layer_id)
@@ -342,33 +343,14 @@ class MHATokenToKVPool:
 
     def _scatter_rows(self, store: torch.Tensor, loc: torch.Tensor, rows: torch.Tensor,
                       scale: Scale) -> None:  # fmt: skip
-        """store[slot loc[i]] = quantised rows[i] with graph-capturable, sync-free torch ops.
+        """store[slot loc[i]] = quantised rows[i] with sgl_ext's sync-free torch-native write.
 
         store: a raw buffer (store_dtype) [slots, H, D] or [pages, ps, H, D]; rows [T, H, D].
-        Tokens with loc < 0 (or out of range) rewrite the padding slot 0 with its own contents.
+        Tokens with loc < 0 (or out of range) are not written (same bits as the kernels).
         """
-        if self.dtype in FP8_DTYPES:
-            y = rows.float()  # [T, H, D]
-            if scale is not None:
-                s = (
-                    scale
-                    if isinstance(scale, torch.Tensor)
-                    else torch.full((), float(scale), device=y.device)
-                )
-                # a 0-d device tensor: true IEEE division, as in the sgl_ext kernels
-                y = y / s.to(device=y.device, dtype=torch.float32).reshape(())
-            fmax = torch.finfo(self.dtype).max
-            q = y.clamp(-fmax, fmax).to(self.dtype).view(torch.uint8)  # [T, H, D]
-        else:
-            q = rows
-        loc64 = loc.long()
-        valid = (loc64 >= 0) & (loc64 < self.num_slots)  # [T]
-        target = torch.where(valid, loc64, 0)  # [T]
-        if store.ndim == 3:  # [slots, H, D]
-            index, slot0 = (target,), store[0]
-        else:  # [pages, ps, H, D]
-            index, slot0 = (target // self.page_size, target % self.page_size), store[0, 0]
-        store.index_put_(index, torch.where(valid[:, None, None], q, slot0))
+        buf = store.view(self.dtype)  # the fp8 view of uint8 storage; a no-op otherwise
+        lay = kv_layout("kv buffer", buf, buf.shape[-2], buf.shape[-1])
+        scatter_native(buf, lay, loc, quantize_native(rows, buf.dtype, scale))
 
     # ------------------------------------------------------------------ hygiene
     def zero_slots(self, indices: torch.Tensor) -> None:

@@ -35,7 +35,8 @@ def _stored(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> 
     if dtype not in FP8:
         return x
     m = torch.finfo(dtype).max
-    return (x.float() / scale.reshape(())).clamp(-m, m).to(dtype)
+    inv = 1.0 / scale.reshape(()).float()  # stored = saturate(x * (1 / scale))
+    return (x.float() * inv).clamp(-m, m).to(dtype)
 
 
 def run_check(
