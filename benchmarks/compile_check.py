@@ -39,7 +39,8 @@ def compile_one(dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl
             sig[n] = "i64" if "stride" in n else "i32"
     fp8 = {"e4m3": 448.0, "e5m2": 57344.0}.get(kv, 0.0)
     consts.update(
-        HEAD_DIM=128, V_HEAD_DIM=128, ROT_DIM=128 - 64 * tail, BLOCK_HALF=64 - 32 * tail,
+        PAGE_SIZE=16, HEAD_DIM=128, V_HEAD_DIM=128, ROT_DIM=128 - 64 * tail,
+        BLOCK_HALF=64 - 32 * tail,
         BLOCK_TAIL=64 * tail, BLOCK_DV=128, BLOCK_H=bh, BLOCK_HKV=min(bh, 8), PAIR_MODE=pair_mode,
         KBUF_PAIR_MODE=kbuf_mode, IS_BF16=dtype == "bf16", ROTATE=rotate, WRITE_KV=write_kv,
         K_SCALE_MODE=ks, V_SCALE_MODE=ks, K_FP8_MAX=fp8, V_FP8_MAX=fp8, EMULATE_FP8=False,

@@ -142,7 +142,6 @@ def rope_kv_kernel(
     vb_off_stride,
     vb_head_stride,
     loc_ptr,
-    page_size,
     num_slots,
     k_scale_ptr,
     v_scale_ptr,
@@ -152,6 +151,7 @@ def rope_kv_kernel(
     num_kv_heads,
     num_q_blocks,
     max_pos,
+    PAGE_SIZE: tl.constexpr,  # constexpr: a power of two becomes a shift, no 64-bit division
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
     ROT_DIM: tl.constexpr,
@@ -231,8 +231,8 @@ def rope_kv_kernel(
         if WRITE_KV:
             ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
             loc = tl.where(ok, loc, 0)
-            page = loc // page_size
-            off = loc - page * page_size
+            page = loc // PAGE_SIZE
+            off = loc - page * PAGE_SIZE
             kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
             vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
             KS: tl.constexpr = K_SCALE_MODE > 0
@@ -364,7 +364,6 @@ def launch_rope_kv(
         v_lay.offset_stride,
         v_lay.head_stride,
         loc,
-        k_lay.page_size,
         k_lay.num_slots,
         k_sptr,
         v_sptr,
@@ -374,6 +373,7 @@ def launch_rope_kv(
         num_kv_heads,
         num_q_blocks,
         cos_sin_cache.shape[0] if rotate else 1,
+        PAGE_SIZE=k_lay.page_size,
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
         ROT_DIM=rot,
