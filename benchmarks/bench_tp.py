@@ -5,8 +5,9 @@
 
 Each TP size runs through `srt.Engine(..., tp_size=N)` (one spawned process per rank; NVLink
 multicast off). Per batch size: a warm-up, then `generate` with 1 new token (prefill) and with
-1 + output_len new tokens (ignore_eos), same prompts, best of 2 each; decode tokens/s = bs * output_len / the
-time difference. Engine-level numbers: they include the scheduler's host work per step.
+1 + output_len new tokens (ignore_eos), same prompts, best of 2 each; decode tokens/s =
+bs * output_len / the time difference. Engine-level numbers: they include the scheduler's
+host work per step.
 """
 
 from __future__ import annotations
