@@ -167,8 +167,17 @@ class TpWorkerGroup:
         """Run Engine.`method`(**kwargs) on every rank; rank 0's result."""
         if self.closed:
             raise RuntimeError("the TP workers are shut down")
-        for c in self.conns:
-            c.send((method, kwargs))
+        dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+        for r, c in enumerate(self.conns):
+            if r in dead:
+                continue
+            try:
+                c.send((method, kwargs))
+            except OSError:  # BrokenPipeError: the rank is gone
+                dead.append(r)
+        if dead:
+            self.close()
+            raise RuntimeError(f"TP ranks failed (dead: {sorted(dead)}); the engine is shut down")
         return self._gather(deadline=None)[0]
 
     def close(self) -> None:

@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -83,6 +85,27 @@ def test_torchrun_launch_matches_tp1(tmp_path):
     ref = engine.generate(input_ids=[[5, 6, 7], [9] * 33, [3]], sampling_params=GREEDY)
     engine.shutdown()
     assert json.loads(out.read_text()) == [o["output_ids"] for o in ref]
+
+
+def test_rank_failures_raise_instead_of_hanging():
+    """A start-up error on every rank comes back as that error; a rank that dies mid-life makes
+    the next call fail (no hang) and stops the other ranks."""
+    with pytest.raises(ValueError, match="num_heads"):
+        srt.Engine(tp_size=3, **CPU)  # 4 query heads do not split over 3 ranks
+    engine = srt.Engine(tp_size=2, dist_timeout=30, **CPU)
+    procs = engine._tp_workers.procs
+    long = {**GREEDY, "max_new_tokens": 400}
+    killer = threading.Timer(1.0, procs[1].kill)  # rank 1 dies in the middle of decoding
+    start = time.monotonic()
+    killer.start()
+    with pytest.raises(RuntimeError, match="TP ranks failed"):
+        engine.generate(input_ids=PROMPTS, sampling_params=long)
+    killer.join()
+    assert time.monotonic() - start < 60
+    assert not any(p.is_alive() for p in procs)
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    engine.shutdown()
 
 
 def test_tp_size_without_group_is_refused():
