@@ -16,13 +16,14 @@ import pickle
 import socket
 import time
 import traceback
+from multiprocessing import connection as mp_connection
 from typing import Any
 
 import torch.multiprocessing as mp
 
 from srt.distributed.parallel_state import MULTICAST_OFF_ENV
 
-_POLL_S = 0.05
+_WAIT_S = 1.0
 _STOP_TIMEOUT_S = 30.0
 
 
@@ -130,23 +131,24 @@ class TpWorkerGroup:
         """Every rank's answer. Raises the ranks' common error, or stops all and raises."""
         answers: dict[int, tuple[str, Any]] = {}
         while len(answers) < self.tp_size:
-            now = time.monotonic()
-            if deadline is not None and now > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 self.close()
                 raise TimeoutError(f"TP ranks {self._missing(answers)} did not answer in time")
-            for r, (p, c) in enumerate(zip(self.procs, self.conns, strict=True)):
-                if r in answers:
-                    continue
+            # Wake on an answer or a process exit (its sentinel), at the latest after _WAIT_S.
+            waiting = [r for r in range(self.tp_size) if r not in answers]
+            handles = [self.conns[r] for r in waiting] + [self.procs[r].sentinel for r in waiting]
+            mp_connection.wait(handles, timeout=_WAIT_S)
+            for r in waiting:
+                c = self.conns[r]
                 if c.poll(0):
                     try:
                         answers[r] = c.recv()
                     except EOFError:
                         answers[r] = ("dead", None)
-                elif not p.is_alive():
+                elif not self.procs[r].is_alive():
                     answers[r] = ("dead", None)
                 if answers.get(r, ("ok",))[0] != "ok" and deadline is None:
                     deadline = time.monotonic() + self.timeout_s  # the others get a grace time
-            time.sleep(_POLL_S)
         kinds = {k for k, _ in answers.values()}
         if kinds == {"ok"}:
             return [answers[r][1] for r in range(self.tp_size)]
