@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from tp_harness import TINY_GPT_OSS  # noqa: I001 (test helper on sys.path)
+from tp_harness import TINY_GPT_OSS
 
 from srt.configs.model_config import ModelConfig
 from srt.distributed import tensor_parallel_override
