@@ -105,6 +105,11 @@ class Engine:
         self._closed = False
         if args.tp_size > 1 and not model_parallel_is_initialized():
             if launched_by_torchrun():
+                if int(os.environ["WORLD_SIZE"]) != args.tp_size:
+                    raise ValueError(
+                        f"tp_size={args.tp_size} but torchrun started "
+                        f"{os.environ['WORLD_SIZE']} processes (WORLD_SIZE); they must match"
+                    )
                 backend = "nccl" if args.device.startswith("cuda") else "gloo"
                 init_distributed_environment(
                     args.tp_size, backend=backend, timeout_s=args.dist_timeout
