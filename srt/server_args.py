@@ -44,6 +44,11 @@ class ServerArgs:
         cpu_max_total_tokens (CPU).
     max_running_requests : concurrent requests (rows of the req-to-token pool).
     json_model_override_args : JSON dict merged into the HF config (used by the bench presets).
+    tp_size : tensor-parallel ranks (one process each; NCCL on CUDA, gloo on CPU).
+    dist_init_addr : "host:port" of the TP rendezvous for Engine-spawned ranks (None: a free
+        local port); torchrun-launched ranks use its env:// instead.
+    dist_timeout : seconds a rank waits for the others (collectives, start-up, each request)
+        before the engine fails instead of hanging.
     """
 
     model_path: str | None = None
@@ -66,6 +71,8 @@ class ServerArgs:
     context_length: int | None = None
     random_seed: int = 0
     tp_size: int = 1
+    dist_init_addr: str | None = None
+    dist_timeout: float = 600.0
     json_model_override_args: str = "{}"
 
     def __post_init__(self) -> None:
@@ -96,8 +103,10 @@ class ServerArgs:
             )
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
-        if self.tp_size != 1:
-            raise ValueError(f"only tp_size=1 is supported, got {self.tp_size}")
+        if not isinstance(self.tp_size, int) or self.tp_size < 1:
+            raise ValueError(f"tp_size must be an int >= 1, got {self.tp_size!r}")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         try:
             overrides = json.loads(self.json_model_override_args)
         except json.JSONDecodeError as e:

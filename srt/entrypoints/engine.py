@@ -1,7 +1,13 @@
 """Engine: the offline entry point, `srt.Engine(...).generate(...)` as in SGLang.
 
-One process, no server: the engine owns a ModelRunner and a Scheduler (continuous batching with
-admission control) and runs submitted requests to completion.
+No server: the engine owns a ModelRunner and a Scheduler (continuous batching with admission
+control) and runs submitted requests to completion.
+
+Tensor parallelism (tp_size > 1), two ways:
+- launched by torchrun (or inside an initialised TP group): this process is one rank; every rank
+  constructs the Engine and calls `generate` with the same inputs, and gets the same outputs;
+- otherwise: the engine starts one worker process per rank (srt/entrypoints/tp_workers.py) and
+  forwards each call to all of them, returning rank 0's outputs.
 """
 
 from __future__ import annotations
@@ -16,6 +22,12 @@ from typing import Any
 
 import torch
 
+from srt.distributed import (
+    destroy_distributed_environment,
+    init_distributed_environment,
+    launched_by_torchrun,
+    model_parallel_is_initialized,
+)
 from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
 from srt.sampling.sampling_params import SamplingParams
@@ -52,7 +64,7 @@ class Engine:
     device : "cuda" or "cpu" (default: cuda if available).
     dtype, kv_cache_dtype, page_size, enable_fused_rope_kv : see ServerArgs.
     cuda_graph : capture decode CUDA graphs (GPU only).
-    tp_size : only 1.
+    tp_size : tensor-parallel ranks (see the module docstring).
     **kwargs : any other ServerArgs field (max_total_tokens, max_running_requests, ...).
     """
 
@@ -87,11 +99,29 @@ class Engine:
             tp_size=tp_size,
             **kwargs,
         ).resolved()
+        args = self.server_args
+        self._tp_workers = None
+        self._owns_tp_group = False
+        self._closed = False
+        if args.tp_size > 1 and not model_parallel_is_initialized():
+            if launched_by_torchrun():
+                if int(os.environ["WORLD_SIZE"]) != args.tp_size:
+                    raise ValueError(
+                        f"tp_size={args.tp_size} but torchrun started "
+                        f"{os.environ['WORLD_SIZE']} processes (WORLD_SIZE); they must match"
+                    )
+                backend = "nccl" if args.device.startswith("cuda") else "gloo"
+                init_distributed_environment(
+                    args.tp_size, backend=backend, timeout_s=args.dist_timeout
+                )
+                self._owns_tp_group = True
+            else:
+                self._start_tp_workers()
+                return
         from srt.model_executor.model_runner import ModelRunner
 
         self.model_runner = ModelRunner(self.server_args)
         self.scheduler = Scheduler(self.model_runner)
-        args = self.server_args
         if args.skip_tokenizer_init:
             self.tokenizer = None
         else:
@@ -100,7 +130,20 @@ class Engine:
         self.eos_token_ids = self._eos_token_ids()
         self._rid = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(args.random_seed)
-        self._closed = False
+
+    def _start_tp_workers(self) -> None:
+        """Spawn one process per TP rank; this process only forwards calls (and tokenizes)."""
+        from srt.entrypoints.tp_workers import TpWorkerGroup
+
+        args = self.server_args
+        self.model_runner = None  # type: ignore[assignment] - the ranks own the model
+        self.scheduler = None  # type: ignore[assignment]
+        self._tp_workers = TpWorkerGroup(
+            args.tp_size, dataclasses.asdict(args), args.dist_init_addr, args.dist_timeout
+        )
+        tok_path = args.tokenizer_path or args.model_path or TINY_TOKENIZER_DIR
+        self.tokenizer = None if args.skip_tokenizer_init else _load_tokenizer(tok_path)
+        self.eos_token_ids = self._tp_workers.info["eos_token_ids"]
 
     def _eos_token_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -176,6 +219,11 @@ class Engine:
         """
         if self._closed:
             raise RuntimeError("generate() after shutdown()")
+        if self._tp_workers is not None:
+            return self._tp_workers.call(
+                "generate", prompt=prompt, sampling_params=sampling_params,
+                input_ids=input_ids, return_logprob=return_logprob, progress_bar=progress_bar,
+            )  # fmt: skip
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass exactly one of prompt and input_ids")
         if prompt is not None:
@@ -242,6 +290,9 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self._tp_workers is not None:
+            self._tp_workers.close()
+            return
         runner = self.model_runner
         runner.cuda_graph_runner = None
         self.scheduler = None  # type: ignore[assignment]
@@ -250,6 +301,8 @@ class Engine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        if self._owns_tp_group:
+            destroy_distributed_environment()
 
     def __enter__(self) -> Engine:
         return self

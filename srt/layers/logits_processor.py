@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from srt.distributed import tensor_model_parallel_all_gather
+
 if TYPE_CHECKING:
     from srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -39,9 +41,7 @@ class LogitsProcessor(nn.Module):
         if getattr(lm_head, "bias", None) is not None:
             logits = logits + lm_head.bias
         if getattr(lm_head, "tp_size", 1) > 1:
-            parts = [torch.empty_like(logits) for _ in range(lm_head.tp_size)]
-            torch.distributed.all_gather(parts, logits)
-            logits = torch.cat(parts, dim=-1)  # [N, V]
+            logits = tensor_model_parallel_all_gather(logits, dim=-1)  # [N, Vp * tp]
         logits = logits[:, : self.vocab_size].float()
         if self.softcap > 0:
             logits = self.softcap * torch.tanh(logits / self.softcap)

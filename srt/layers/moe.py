@@ -7,7 +7,12 @@ The `weight_loader` converts checkpoint layouts (named by shard_id, see `TopKExp
 Activation "swiglu_oai" is gpt-oss's clamped SwiGLU:
   gate = min(gate, limit); up = clamp(up, -limit, limit);
   out = (up + 1) * gate * sigmoid(alpha * gate)
-and "silu" is the plain silu(gate) * up. Expert parallelism / TP would shard E or I (tp=1 now).
+and "silu" is the plain silu(gate) * up.
+
+Tensor parallelism splits every expert's intermediate dim I: rank r holds gate and up rows
+[r * I/tp, (r+1) * I/tp) (w13 [E, 2I/tp, H]) and the matching down columns (w2 [E, H, I/tp]);
+each rank's output is a partial sum, all-reduced at the end; the down bias is added on rank 0
+only, so it counts once.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from srt.distributed import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
 
 
 def select_experts(
@@ -42,6 +49,8 @@ class TopKExperts(nn.Module):
     bias : whether experts have biases (gpt-oss: yes).
     activation : "swiglu_oai" or "silu".
     swiglu_alpha, swiglu_limit : gpt-oss activation constants.
+    tp_rank, tp_size : TP position (default: the TP group's); tp_size must divide I.
+    reduce_results : all-reduce the partial outputs over the TP ranks (tp > 1).
     """
 
     dense_max_tokens = 64  # batches up to this size run every expert densely
@@ -65,11 +74,22 @@ class TopKExperts(nn.Module):
         activation: str = "swiglu_oai",
         swiglu_alpha: float = 1.702,
         swiglu_limit: float = 7.0,
+        tp_rank: int | None = None,
+        tp_size: int | None = None,
+        reduce_results: bool = True,
     ) -> None:
         super().__init__()
         if activation not in ("swiglu_oai", "silu"):
             raise ValueError(f"activation must be 'swiglu_oai' or 'silu', got {activation!r}")
-        E, H, I2 = num_experts, hidden_size, intermediate_size
+        self.tp_rank = get_tp_rank() if tp_rank is None else tp_rank
+        self.tp_size = get_tp_size() if tp_size is None else tp_size
+        if intermediate_size % self.tp_size:
+            raise ValueError(
+                f"tp_size {self.tp_size} must divide intermediate_size {intermediate_size}"
+            )
+        self.reduce_results = reduce_results
+        self.full_intermediate_size = intermediate_size
+        E, H, I2 = num_experts, hidden_size, intermediate_size // self.tp_size
         self.num_experts, self.hidden_size, self.intermediate_size = E, H, I2
         self.activation, self.alpha, self.limit = activation, swiglu_alpha, swiglu_limit
         p = lambda *s: nn.Parameter(torch.empty(s), requires_grad=False)
@@ -90,11 +110,27 @@ class TopKExperts(nn.Module):
             loaded = torch.cat([loaded[:, 0::2], loaded[:, 1::2]], dim=1)  # gate rows | up rows
         elif shard_id not in (None, "gate_up", "down"):
             raise ValueError(f"unknown expert shard_id {shard_id!r}; one of {list(self.LAYOUTS)}")
+        loaded = self._tp_slice(param, loaded)
         if param.shape != loaded.shape:
             raise ValueError(
                 f"expert tensor ({shard_id}) shape {tuple(loaded.shape)} != {tuple(param.shape)}"
             )
         param.data.copy_(loaded)
+
+    def _tp_slice(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a full (TP-1 shaped) expert tensor in our layout."""
+        full_i, i_loc, r = self.full_intermediate_size, self.intermediate_size, self.tp_rank
+        if self.tp_size == 1:
+            return loaded
+        if param is self.w13_weight or param is self.w13_bias:
+            if loaded.shape[1] != 2 * full_i:
+                return loaded  # not a full tensor: the shape check names it
+            gate = loaded[:, r * i_loc : (r + 1) * i_loc]  # [E, I/tp, ...]
+            up = loaded[:, full_i + r * i_loc : full_i + (r + 1) * i_loc]
+            return torch.cat([gate, up], dim=1)  # [E, 2I/tp, ...]
+        if param is self.w2_weight and loaded.shape[-1] == full_i:
+            return loaded[..., r * i_loc : (r + 1) * i_loc]  # [E, H, I/tp]
+        return loaded  # w2_bias [E, H]: replicated
 
     def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up[..., : self.intermediate_size], gate_up[..., self.intermediate_size :]
@@ -109,7 +145,7 @@ class TopKExperts(nn.Module):
         if self.w13_bias is not None:
             h = h + self.w13_bias[e]
         out = self._act(h) @ self.w2_weight[e].T  # [n, H]
-        if self.w2_bias is not None:
+        if self.w2_bias is not None and self.tp_rank == 0:
             out = out + self.w2_bias[e]
         return out
 
@@ -123,7 +159,7 @@ class TopKExperts(nn.Module):
                 h = h + self.w13_bias[ids]
             a = self._act(h)  # [T, I]
             y = torch.bmm(self.w2_weight[ids], a[:, :, None])[..., 0]  # [T, H]
-            if self.w2_bias is not None:
+            if self.w2_bias is not None and self.tp_rank == 0:
                 y = y + self.w2_bias[ids]
             out += (y * topk_weights[:, j, None]).to(x.dtype)
         return out
@@ -159,6 +195,11 @@ class TopKExperts(nn.Module):
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
         if capturing or T <= self.dense_max_tokens:
             if T * k < self.num_experts:
-                return self._forward_gathered(x, topk_weights, topk_ids)
-            return self._forward_dense(x, topk_weights, topk_ids)
-        return self._forward_grouped(x, topk_weights, topk_ids)
+                out = self._forward_gathered(x, topk_weights, topk_ids)
+            else:
+                out = self._forward_dense(x, topk_weights, topk_ids)
+        else:
+            out = self._forward_grouped(x, topk_weights, topk_ids)
+        if self.tp_size > 1 and self.reduce_results:
+            out = tensor_model_parallel_all_reduce(out)  # partial sums over I -> [T, H]
+        return out

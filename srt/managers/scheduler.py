@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from srt.distributed import tensor_model_parallel_broadcast
 from srt.managers.schedule_batch import Req, ScheduleBatch, pages_needed
 from srt.sampling.sampler import sample
 
@@ -98,6 +99,9 @@ class Scheduler:
         next_ids, logprobs = sample(
             logits, [r.sampling_params for r in reqs], [r.generator for r in reqs], want_lp
         )
+        if getattr(self.runner, "tp_size", 1) > 1:
+            # Every rank samples the same logits; rank 0's ids make that exact (same schedule).
+            tensor_model_parallel_broadcast(next_ids, src=0)
         ids = next_ids.tolist()
         lps = logprobs.tolist() if logprobs is not None else [None] * len(reqs)
         for req, tok, lp in zip(reqs, ids, lps, strict=True):

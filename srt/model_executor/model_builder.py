@@ -135,7 +135,7 @@ def load_model(
             model = get_model_class(config.architecture)(config)
         finally:
             torch.set_default_dtype(prev)
-    init_dummy_weights_on_device(model, args.random_seed)
+    init_dummy_weights_on_device(model, args.random_seed, config=config)
     if hasattr(model, "post_load_weights"):
         model.post_load_weights()
     return model.eval()
@@ -149,22 +149,40 @@ def _num_params(cfg: Any) -> float:
     return 2.0 * cfg.vocab_size * h + layers * (attn + mlp)
 
 
-def init_dummy_weights_on_device(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
-    """Seeded N(0, std) weights drawn on the parameters' device (norm weights 1 + N(0, std))."""
+def init_dummy_weights_on_device(
+    model: torch.nn.Module, seed: int, std: float = 0.02, config: Any = None
+) -> None:
+    """Seeded N(0, std) weights drawn on the parameters' device (norm weights 1 + N(0, std)).
+
+    Under TP > 1 (and given `config`) each full TP-1 tensor is drawn, one at a time, and sharded
+    through the parameter's weight loader, so every TP size gets the same model.
+    """
+    from srt.distributed import get_tp_size
+    from srt.model_loader.loader import dummy_tensor, full_parameter_shapes, load_full_weights
+
+    if config is not None and get_tp_size() > 1:
+        from srt.models.registry import get_model_class
+
+        dev = next(model.parameters()).device
+        shapes = full_parameter_shapes(get_model_class(config.architecture), config)
+        named = (
+            (n, dummy_tensor(n, shape, torch.Generator(device=dev).manual_seed(seed + i), std))
+            for i, (n, shape) in enumerate(shapes)
+        )
+        load_full_weights(model, named)
+        return
     with torch.no_grad():
         for name, p in model.named_parameters():
             g = torch.Generator(device=p.device).manual_seed(seed)
             seed += 1
-            w = torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32) * std
-            if p.ndim == 1 and name.endswith("norm.weight"):
-                w += 1.0
-            p.copy_(w)
+            p.copy_(dummy_tensor(name, tuple(p.shape), g, std))
 
 
-def kv_cache_shape(model_config: Any) -> tuple[int, int, int, int]:
-    """(num_layers, num_kv_heads, head_dim, v_head_dim) of the model's KV cache."""
+def kv_cache_shape(model_config: Any, tp_size: int = 1) -> tuple[int, int, int, int]:
+    """(num_layers, num_kv_heads, head_dim, v_head_dim) of one TP rank's KV cache (its local KV
+    heads: total / tp, at least 1 when tp exceeds them and they are replicated)."""
     layers = int(model_config.num_hidden_layers)
-    heads = int(model_config.num_key_value_heads)
+    heads = max(1, int(model_config.num_key_value_heads) // tp_size)
     head_dim = int(model_config.head_dim)
     v_head_dim = int(getattr(model_config, "v_head_dim", None) or head_dim)
     return layers, heads, head_dim, v_head_dim

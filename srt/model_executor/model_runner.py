@@ -15,6 +15,13 @@ from typing import Any
 
 import torch
 
+from srt.distributed import (
+    get_tp_local_rank,
+    get_tp_rank,
+    get_tp_size,
+    model_parallel_is_initialized,
+    tensor_model_parallel_min_int,
+)
 from srt.model_executor.forward_batch_info import ForwardBatch
 from srt.server_args import ServerArgs
 
@@ -73,12 +80,15 @@ class ModelRunner:
         model: torch.nn.Module | None = None,
     ) -> None:
         self.server_args = args = server_args.resolved()
+        self.tp_size = args.tp_size
+        self.tp_rank = self._check_tp()
         self.device = torch.device(args.device)
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
                 raise ValueError("device='cuda' but no CUDA device is available")
             if self.device.index is None:
-                self.device = torch.device("cuda", torch.cuda.current_device())
+                idx = get_tp_local_rank() if self.tp_size > 1 else torch.cuda.current_device()
+                self.device = torch.device("cuda", idx)
             torch.cuda.set_device(self.device)
         self.page_size = args.page_size
         torch.manual_seed(args.random_seed)
@@ -99,6 +109,17 @@ class ModelRunner:
             self._init_cuda_graphs()
 
     # ---- construction ----
+    def _check_tp(self) -> int:
+        """This process's TP rank; TP > 1 needs the TP group (init_distributed_environment)."""
+        if self.tp_size == 1:
+            return 0
+        if not model_parallel_is_initialized() or get_tp_size() != self.tp_size:
+            raise RuntimeError(
+                f"tp_size={self.tp_size} needs a TP group of that size: run under torchrun or "
+                "through srt.Engine, or call srt.distributed.init_distributed_environment first"
+            )
+        return get_tp_rank()
+
     def _model_config(self) -> Any:
         from srt.model_executor.model_builder import build_model_config
 
@@ -113,7 +134,7 @@ class ModelRunner:
         """(layers, kv_heads, head_dim, v_head_dim) of the KV cache."""
         from srt.model_executor.model_builder import kv_cache_shape
 
-        return kv_cache_shape(self.model_config)
+        return kv_cache_shape(self.model_config, self.tp_size)
 
     def _profile_max_num_token(self, cell_size: int) -> int:
         """Tokens that fit in mem_fraction_static of the GPU after the weights are loaded."""
@@ -148,6 +169,7 @@ class ModelRunner:
         if args.max_total_tokens is None:
             # More than every request row at full context can never be used.
             tokens = min(tokens, rows * (self.context_len + ps))
+        tokens = tensor_model_parallel_min_int(tokens, self.device)  # same pool on every rank
         tokens = tokens // ps * ps
         if tokens < ps:
             raise ValueError(f"KV pool of {tokens} tokens is smaller than one page ({ps})")

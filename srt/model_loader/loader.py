@@ -14,12 +14,13 @@ import contextlib
 import glob
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
 
 from srt.configs.model_config import ModelConfig
+from srt.distributed import get_tp_size
 from srt.models.registry import get_model_class
 
 SAFE_INDEX = "model.safetensors.index.json"
@@ -84,15 +85,59 @@ def iterate_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield from state.items()
 
 
-def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
-    """Seeded N(0, std) weights (norm weights 1 + N(0, std)); identical on every device."""
+def full_parameter_shapes(cls: type[nn.Module], config: ModelConfig) -> list[tuple[str, tuple]]:
+    """(name, shape) of every parameter of the TP-1 model (a meta-device build: no memory)."""
+    from srt.distributed import tensor_parallel_override
+
+    with tensor_parallel_override(0, 1), torch.device("meta"):
+        ref = cls(config)
+    return [(n, tuple(p.shape)) for n, p in ref.named_parameters()]
+
+
+def load_full_weights(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load TP-1-shaped tensors named like the model's parameters through their weight loaders
+    (shard_id None), each keeping its TP rank's part."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, w in named:
+            p = params[name]
+            loader = getattr(p, "weight_loader", None)
+            if loader is None:
+                if p.shape != w.shape:
+                    raise ValueError(f"{name}: shape {tuple(w.shape)} != {tuple(p.shape)}")
+                p.copy_(w)
+            else:
+                loader(p, w)
+
+
+def dummy_tensor(name: str, shape: tuple, generator: torch.Generator, std: float) -> torch.Tensor:
+    """N(0, std) float32 on the generator's device (norm weights 1 + N(0, std))."""
+    w = torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float32)
+    w *= std
+    if len(shape) == 1 and name.endswith("norm.weight"):
+        w += 1.0
+    return w
+
+
+def init_dummy_weights(
+    model: nn.Module,
+    seed: int = 0,
+    std: float = 0.02,
+    full_shapes: list[tuple[str, tuple]] | None = None,
+) -> None:
+    """Seeded N(0, std) weights (norm weights 1 + N(0, std)); identical on every device.
+
+    With `full_shapes` (a TP > 1 model: `full_parameter_shapes`), the full TP-1 tensors are drawn
+    in the same order and each rank keeps its shard, so every TP size gets the same model.
+    """
     g = torch.Generator().manual_seed(seed)
+    if full_shapes is not None:
+        named = ((n, dummy_tensor(n, shape, g, std)) for n, shape in full_shapes)
+        load_full_weights(model, named)
+        return
     with torch.no_grad():
         for name, p in model.named_parameters():
-            w = torch.randn(p.shape, generator=g, dtype=torch.float32) * std
-            if p.ndim == 1 and name.endswith("norm.weight"):
-                w += 1.0
-            p.copy_(w)
+            p.copy_(dummy_tensor(name, tuple(p.shape), g, std))
 
 
 def get_model(
@@ -116,7 +161,9 @@ def get_model(
     with _default_dtype(config.dtype), torch.device(device):
         model = cls(config)
     if load_format == "dummy":
-        init_dummy_weights(model, seed)
+        # TP > 1: draw the full tensors and shard them (the same model at every TP size).
+        full = full_parameter_shapes(cls, config) if get_tp_size() > 1 else None
+        init_dummy_weights(model, seed, full_shapes=full)
     else:
         if config.path is None:
             raise ValueError("config has no checkpoint path; use load_format='dummy'")

@@ -56,18 +56,24 @@ class GptOssAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, self.head_dim, config.num_attention_heads,
+            config.num_key_value_heads, bias=config.attention_bias,
+            prefix=f"layers.{layer_id}.qkv_proj",
+        )  # fmt: skip
+        # Heads on this TP rank (KV heads replicated when tp exceeds them).
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
-            bias=config.attention_bias, prefix=f"layers.{layer_id}.qkv_proj",
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, config.hidden_size,
+            bias=config.attention_bias,
         )  # fmt: skip
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.attention_bias)
         # float32 like HF (the sink logit joins the softmax in float32)
         self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), False)
+        self.sinks.weight_loader = self._load_sinks
         self.rotary_emb = get_rope(
             self.head_dim,
             rotary_dim=self.head_dim,
@@ -81,6 +87,15 @@ class GptOssAttention(nn.Module):
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id,
             sliding_window_size=config.get_window_left(layer_id), sinks=self.sinks,
         )  # fmt: skip
+
+    def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        """sinks: full [Hq] -> this rank's heads [Hq / tp]."""
+        n, r = self.num_heads, self.qkv_proj.tp_rank
+        if loaded.shape == (self.qkv_proj.total_num_heads,):
+            loaded = loaded.narrow(0, r * n, n)
+        if loaded.shape != param.shape:
+            raise ValueError(f"sinks: checkpoint shape {tuple(loaded.shape)} != {param.shape}")
+        param.data.copy_(loaded)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch

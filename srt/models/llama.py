@@ -71,16 +71,21 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, self.head_dim, config.num_attention_heads,
+            config.num_key_value_heads, bias=config.attention_bias,
+            prefix=f"layers.{layer_id}.qkv_proj",
+        )  # fmt: skip
+        # Heads on this TP rank (KV heads replicated when tp exceeds them).
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
-            bias=config.attention_bias, prefix=f"layers.{layer_id}.qkv_proj",
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, config.hidden_size,
+            bias=config.attention_bias,
         )  # fmt: skip
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.attention_bias)
         self.rotary_emb = get_rope(
             self.head_dim,
             rotary_dim=self.head_dim,

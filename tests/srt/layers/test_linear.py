@@ -32,8 +32,10 @@ def test_qkv_loader_places_shards_and_matches_separate_matmuls():
         lin.weight.weight_loader(lin.weight, ws["q"], "x")
     with pytest.raises(ValueError, match=r"\[k\]"):
         lin.weight.weight_loader(lin.weight, ws["q"], "k")  # wrong shape for k
-    with pytest.raises(NotImplementedError):
-        QKVParallelLinear(32, 8, 4, 1, tp_size=2)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        QKVParallelLinear(32, 8, 6, 2, tp_size=3)  # 3 neither divides 2 nor is a multiple
+    with pytest.raises(ValueError, match="num_heads"):
+        QKVParallelLinear(32, 8, 4, 2, tp_size=8)
 
 
 def test_merged_column_loader_and_packed_checkpoint():

@@ -88,7 +88,7 @@ def test_server_args_validation():
     with pytest.raises(ValueError, match="attention_backend"):
         ServerArgs(attention_backend="flashinfer")
     with pytest.raises(ValueError, match="tp_size"):
-        ServerArgs(tp_size=2)
+        ServerArgs(tp_size=0)
     with pytest.raises(ValueError, match="json_model_override_args"):
         ServerArgs(json_model_override_args="{nope")
     a = ServerArgs(device="cpu").resolved()
