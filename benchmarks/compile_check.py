@@ -49,7 +49,32 @@ def compile_one(dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl
     for k in consts:
         sig[k] = "constexpr"
     src = ASTSource(rope_kv_kernel, sig, consts)
-    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+def sass_loads_before_division() -> tuple[int, int]:
+    """(index of the last LDG, index of the first MUFU.RCP) in the SASS of the fp8, tensor-scale
+    variant: every load must be issued before the scale reciprocal (whose slow-path CALL would
+    otherwise serialise the loads after it: +1 memory round trip at small T)."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    import triton.backends.nvidia as nv
+
+    kernel = compile_one("bf16", "e4m3", True, True, 0, 0, 2, 0, True, bh=1)
+    cuobjdump = Path(nv.__file__).parent / "bin" / "cuobjdump"
+    cubin = Path("/tmp") / f"sgl_ext_check_{os.getpid()}.cubin"
+    cubin.write_bytes(kernel.asm["cubin"])
+    try:
+        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
+    finally:
+        cubin.unlink()
+    ops = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    last_ldg = max(i for i, ln in enumerate(ops) if " LDG" in ln)
+    first_rcp = min(i for i, ln in enumerate(ops) if "MUFU.RCP" in ln)
+    return last_ldg, first_rcp
 
 
 def main() -> int:
@@ -71,7 +96,9 @@ def main() -> int:
     for bh in (1, 32):
         compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh)
     print(f"compiled {n + 2} kernel variants for sm_90")
-    return 0
+    last_ldg, first_rcp = sass_loads_before_division()
+    print(f"fp8 tensor-scale SASS: last load at {last_ldg}, first reciprocal at {first_rcp}")
+    return 0 if last_ldg < first_rcp else 1
 
 
 if __name__ == "__main__":

@@ -56,14 +56,19 @@ def _quantize(x, inv_scale, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, EMUL
 
 
 @triton.jit
-def _load_inv_scale(ptr, f, MODE: tl.constexpr):
-    """1 / scale as one IEEE fp32 division (mode 2: device tensor, 1: float argument)."""
+def _load_scale(ptr, f, MODE: tl.constexpr):
+    """The scale as a [1] fp32 tensor (mode 2: device tensor, 1: float argument, 0: unused)."""
     one = tl.full((1,), 1.0, tl.float32)
     if MODE == 2:
-        s = one * tl.load(ptr).to(tl.float32)
-    else:
-        s = one * f
-    return tl.math.div_rn(one, s)  # [1], broadcasts
+        return one * tl.load(ptr).to(tl.float32)
+    return one * f
+
+
+@triton.jit
+def _reciprocal(s):
+    """1 / s as one IEEE fp32 division. Call it after every load is issued: the division's
+    slow-path CALL is a scheduling barrier, and loads placed after it would wait for it."""
+    return tl.math.div_rn(tl.full((1,), 1.0, tl.float32), s)
 
 
 @triton.jit
@@ -208,8 +213,8 @@ def rope_kv_kernel(
             dv = tl.arange(0, BLOCK_DV)[None, :]
             dv_mask = h_ok & (dv < V_HEAD_DIM)
             v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
-            k_inv = _load_inv_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
-            v_inv = _load_inv_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
+            k_s = _load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
+            v_s = _load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
             if BLOCK_TAIL > 0:  # pass-through dims of K (partial rotary) go to the cache too
                 dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]
                 t_mask = h_ok & (dt < HEAD_DIM)
@@ -236,6 +241,8 @@ def rope_kv_kernel(
             kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
             vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
             KS: tl.constexpr = K_SCALE_MODE > 0
+            k_inv = _reciprocal(k_s)  # after all loads (see _reciprocal); unused without scale
+            v_inv = _reciprocal(v_s)
             qa = _quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
             qb = _quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
             _store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
