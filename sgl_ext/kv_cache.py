@@ -70,7 +70,7 @@ def set_kv_buffer(
     cache_loc : int32/int64 [T]
         Slot per token; slots < 0 (or >= num_slots) are not written.
     k_scale, v_scale : None, positive float, or 1-element float tensor
-        The cache stores (x / scale) cast to the buffer dtype (saturating for fp8).
+        The cache stores x * (1 / scale) cast to the buffer dtype (saturating for fp8).
     head_size : int, optional
         D; needed only when both key and k_buffer are 2-D.
     """

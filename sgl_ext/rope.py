@@ -25,7 +25,7 @@ class FusedSetKVBufferArg:
         [pages, page_size, H, D] (any strided view whose last dim is contiguous); dtype of key or
         fp8 (float8_e4m3fn / float8_e5m2).
     k_scale / v_scale: None, a positive float, or a 1-element float tensor (CUDA-graph safe);
-        the cache stores (x / scale) cast to the buffer dtype (saturating for fp8).
+        the cache stores x * (1 / scale) cast to the buffer dtype (saturating for fp8).
     cache_loc: [T] int32/int64 slot per token; a slot < 0 (or >= num_slots) is not written.
     """
 

@@ -35,7 +35,7 @@ class RadixAttention(nn.Module):
     sinks : optional [Hq] per-head sink logits (gpt-oss): an extra softmax column with no value.
         Kept as a plain reference (not registered), so the owning module keeps the parameter.
     k_scale, v_scale : KV-cache scales (None, positive float, or 1-element float tensor); an fp8
-        cache stores x / scale.
+        cache stores x * (1 / scale).
     """
 
     def __init__(
