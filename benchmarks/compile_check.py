@@ -20,11 +20,13 @@ PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32", "e4m3": "*fp8e4nv", "e
 
 def compile_one(dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl, bh=4):
     names = list(rope_kv_kernel.arg_names)
-    sig, consts = {}, {}
-    for n in names:
-        p = rope_kv_kernel.params[names.index(n)]
+    sig, consts, attrs = {}, {}, {}
+    for idx, n in enumerate(names):
+        p = rope_kv_kernel.params[idx]
         if p.is_constexpr:
             continue
+        if n.endswith("_ptr") or "stride" in n:  # as the JIT specialises 16-aligned arguments
+            attrs[(idx,)] = [["tt.divisibility", 16]]
         if n in ("q_ptr", "k_ptr", "v_ptr"):
             sig[n] = PTR[dtype]
         elif n in ("kbuf_ptr", "vbuf_ptr"):
@@ -48,7 +50,7 @@ def compile_one(dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl
     )  # fmt: skip
     for k in consts:
         sig[k] = "constexpr"
-    src = ASTSource(rope_kv_kernel, sig, consts)
+    src = ASTSource(rope_kv_kernel, sig, consts, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
