@@ -79,7 +79,7 @@ def _check_rope(
     return q_info, k_info
 
 
-def _check_kv(key: torch.Tensor, arg: object, head_size: int) -> tuple:
+def _check_kv(key: torch.Tensor, arg: object, head_size: int, debug: bool | None = None) -> tuple:
     if not isinstance(arg, FusedSetKVBufferArg):
         raise TypeError(
             f"fused_set_kv_buffer_arg must be a FusedSetKVBufferArg or None, got {type(arg)}"
@@ -88,7 +88,7 @@ def _check_kv(key: torch.Tensor, arg: object, head_size: int) -> tuple:
         key, arg.value, arg.k_buffer, arg.v_buffer, arg.cache_loc, arg.k_scale, arg.v_scale,
         key.shape[0], head_size,
     )  # fmt: skip
-    if C.debug_checks_enabled():
+    if C.debug_checks_enabled() if debug is None else debug:
         C.debug_check_slots(arg.cache_loc, k_lay.num_slots)
     kv = (arg.value, v_tok, v_head, v_dim, arg.k_buffer, arg.v_buffer, arg.cache_loc)
     return (*kv, arg.k_scale, arg.v_scale, k_lay, v_lay)
@@ -155,11 +155,12 @@ def apply_rope_with_cos_sin_cache_inplace(
         kernel's tail). None: on where supported.
     """
     q_info, k_info = _check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
-    if C.debug_checks_enabled():
+    debug = C.debug_checks_enabled()
+    if debug:
         C.debug_check_positions(positions, cos_sin_cache.shape[0])
     kv = None
     if fused_set_kv_buffer_arg is not None:
-        kv = _check_kv(key, fused_set_kv_buffer_arg, head_size)
+        kv = _check_kv(key, fused_set_kv_buffer_arg, head_size, debug)
     if torch.compiler.is_compiling():
         a = fused_set_kv_buffer_arg
         torch.ops.sgl_ext.rope_kv(positions, query, key, head_size, cos_sin_cache, is_neox,

@@ -11,6 +11,7 @@ in registers, so neither needs a gather.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -253,6 +254,21 @@ def rope_kv_kernel(
             tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=dv_mask & ok)
 
 
+@functools.cache
+def _pdl_capable(device_index: int | None) -> bool:
+    """Programmatic dependent launch needs Hopper (sm_90) or newer."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _pow2(n: int) -> int:
+    """Smallest power of two >= n (plain Python: triton.next_power_of_2 costs ~7 µs a call)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tuple:
     """(mode, pointer, float): 0 no scale, 1 python float, 2 device tensor."""
     if scale is None:
@@ -298,7 +314,7 @@ def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, 
         block_h = max(1, 1024 // head_dim)
     else:
         block_h = max(1, min(32, 4096 // head_dim))
-    block_h = min(block_h, triton.next_power_of_2(max_heads))
+    block_h = min(block_h, _pow2(max_heads))
     num_warps = 4
     return block_h, num_warps
 
@@ -325,9 +341,9 @@ def launch_rope_kv(
     num_q_heads, q_tok, q_head = q_info if q_info is not None else (0, 0, 0)
     num_kv_heads, k_tok, k_head = k_info
     block_h, num_warps = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size)
-    block_hkv = min(block_h, triton.next_power_of_2(num_kv_heads))
-    num_q_blocks = triton.cdiv(num_q_heads, block_h)
-    grid = (num_tokens, num_q_blocks + triton.cdiv(num_kv_heads, block_hkv))
+    block_hkv = min(block_h, _pow2(num_kv_heads))
+    num_q_blocks = _cdiv(num_q_heads, block_h)
+    grid = (num_tokens, num_q_blocks + _cdiv(num_kv_heads, block_hkv))
     if kv is not None:
         value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
     else:
@@ -339,7 +355,7 @@ def launch_rope_kv(
     v_mode, v_sptr, v_sf = _scale_args(vs, key)
     interp = interpreting()
     if enable_pdl is None:
-        enable_pdl = key.is_cuda and torch.cuda.get_device_capability(key.device)[0] >= 9
+        enable_pdl = key.is_cuda and _pdl_capable(key.device.index)
     use_pdl = bool(enable_pdl) and not interp
     tail = head_size - rot
     pair_mode = 0
@@ -384,9 +400,9 @@ def launch_rope_kv(
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
         ROT_DIM=rot,
-        BLOCK_HALF=triton.next_power_of_2(max(1, rot // 2)),
-        BLOCK_TAIL=triton.next_power_of_2(tail) if tail > 0 else 0,
-        BLOCK_DV=triton.next_power_of_2(v_head_dim),
+        BLOCK_HALF=_pow2(max(1, rot // 2)),
+        BLOCK_TAIL=_pow2(tail) if tail > 0 else 0,
+        BLOCK_DV=_pow2(v_head_dim),
         BLOCK_H=block_h,
         BLOCK_HKV=block_hkv,
         PAIR_MODE=pair_mode,
