@@ -32,12 +32,14 @@ def _round_to_fp8_grid(x, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
     SHIFT: tl.constexpr = 23 - MANT
     bits = x.to(tl.int32, bitcast=True)
     lsb = (bits >> SHIFT) & 1
-    bits = (bits + ((1 << (SHIFT - 1)) - 1) + lsb) & ~((1 << SHIFT) - 1)
-    normal = bits.to(tl.float32, bitcast=True)
+    normal = ((bits + ((1 << (SHIFT - 1)) - 1) + lsb) & ~((1 << SHIFT) - 1)).to(
+        tl.float32, bitcast=True
+    )
     QUANT: tl.constexpr = 2.0 ** (MIN_EXP - MANT)
     MAGIC: tl.constexpr = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds to integer
     sub = ((tl.abs(x) * (1.0 / QUANT) + MAGIC) - MAGIC) * QUANT
-    sub = tl.where(x < 0, -sub, sub)  # keeps the sign of values that round to zero (-0.0)
+    # Copy x's sign bit (tiny negatives round to -0.0; `-sub` would be 0 - sub = +0.0).
+    sub = (sub.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(x) < 2.0**MIN_EXP, sub, normal)
 
 
