@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from srt.configs.model_config import resolve_dtype as config_dtype_by_name
 from srt.distributed import (
     get_tp_local_rank,
     get_tp_rank,
@@ -27,23 +28,13 @@ from srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
 _KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 def resolve_dtype(name: str, device: torch.device, config_dtype: torch.dtype | None) -> torch.dtype:
     """ "auto": the checkpoint's half dtype on CUDA (bf16 if it is fp32), float32 on CPU."""
     if name != "auto":
-        return _DTYPES[name]
+        return config_dtype_by_name(name)
     if device.type != "cuda":
         return torch.float32
     if config_dtype in (torch.float16, torch.bfloat16):
