@@ -17,21 +17,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_ext import FusedSetKVBufferArg
+from sgl_ext import FP8_DTYPES, INPUT_DTYPES, FusedSetKVBufferArg
 
 if TYPE_CHECKING:
     from srt.layers.radix_attention import RadixAttention
     from srt.model_executor.forward_batch_info import ForwardBatch
 
 # KV-cache dtypes the fused kernel can store (fp8 pools pass fp8 views of their uint8 storage).
-FUSED_KV_DTYPES = (
-    torch.bfloat16,
-    torch.float16,
-    torch.float32,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-)
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+FUSED_KV_DTYPES = (*INPUT_DTYPES, *FP8_DTYPES)
 
 
 def _supported_buffer(buf: object) -> bool:
@@ -80,7 +73,7 @@ def create_fused_set_kv_buffer_arg(
     pool = forward_batch.token_to_kv_pool
     k_buffer = pool.get_key_buffer(layer.layer_id)  # [slots, H, D] or [pages, ps, H, D]
     v_buffer = pool.get_value_buffer(layer.layer_id)
-    fp8 = k_buffer.dtype in _FP8
+    fp8 = k_buffer.dtype in FP8_DTYPES
     return FusedSetKVBufferArg(
         value=value,
         k_buffer=k_buffer,

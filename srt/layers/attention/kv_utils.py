@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sgl_ext import FP8_DTYPES
+
 if TYPE_CHECKING:
     from srt.layers.radix_attention import RadixAttention
     from srt.model_executor.forward_batch_info import ForwardBatch
-
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def save_kv_cache(

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sgl_ext import FP8_DTYPES
 from srt.layers.attention.base_attn_backend import AttentionBackend
-from srt.layers.attention.kv_utils import FP8_DTYPES, layer_buffers
+from srt.layers.attention.kv_utils import layer_buffers
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv
 from srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
 from srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
