@@ -6,6 +6,7 @@ python benchmarks/tune_rope_kv.py [--tokens ...] [--json-out F]; prints the best
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ def main() -> None:
     p.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--kv-dtype", default="bf16")
     p.add_argument("--pdl", type=int, nargs="+", default=[1, 0])
+    p.add_argument("--order", type=int, nargs="+", default=[1], help="1 token-major, 0 head-major")
     p.add_argument("--gptj", action="store_true")
     p.add_argument("--json-out")
     args = p.parse_args()
@@ -46,21 +48,21 @@ def main() -> None:
                         pos, q, k, c.d, c.cs, c.neox, arg, enable_pdl=pdl
                     )
 
-                for bh in args.block_h:
-                    for nw in args.warps:
-                        if bh * c.d // 2 < 32 * nw // 2:  # too few elements for the warps
-                            continue
-                        os.environ["SGL_EXT_TRITON_CONFIG"] = f"{bh},{nw}"
-                        us = graph_time_us(fn, reps, replays=10)
-                        r = {"shape": shape, "T": t, "bh": bh, "nw": nw, "pdl": pdl, "us": us}
-                        results.append(r)
-                        if best is None or us < best["us"]:
-                            best = r
+                for bh, nw, order in itertools.product(args.block_h, args.warps, args.order):
+                    if bh * c.d // 2 < 32 * nw // 2:  # too few elements for the warps
+                        continue
+                    os.environ["SGL_EXT_TRITON_CONFIG"] = f"{bh},{nw},{order}"
+                    us = graph_time_us(fn, reps, replays=10)
+                    r = {"shape": shape, "T": t, "bh": bh, "nw": nw, "order": order, "pdl": pdl}
+                    r["us"] = us
+                    results.append(r)
+                    if best is None or us < best["us"]:
+                        best = r
             os.environ.pop("SGL_EXT_TRITON_CONFIG", None)
             default = [r for r in results if r["shape"] == shape and r["T"] == t]
             print(f"BEST {shape} T={t}: {best}", flush=True)
             line = sorted(default, key=lambda r: r["us"])[:5]
-            print("   top5:", [(r["bh"], r["nw"], r["pdl"], round(r["us"], 2)) for r in line])
+            print("   top5:", [(r["bh"], r["nw"], r["order"], r["pdl"], round(r["us"], 2)) for r in line])
             del c
             torch.cuda.empty_cache()
     if args.json_out:

@@ -1,7 +1,8 @@
 """Triton kernel: RoPE on q/k in place, and the rotated K plus V stored into the KV cache.
 
-One program handles one token and a block of heads: program_id(1) < num_q_blocks rotates query
-heads, the rest rotate key heads and (WRITE_KV) store K and V into the cache slot of the token.
+One program handles one token and a block of heads. Programs are numbered token-major (a
+token's head blocks are neighbours); the first NUM_Q_BLOCKS of a token rotate query heads, the
+rest rotate key heads and (WRITE_KV) store K and V into the cache slot of the token.
 The same kernel with ROTATE=False is the standalone KV write.
 
 The rotary dims of a head are addressed as a [HALF, 2] grid of pairs (i, j): neox pairs dim i
@@ -157,8 +158,11 @@ def rope_kv_kernel(
     v_scale_f,
     num_q_heads,
     num_kv_heads,
-    num_q_blocks,
+    num_tokens,
     max_pos,
+    NUM_Q_BLOCKS: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,  # head blocks per token (query blocks, then key/value blocks)
+    TOKEN_MAJOR: tl.constexpr,  # program order: a token's head blocks adjacent (1) or not (0)
     PAGE_SIZE: tl.constexpr,  # constexpr: a power of two becomes a shift, no 64-bit division
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
@@ -180,8 +184,13 @@ def rope_kv_kernel(
     EMULATE_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    hb = tl.program_id(1)
+    pid = tl.program_id(0)
+    if TOKEN_MAJOR:  # neighbouring programs share a token: its cos/sin row stays in L1/L2
+        t = (pid // NUM_BLOCKS).to(tl.int64)
+        hb = pid % NUM_BLOCKS
+    else:
+        t = (pid % num_tokens).to(tl.int64)
+        hb = pid // num_tokens
     h = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
     HALF: tl.constexpr = ROT_DIM // 2
     c = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: pair index = cos/sin column
@@ -197,7 +206,7 @@ def rope_kv_kernel(
         cs_row = cos_sin_ptr + pos * cs_stride
     else:
         cs_row = cos_sin_ptr  # unused: there are no query blocks without rotation
-    if hb < num_q_blocks:
+    if hb < NUM_Q_BLOCKS:
         heads = hb * BLOCK_H + h
         mask = (heads < num_q_heads) & c_ok
         row = q_ptr + t * q_tok_stride + heads * q_head_stride
@@ -206,7 +215,7 @@ def rope_kv_kernel(
         sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
         _store_pairs(row, c, mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
     else:
-        kh = (hb - num_q_blocks) * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
+        kh = (hb - NUM_Q_BLOCKS) * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
         h_ok = kh < num_kv_heads
         k_row = k_ptr + t * k_tok_stride + kh * k_head_stride
         if WRITE_KV:
@@ -299,12 +308,13 @@ def _gptj_mode(rows: list[tuple[torch.Tensor, int, int]]) -> int:
     return 2 if all(_word_aligned(t, ts, hs) for t, ts, hs in rows) else 1
 
 
-def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, int]:
-    """(heads per program, num_warps): small batches split heads finer for parallelism."""
-    override = os.environ.get("SGL_EXT_TRITON_CONFIG")  # "block_h,num_warps", for tuning only
+def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, int, bool]:
+    """(heads per program, num_warps, token-major order): small batches split heads finer."""
+    # "block_h,num_warps[,token_major]", for tuning only
+    override = os.environ.get("SGL_EXT_TRITON_CONFIG")
     if override:
-        bh, nw = (int(x) for x in override.split(","))
-        return bh, nw
+        vals = [int(x) for x in override.split(",")]
+        return vals[0], vals[1], bool(vals[2]) if len(vals) > 2 else True
     # Measured on the H100 (benchmarks/NOTES.md): few tokens want many small programs (one head
     # each) to spread latency; more tokens want ~1K elements per program, and very many tokens
     # whole tokens per program (up to 32 heads) to amortise the position and slot loads.
@@ -318,7 +328,7 @@ def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, 
         block_h = max(1, min(32, 4096 // head_dim))
     block_h = min(block_h, _pow2(max_heads))
     num_warps = 4
-    return block_h, num_warps
+    return block_h, num_warps, True
 
 
 def launch_rope_kv(
@@ -342,10 +352,13 @@ def launch_rope_kv(
     rot = cos_sin_cache.shape[1] if rotate else head_size - head_size % 2
     num_q_heads, q_tok, q_head = q_info if q_info is not None else (0, 0, 0)
     num_kv_heads, k_tok, k_head = k_info
-    block_h, num_warps = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size)
+    block_h, num_warps, token_major = launch_config(
+        num_tokens, max(num_q_heads, num_kv_heads), head_size
+    )
     block_hkv = min(block_h, _pow2(num_kv_heads))
     num_q_blocks = _cdiv(num_q_heads, block_h)
-    grid = (num_tokens, num_q_blocks + _cdiv(num_kv_heads, block_hkv))
+    num_blocks = num_q_blocks + _cdiv(num_kv_heads, block_hkv)
+    grid = (num_tokens * num_blocks,)
     if kv is not None:
         value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
     else:
@@ -396,8 +409,11 @@ def launch_rope_kv(
         v_sf,
         num_q_heads,
         num_kv_heads,
-        num_q_blocks,
+        num_tokens,
         cos_sin_cache.shape[0] if rotate else 1,
+        NUM_Q_BLOCKS=num_q_blocks,
+        NUM_BLOCKS=num_blocks,
+        TOKEN_MAJOR=token_major,
         PAGE_SIZE=k_lay.page_size,
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
