@@ -62,7 +62,7 @@ def main() -> None:
             default = [r for r in results if r["shape"] == shape and r["T"] == t]
             print(f"BEST {shape} T={t}: {best}", flush=True)
             line = sorted(default, key=lambda r: r["us"])[:5]
-            print("   top5:", [(r["bh"], r["nw"], r["order"], r["pdl"], round(r["us"], 2)) for r in line])
+            print("   top5:", [(r["bh"], r["nw"], r["order"], round(r["us"], 2)) for r in line])
             del c
             torch.cuda.empty_cache()
     if args.json_out:
