@@ -18,7 +18,9 @@ from sgl_ext.triton.rope_kv import rope_kv_kernel  # noqa: E402
 PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32", "e4m3": "*fp8e4nv", "e5m2": "*fp8e5"}
 
 
-def compile_one(dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl, bh=4):
+def compile_one(
+    dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl, bh=4, merged=False
+):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
     for idx, n in enumerate(names):
@@ -46,7 +48,8 @@ def compile_one(dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl
         BLOCK_TAIL=64 * tail, BLOCK_DV=128, BLOCK_H=bh, BLOCK_HKV=min(bh, 8), PAIR_MODE=pair_mode,
         KBUF_PAIR_MODE=kbuf_mode, IS_BF16=dtype == "bf16", ROTATE=rotate, WRITE_KV=write_kv,
         K_SCALE_MODE=ks, V_SCALE_MODE=ks, K_FP8_MAX=fp8, V_FP8_MAX=fp8, EMULATE_FP8=False,
-        USE_PDL=pdl, NUM_Q_BLOCKS=32 // bh, NUM_BLOCKS=32 // bh + max(1, 8 // bh), TOKEN_MAJOR=True,
+        USE_PDL=pdl, NUM_Q_BLOCKS=32 // bh, NUM_KV_BLOCKS=max(1, 8 // bh), TOKEN_MAJOR=True,
+        MERGED=merged,
     )  # fmt: skip
     for k in consts:
         sig[k] = "constexpr"
@@ -95,9 +98,10 @@ def main() -> int:
     for case in cases:
         compile_one(*case)
         n += 1
-    for bh in (1, 32):
-        compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh)
-    print(f"compiled {n + 2} kernel variants for sm_90")
+    for bh, merged in ((1, False), (32, False), (8, True), (32, True)):
+        compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh, merged)
+    compile_one("bf16", "e4m3", True, True, 2, 1, 2, 1, True, 8, True)
+    print(f"compiled {n + 5} kernel variants for sm_90")
     last_ldg, first_rcp = sass_loads_before_division()
     print(f"fp8 tensor-scale SASS: last load at {last_ldg}, first reciprocal at {first_rcp}")
     return 0 if last_ldg < first_rcp else 1

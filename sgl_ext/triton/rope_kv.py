@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -21,147 +22,104 @@ import triton.language as tl
 
 from sgl_ext._backend import interpreting
 from sgl_ext._common import KVLayout, fp8_max
+from sgl_ext.triton.pairs import load_pairs, load_scale, quantize, reciprocal, store_pairs
 
 
 @triton.jit
-def _round_to_fp8_grid(x, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
-    """Round fp32 x to nearest-even on the fp8 grid (MANT mantissa bits, min normal 2^MIN_EXP).
-
-    Only for TRITON_INTERPRET: the interpreter's fp32->fp8 cast does not round correctly, but it
-    converts values already on the fp8 grid exactly.
-    """
-    SHIFT: tl.constexpr = 23 - MANT
-    bits = x.to(tl.int32, bitcast=True)
-    lsb = (bits >> SHIFT) & 1
-    normal = ((bits + ((1 << (SHIFT - 1)) - 1) + lsb) & ~((1 << SHIFT) - 1)).to(
-        tl.float32, bitcast=True
-    )
-    QUANT: tl.constexpr = 2.0 ** (MIN_EXP - MANT)
-    MAGIC: tl.constexpr = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds to integer
-    sub = ((tl.abs(x) * (1.0 / QUANT) + MAGIC) - MAGIC) * QUANT
-    # Copy x's sign bit (tiny negatives round to -0.0; `-sub` would be 0 - sub = +0.0).
-    sub = (sub.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
-    return tl.where(tl.abs(x) < 2.0**MIN_EXP, sub, normal)
-
-
-@triton.jit
-def _quantize(x, inv_scale, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, EMULATE: tl.constexpr):
-    """x (fp32) * inv_scale, clamped to the fp8 range when FP8_MAX > 0."""
-    if HAS_SCALE:
-        x = x * inv_scale
-    if FP8_MAX > 0:
-        x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
-        if EMULATE:
-            if FP8_MAX == 448.0:  # e4m3fn
-                x = _round_to_fp8_grid(x, 3, -6)
-            else:  # e5m2
-                x = _round_to_fp8_grid(x, 2, -14)
-    return x
-
-
-@triton.jit
-def _load_scale(ptr, f, MODE: tl.constexpr):
-    """The scale as a [1] fp32 tensor (mode 2: device tensor, 1: float argument, 0: unused)."""
-    one = tl.full((1,), 1.0, tl.float32)
-    if MODE == 2:
-        return one * tl.load(ptr).to(tl.float32)
-    return one * f
-
-
-@triton.jit
-def _reciprocal(s):
-    """1 / s as one IEEE fp32 division. Call it after every load is issued: the division's
-    slow-path CALL is a scheduling barrier, and loads placed after it would wait for it."""
-    return tl.math.div_rn(tl.full((1,), 1.0, tl.float32), s)
-
-
-@triton.jit
-def _unpack16(w, IS_BF16: tl.constexpr):
-    """int32 words holding two 16-bit floats (little-endian) -> (low, high) in fp32."""
-    if IS_BF16:
-        lo = (w << 16).to(tl.float32, bitcast=True)
-        hi = (w & -65536).to(tl.float32, bitcast=True)
+def _cos_sin(cs_row, c, c_ok, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROTATE: tl.constexpr):
+    """The token's cos and sin rows as [1, BLOCK_HALF] fp32 (zeros without rotation)."""
+    if ROTATE:
+        cos = tl.load(cs_row + c, mask=c_ok, other=0.0).to(tl.float32)
+        sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
     else:
-        lo = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return lo, hi
+        cos = tl.zeros([1, BLOCK_HALF], tl.float32)
+        sin = cos
+    return cos, sin
 
 
 @triton.jit
-def _pack16(lo, hi, DT: tl.constexpr):
-    """Two fp32 tensors -> int32 words of two 16-bit floats of dtype DT (lo in the low half)."""
-    lo16 = lo.to(DT).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    hi16 = hi.to(DT).to(tl.int16, bitcast=True).to(tl.int32)
-    return lo16 | (hi16 << 16)
-
-
-@triton.jit
-def _load_pairs(row, c, mask, HALF: tl.constexpr, MODE: tl.constexpr, IS_BF16: tl.constexpr):
-    """The rotary pairs (a, b) of rows [BH, 1] at pair index c [1, BLOCK_HALF], as fp32.
-
-    MODE 0: neox, b sits HALF dims after a; 1: GPT-J, adjacent dims; 2: GPT-J with each 16-bit
-    pair loaded as one int32 word (vectorised, no strided access).
-    """
-    if MODE == 0:
-        a = tl.load(row + c, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(row + HALF + c, mask=mask, other=0.0).to(tl.float32)
-    elif MODE == 1:
-        a = tl.load(row + 2 * c, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(row + 2 * c + 1, mask=mask, other=0.0).to(tl.float32)
-    else:
-        w = tl.load(row.to(tl.pointer_type(tl.int32)) + c, mask=mask, other=0)
-        a, b = _unpack16(w, IS_BF16)
-    return a, b
-
-
-@triton.jit
-def _store_pairs(row, c, mask, a, b, HALF: tl.constexpr, MODE: tl.constexpr):
-    """Store fp32 pairs (a, b) to rows of the row pointer's dtype (layout as in _load_pairs)."""
-    DT: tl.constexpr = row.dtype.element_ty
-    if MODE == 0:
-        tl.store(row + c, a.to(DT), mask=mask)
-        tl.store(row + HALF + c, b.to(DT), mask=mask)
-    elif MODE == 1:
-        tl.store(row + 2 * c, a.to(DT), mask=mask)
-        tl.store(row + 2 * c + 1, b.to(DT), mask=mask)
-    else:
-        tl.store(row.to(tl.pointer_type(tl.int32)) + c, _pack16(a, b, DT), mask=mask)
+def _key_value(
+    t, kvb, cs_row, c, c_ok,
+    k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride, v_head_stride,
+    kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+    vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+    loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
+    PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr,
+    ROT_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_HKV: tl.constexpr, PAIR_MODE: tl.constexpr, KBUF_PAIR_MODE: tl.constexpr,
+    IS_BF16: tl.constexpr, ROTATE: tl.constexpr, WRITE_KV: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr, V_SCALE_MODE: tl.constexpr, K_FP8_MAX: tl.constexpr,
+    V_FP8_MAX: tl.constexpr, EMULATE_FP8: tl.constexpr,
+):  # fmt: skip
+    """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
+    Returns the token's (cos, sin), loaded after every other load of the block."""
+    HALF: tl.constexpr = ROT_DIM // 2
+    kh = kvb * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
+    h_ok = kh < num_kv_heads
+    k_row = k_ptr + t * k_tok_stride + kh * k_head_stride
+    if WRITE_KV:
+        # Issue every independent load first: slot, V row, K tail, scales.
+        # [1, 1] rather than a scalar: newer Triton interpreters reject scalar & tensor masks.
+        loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
+        dv = tl.arange(0, BLOCK_DV)[None, :]
+        dv_mask = h_ok & (dv < V_HEAD_DIM)
+        v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
+        k_s = load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
+        v_s = load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
+        if BLOCK_TAIL > 0:  # pass-through dims of K (partial rotary) go to the cache too
+            dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]
+            t_mask = h_ok & (dt < HEAD_DIM)
+            k_tail = tl.load(k_row + dt, mask=t_mask)
+    km = h_ok & c_ok
+    if ROTATE:
+        ka, kb = load_pairs(k_row, c, km, HALF, PAIR_MODE, IS_BF16)
+    else:  # plain KV write: the whole head as one contiguous "pair" tile
+        ka, kb = load_pairs(k_row, c, km, HALF, 0, IS_BF16)
+    cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
+    if ROTATE:
+        KT: tl.constexpr = k_ptr.dtype.element_ty
+        # Round to the key dtype: the cache stores exactly the key the op returns.
+        ka, kb = (
+            (ka * cos - kb * sin).to(KT).to(tl.float32),
+            (kb * cos + ka * sin).to(KT).to(tl.float32),
+        )
+        store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
+    if WRITE_KV:
+        ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
+        loc = tl.where(ok, loc, 0)
+        page = loc // PAGE_SIZE
+        off = loc - page * PAGE_SIZE
+        kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
+        vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
+        KS: tl.constexpr = K_SCALE_MODE > 0
+        k_inv = reciprocal(k_s)  # after all loads (see reciprocal); unused without scale
+        v_inv = reciprocal(v_s)
+        qa = quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
+        qb = quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
+        store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
+        if BLOCK_TAIL > 0:
+            kt = quantize(k_tail.to(tl.float32), k_inv, KS, K_FP8_MAX, EMULATE_FP8)
+            tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=t_mask & ok)
+        vq = quantize(v.to(tl.float32), v_inv, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
+        tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=dv_mask & ok)
+    return cos, sin
 
 
 @triton.jit
 def rope_kv_kernel(
-    pos_ptr,
-    cos_sin_ptr,
-    cs_stride,
-    q_ptr,
-    q_tok_stride,
-    q_head_stride,
-    k_ptr,
-    k_tok_stride,
-    k_head_stride,
-    v_ptr,
-    v_tok_stride,
-    v_head_stride,
-    kbuf_ptr,
-    kb_page_stride,
-    kb_off_stride,
-    kb_head_stride,
-    vbuf_ptr,
-    vb_page_stride,
-    vb_off_stride,
-    vb_head_stride,
-    loc_ptr,
-    num_slots,
-    k_scale_ptr,
-    v_scale_ptr,
-    k_scale_f,
-    v_scale_f,
-    num_q_heads,
-    num_kv_heads,
-    num_tokens,
-    max_pos,
-    NUM_Q_BLOCKS: tl.constexpr,
-    NUM_BLOCKS: tl.constexpr,  # head blocks per token (query blocks, then key/value blocks)
+    pos_ptr, cos_sin_ptr, cs_stride,
+    q_ptr, q_tok_stride, q_head_stride,
+    k_ptr, k_tok_stride, k_head_stride,
+    v_ptr, v_tok_stride, v_head_stride,
+    kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+    vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+    loc_ptr, num_slots,
+    k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f,
+    num_q_heads, num_kv_heads, num_tokens, max_pos,
+    NUM_Q_BLOCKS: tl.constexpr,  # query head blocks per token
+    NUM_KV_BLOCKS: tl.constexpr,  # key/value head blocks per token
+    MERGED: tl.constexpr,  # program j does query block j and key/value block j (if any)
     TOKEN_MAJOR: tl.constexpr,  # program order: a token's head blocks adjacent (1) or not (0)
     PAGE_SIZE: tl.constexpr,  # constexpr: a power of two becomes a shift, no 64-bit division
     HEAD_DIM: tl.constexpr,
@@ -172,7 +130,7 @@ def rope_kv_kernel(
     BLOCK_DV: tl.constexpr,
     BLOCK_H: tl.constexpr,  # query heads per program
     BLOCK_HKV: tl.constexpr,  # key/value heads per program
-    PAIR_MODE: tl.constexpr,  # see _load_pairs
+    PAIR_MODE: tl.constexpr,  # see load_pairs
     KBUF_PAIR_MODE: tl.constexpr,  # pair layout used for the K-cache store
     IS_BF16: tl.constexpr,
     ROTATE: tl.constexpr,
@@ -183,7 +141,10 @@ def rope_kv_kernel(
     V_FP8_MAX: tl.constexpr,
     EMULATE_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
-):
+):  # fmt: skip
+    NUM_BLOCKS: tl.constexpr = (
+        max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
+    )
     pid = tl.program_id(0)
     if TOKEN_MAJOR:  # neighbouring programs share a token: its cos/sin row stays in L1/L2
         t = (pid // NUM_BLOCKS).to(tl.int64)
@@ -191,10 +152,10 @@ def rope_kv_kernel(
     else:
         t = (pid % num_tokens).to(tl.int64)
         hb = pid // num_tokens
-    h = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
     HALF: tl.constexpr = ROT_DIM // 2
     c = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: pair index = cos/sin column
     c_ok = c < HALF
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1] query heads
     if USE_PDL:
         # Programmatic dependent launch: everything above overlapped the previous kernel; wait
         # for its results before the first load, and let the next kernel start launching.
@@ -204,65 +165,43 @@ def rope_kv_kernel(
         pos = tl.load(pos_ptr + t).to(tl.int64)
         pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # memory safety; debug checks report
         cs_row = cos_sin_ptr + pos * cs_stride
+    else:  # plain KV write: no query blocks, no rotation
+        cs_row = cos_sin_ptr
+    # Loads are issued in order (slot, data, then the cos/sin row, which waits on the position),
+    # all before the first store.
+    q_mask = (heads < num_q_heads) & c_ok  # all false past the last query block
+    q_row = q_ptr + t * q_tok_stride + heads * q_head_stride
+    if MERGED:
+        a, b = load_pairs(q_row, c, q_mask, HALF, PAIR_MODE, IS_BF16)
+        if hb < NUM_KV_BLOCKS:
+            cos, sin = _key_value(
+                t, hb, cs_row, c, c_ok,
+                k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride, v_head_stride,
+                kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+                vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+                loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
+                PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV,
+                BLOCK_HKV, PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE,
+                V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8,
+            )  # fmt: skip
+        else:
+            cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
+        store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
+    elif hb < NUM_Q_BLOCKS:
+        a, b = load_pairs(q_row, c, q_mask, HALF, PAIR_MODE, IS_BF16)
+        cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
+        store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
     else:
-        cs_row = cos_sin_ptr  # unused: there are no query blocks without rotation
-    if hb < NUM_Q_BLOCKS:
-        heads = hb * BLOCK_H + h
-        mask = (heads < num_q_heads) & c_ok
-        row = q_ptr + t * q_tok_stride + heads * q_head_stride
-        a, b = _load_pairs(row, c, mask, HALF, PAIR_MODE, IS_BF16)
-        cos = tl.load(cs_row + c, mask=c_ok, other=0.0)
-        sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
-        _store_pairs(row, c, mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
-    else:
-        kh = (hb - NUM_Q_BLOCKS) * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
-        h_ok = kh < num_kv_heads
-        k_row = k_ptr + t * k_tok_stride + kh * k_head_stride
-        if WRITE_KV:
-            # Issue every independent load first: slot, V row, K tail, scales.
-            # [1, 1] rather than a scalar: newer Triton interpreters reject scalar & tensor masks.
-            loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
-            dv = tl.arange(0, BLOCK_DV)[None, :]
-            dv_mask = h_ok & (dv < V_HEAD_DIM)
-            v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
-            k_s = _load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
-            v_s = _load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
-            if BLOCK_TAIL > 0:  # pass-through dims of K (partial rotary) go to the cache too
-                dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]
-                t_mask = h_ok & (dt < HEAD_DIM)
-                k_tail = tl.load(k_row + dt, mask=t_mask)
-        km = h_ok & c_ok
-        if ROTATE:
-            ka, kb = _load_pairs(k_row, c, km, HALF, PAIR_MODE, IS_BF16)
-            cos = tl.load(cs_row + c, mask=c_ok, other=0.0)
-            sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0)
-            KT: tl.constexpr = k_ptr.dtype.element_ty
-            # Round to the key dtype: the cache stores exactly the key the op returns.
-            ka, kb = (
-                (ka * cos - kb * sin).to(KT).to(tl.float32),
-                (kb * cos + ka * sin).to(KT).to(tl.float32),
-            )
-            _store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
-        else:  # plain KV write: the whole head as one contiguous "pair" tile
-            ka, kb = _load_pairs(k_row, c, km, HALF, 0, IS_BF16)
-        if WRITE_KV:
-            ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
-            loc = tl.where(ok, loc, 0)
-            page = loc // PAGE_SIZE
-            off = loc - page * PAGE_SIZE
-            kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
-            vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
-            KS: tl.constexpr = K_SCALE_MODE > 0
-            k_inv = _reciprocal(k_s)  # after all loads (see _reciprocal); unused without scale
-            v_inv = _reciprocal(v_s)
-            qa = _quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
-            qb = _quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
-            _store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
-            if BLOCK_TAIL > 0:
-                kt = _quantize(k_tail.to(tl.float32), k_inv, KS, K_FP8_MAX, EMULATE_FP8)
-                tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=t_mask & ok)
-            vq = _quantize(v.to(tl.float32), v_inv, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
-            tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=dv_mask & ok)
+        _key_value(
+            t, hb - NUM_Q_BLOCKS, cs_row, c, c_ok,
+            k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride, v_head_stride,
+            kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+            vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+            loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
+            PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV,
+            PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE,
+            K_FP8_MAX, V_FP8_MAX, EMULATE_FP8,
+        )  # fmt: skip
 
 
 @functools.cache
@@ -308,13 +247,20 @@ def _gptj_mode(rows: list[tuple[torch.Tensor, int, int]]) -> int:
     return 2 if all(_word_aligned(t, ts, hs) for t, ts, hs in rows) else 1
 
 
-def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, int, bool]:
-    """(heads per program, num_warps, token-major order): small batches split heads finer."""
-    # "block_h,num_warps[,token_major]", for tuning only
+class LaunchConfig(NamedTuple):
+    block_h: int  # query heads per program (key/value heads: at most this many)
+    num_warps: int
+    token_major: bool = True  # a token's programs are neighbours
+    merged: bool = False  # program j does query block j and key/value block j
+
+
+def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfig:
+    """Heads per program and warps: small batches split heads finer for parallelism."""
+    # "block_h,num_warps[,token_major[,merged]]", for tuning only
     override = os.environ.get("SGL_EXT_TRITON_CONFIG")
     if override:
         vals = [int(x) for x in override.split(",")]
-        return vals[0], vals[1], bool(vals[2]) if len(vals) > 2 else True
+        return LaunchConfig(vals[0], vals[1], *(bool(x) for x in vals[2:4]))
     # Measured on the H100 (benchmarks/NOTES.md): few tokens want many small programs (one head
     # each) to spread latency; more tokens want ~1K elements per program, and very many tokens
     # whole tokens per program (up to 32 heads) to amortise the position and slot loads.
@@ -327,8 +273,7 @@ def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> tuple[int, 
     else:
         block_h = max(1, min(32, 4096 // head_dim))
     block_h = min(block_h, _pow2(max_heads))
-    num_warps = 4
-    return block_h, num_warps, True
+    return LaunchConfig(block_h, 4)
 
 
 def launch_rope_kv(
@@ -352,13 +297,14 @@ def launch_rope_kv(
     rot = cos_sin_cache.shape[1] if rotate else head_size - head_size % 2
     num_q_heads, q_tok, q_head = q_info if q_info is not None else (0, 0, 0)
     num_kv_heads, k_tok, k_head = k_info
-    block_h, num_warps, token_major = launch_config(
-        num_tokens, max(num_q_heads, num_kv_heads), head_size
-    )
+    cfg = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size)
+    block_h = cfg.block_h
     block_hkv = min(block_h, _pow2(num_kv_heads))
     num_q_blocks = _cdiv(num_q_heads, block_h)
-    num_blocks = num_q_blocks + _cdiv(num_kv_heads, block_hkv)
-    grid = (num_tokens * num_blocks,)
+    num_kv_blocks = _cdiv(num_kv_heads, block_hkv)
+    merged = cfg.merged and num_q_blocks > 0
+    per_token = max(num_q_blocks, num_kv_blocks) if merged else num_q_blocks + num_kv_blocks
+    grid = (num_tokens * per_token,)
     if kv is not None:
         value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
     else:
@@ -412,8 +358,9 @@ def launch_rope_kv(
         num_tokens,
         cos_sin_cache.shape[0] if rotate else 1,
         NUM_Q_BLOCKS=num_q_blocks,
-        NUM_BLOCKS=num_blocks,
-        TOKEN_MAJOR=token_major,
+        NUM_KV_BLOCKS=num_kv_blocks,
+        MERGED=merged,
+        TOKEN_MAJOR=cfg.token_major,
         PAGE_SIZE=k_lay.page_size,
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
@@ -434,6 +381,6 @@ def launch_rope_kv(
         V_FP8_MAX=fp8_max(vbuf.dtype),
         EMULATE_FP8=interp,
         USE_PDL=use_pdl,
-        num_warps=num_warps,
+        num_warps=cfg.num_warps,
         **extra,
     )

@@ -167,6 +167,27 @@ def test_triton_rope_kv(backend, case):
     run_case(device=device, num_tokens=case.pop("num_tokens", 5), **case)
 
 
+# "heads per program, warps, token-major, merged": every program layout the launcher can pick.
+LAUNCH_CONFIGS = ["1,4,1,0", "2,2,0,0", "2,1,1,1", "4,2,1,1", "8,4,0,1"]
+
+
+@pytest.mark.parametrize("config", LAUNCH_CONFIGS)
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(dtype=torch.bfloat16, hq=6, hkv=2, num_tokens=7),
+        dict(dtype=torch.float16, hq=3, hkv=3, rot_frac=0.5, kv_dtype=torch.float8_e4m3fn,
+             scale="tensor", layout="nhd"),
+        dict(dtype=torch.float32, hq=5, hkv=1, neox=False, fused=False, num_tokens=4),
+    ],
+    ids=["gqa", "partial-fp8", "rope-only"],
+)  # fmt: skip
+def test_triton_launch_configs(backend, monkeypatch, config, case):
+    backend("triton")
+    monkeypatch.setenv("SGL_EXT_TRITON_CONFIG", config)
+    run_case(device="cuda" if HAS_CUDA else "cpu", **case)
+
+
 def test_fused_equals_rope_plus_set_kv_buffer(backend):
     """The fused op and RoPE alone + set_kv_buffer give the same bits, in each backend."""
     for name in ("native", "triton"):
