@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--pdl", type=int, nargs="+", default=[1, 0])
     p.add_argument("--order", type=int, nargs="+", default=[1], help="1 token-major, 0 head-major")
     p.add_argument("--merged", type=int, nargs="+", default=[0], help="1: q and k/v in one program")
+    p.add_argument("--spread", type=int, nargs="+", default=[0], help="1: k/v heads spread")
     p.add_argument("--gptj", action="store_true")
     p.add_argument("--json-out")
     args = p.parse_args()
@@ -49,11 +50,13 @@ def main() -> None:
                         pos, q, k, c.d, c.cs, c.neox, arg, enable_pdl=pdl
                     )
 
-                grid = itertools.product(args.block_h, args.warps, args.order, args.merged)
-                for bh, nw, order, merged in grid:
+                grid = itertools.product(
+                    args.block_h, args.warps, args.order, args.merged, args.spread
+                )
+                for bh, nw, order, merged, spread in grid:
                     if bh * c.d // 2 < 32 * nw // 2:  # too few elements for the warps
                         continue
-                    os.environ["SGL_EXT_TRITON_CONFIG"] = f"{bh},{nw},{order},{merged}"
+                    os.environ["SGL_EXT_TRITON_CONFIG"] = f"{bh},{nw},{order},{merged},{spread}"
                     us = graph_time_us(fn, reps, replays=10)
                     r = {
                         "shape": shape,
@@ -63,7 +66,7 @@ def main() -> None:
                         "order": order,
                         "merged": merged,
                     }
-                    r["pdl"] = pdl
+                    r.update(spread=spread, pdl=pdl)
                     r["us"] = us
                     results.append(r)
                     if best is None or us < best["us"]:
@@ -72,7 +75,7 @@ def main() -> None:
             default = [r for r in results if r["shape"] == shape and r["T"] == t]
             print(f"BEST {shape} T={t}: {best}", flush=True)
             line = sorted(default, key=lambda r: r["us"])[:5]
-            top = [(r["bh"], r["nw"], r["order"], r["merged"], round(r["us"], 2)) for r in line]
+            top = [(r["bh"], r["nw"], r["merged"], r["spread"], round(r["us"], 2)) for r in line]
             print("   top5:", top)
             del c
             torch.cuda.empty_cache()

@@ -252,15 +252,16 @@ class LaunchConfig(NamedTuple):
     num_warps: int
     token_major: bool = True  # a token's programs are neighbours
     merged: bool = False  # program j does query block j and key/value block j
+    spread: bool = False  # merged: key/value heads spread over all query blocks (GQA groups)
 
 
 def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism."""
-    # "block_h,num_warps[,token_major[,merged]]", for tuning only
+    # "block_h,num_warps[,token_major[,merged[,spread]]]", for tuning only
     override = os.environ.get("SGL_EXT_TRITON_CONFIG")
     if override:
         vals = [int(x) for x in override.split(",")]
-        return LaunchConfig(vals[0], vals[1], *(bool(x) for x in vals[2:4]))
+        return LaunchConfig(vals[0], vals[1], *(bool(x) for x in vals[2:5]))
     # Measured on the H100 (benchmarks/NOTES.md): few tokens want many small programs (one head
     # each) to spread latency; more tokens want ~1K elements per program, and very many tokens
     # whole tokens per program (up to 32 heads) to amortise the position and slot loads.
@@ -299,10 +300,12 @@ def launch_rope_kv(
     num_kv_heads, k_tok, k_head = k_info
     cfg = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size)
     block_h = cfg.block_h
-    block_hkv = min(block_h, _pow2(num_kv_heads))
     num_q_blocks = _cdiv(num_q_heads, block_h)
-    num_kv_blocks = _cdiv(num_kv_heads, block_hkv)
     merged = cfg.merged and num_q_blocks > 0
+    block_hkv = min(block_h, _pow2(num_kv_heads))
+    if merged and cfg.spread:
+        block_hkv = _pow2(_cdiv(num_kv_heads, num_q_blocks))
+    num_kv_blocks = _cdiv(num_kv_heads, block_hkv)
     per_token = max(num_q_blocks, num_kv_blocks) if merged else num_q_blocks + num_kv_blocks
     grid = (num_tokens * per_token,)
     if kv is not None:

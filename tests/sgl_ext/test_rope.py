@@ -167,8 +167,9 @@ def test_triton_rope_kv(backend, case):
     run_case(device=device, num_tokens=case.pop("num_tokens", 5), **case)
 
 
-# "heads per program, warps, token-major, merged": every program layout the launcher can pick.
-LAUNCH_CONFIGS = ["1,4,1,0", "2,2,0,0", "2,1,1,1", "4,2,1,1", "8,4,0,1"]
+# "heads per program, warps, token-major, merged, spread": every program layout the launcher
+# can pick.
+LAUNCH_CONFIGS = ["1,4,1,0", "2,2,0,0", "2,1,1,1", "4,2,1,1", "8,4,0,1", "2,4,1,1,1"]
 
 
 @pytest.mark.parametrize("config", LAUNCH_CONFIGS)
