@@ -215,6 +215,11 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def _pow2_floor(n: int) -> int:
+    """Largest power of two <= n (1 for n < 1)."""
+    return 1 << max(0, n.bit_length() - 1)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -262,19 +267,18 @@ def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfi
     if override:
         vals = [int(x) for x in override.split(",")]
         return LaunchConfig(vals[0], vals[1], *(bool(x) for x in vals[2:5]))
-    # Measured on the H100 (benchmarks/NOTES.md): few tokens want many small programs (one head
-    # each) to spread latency; more tokens want ~1K elements per program, and very many tokens
-    # whole tokens per program (up to 32 heads) to amortise the position and slot loads.
-    if num_tokens <= 8:
-        block_h = 1
-    elif num_tokens <= 64:
-        block_h = max(1, 512 // head_dim)
-    elif num_tokens <= 4096:
-        block_h = max(1, 1024 // head_dim)
+    # Measured on the H100 (benchmarks/NOTES.md, sweeps of 2026-11-22): merged programs (a
+    # query block and a key/value block share one program, its position and its cos/sin row)
+    # win at every T; few tokens want small programs, more tokens ~1K (D=128) or ~2K (D=64)
+    # elements per program, with about 4 elements of each half tile per thread.
+    if num_tokens <= 64:
+        block_h, num_warps = 4, 4
+    elif num_tokens <= 256 or head_dim > 64:
+        block_h, num_warps = _pow2_floor(1024 // head_dim), 4
     else:
-        block_h = max(1, min(32, 4096 // head_dim))
-    block_h = min(block_h, _pow2(max_heads))
-    return LaunchConfig(block_h, 4)
+        block_h, num_warps = _pow2_floor(2048 // head_dim), 8
+    block_h = min(block_h, 32, _pow2(max_heads))
+    return LaunchConfig(block_h, num_warps, token_major=True, merged=True)
 
 
 def launch_rope_kv(

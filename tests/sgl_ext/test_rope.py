@@ -189,6 +189,27 @@ def test_triton_launch_configs(backend, monkeypatch, config, case):
     run_case(device="cuda" if HAS_CUDA else "cpu", **case)
 
 
+@pytest.mark.parametrize("num_tokens", [65, 257])
+def test_triton_default_config_odd_head_dim(backend, num_tokens):
+    """The default launch heuristic at batch sizes past its small-T branch, with a head size
+    that is not a power of two (heads per program must still be one)."""
+    backend("triton")
+    run_case(device="cuda" if HAS_CUDA else "cpu", dtype=torch.bfloat16, d=24, hq=6, hkv=2,
+             num_tokens=num_tokens, num_slots=320, layout="nhd", page_size=16)  # fmt: skip
+
+
+def test_launch_config_heads_per_program_is_a_power_of_two():
+    """tl.arange needs a power of two; the interpreter would not notice, the GPU compile would."""
+    from sgl_ext.triton.rope_kv import launch_config
+
+    for d in (24, 64, 80, 96, 128, 256):
+        for t in (1, 9, 65, 257, 5000):
+            for heads in (1, 3, 32, 64):
+                bh, nw = launch_config(t, heads, d)[:2]
+                assert bh & (bh - 1) == 0 and 1 <= bh <= 32, (d, t, heads, bh)
+                assert nw in (1, 2, 4, 8)
+
+
 def test_fused_equals_rope_plus_set_kv_buffer(backend):
     """The fused op and RoPE alone + set_kv_buffer give the same bits, in each backend."""
     for name in ("native", "triton"):
