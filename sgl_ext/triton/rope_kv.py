@@ -16,6 +16,7 @@ import functools
 import os
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -50,7 +51,7 @@ def _key_value(
     BLOCK_HKV: tl.constexpr, PAIR_MODE: tl.constexpr, KBUF_PAIR_MODE: tl.constexpr,
     IS_BF16: tl.constexpr, ROTATE: tl.constexpr, WRITE_KV: tl.constexpr,
     K_SCALE_MODE: tl.constexpr, V_SCALE_MODE: tl.constexpr, K_FP8_MAX: tl.constexpr,
-    V_FP8_MAX: tl.constexpr, EMULATE_FP8: tl.constexpr,
+    V_FP8_MAX: tl.constexpr, EMULATE_FP8: tl.constexpr, RCP: tl.constexpr,
 ):  # fmt: skip
     """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
     Returns the token's (cos, sin), loaded after every other load of the block."""
@@ -93,8 +94,8 @@ def _key_value(
         kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
         vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
         KS: tl.constexpr = K_SCALE_MODE > 0
-        k_inv = reciprocal(k_s)  # after all loads (see reciprocal); unused without scale
-        v_inv = reciprocal(v_s)
+        k_inv = reciprocal(k_s, K_SCALE_MODE, RCP)  # after all loads (see reciprocal)
+        v_inv = reciprocal(v_s, V_SCALE_MODE, RCP)
         qa = quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
         qb = quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
         store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
@@ -141,6 +142,7 @@ def rope_kv_kernel(
     V_FP8_MAX: tl.constexpr,
     EMULATE_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
+    RCP: tl.constexpr = 0,  # tensor-scale reciprocal: 0 IEEE division, 1 experiment
 ):  # fmt: skip
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
@@ -182,7 +184,7 @@ def rope_kv_kernel(
                 loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
                 PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV,
                 BLOCK_HKV, PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE,
-                V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8,
+                V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, RCP,
             )  # fmt: skip
         else:
             cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
@@ -200,7 +202,7 @@ def rope_kv_kernel(
             loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
             PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV,
             PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE,
-            K_FP8_MAX, V_FP8_MAX, EMULATE_FP8,
+            K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, RCP,
         )  # fmt: skip
 
 
@@ -225,12 +227,14 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tuple:
-    """(mode, pointer, float): 0 no scale, 1 python float, 2 device tensor."""
+    """(mode, pointer, float): 0 no scale, 1 python float (passed as its fp32 reciprocal, one
+    IEEE fp32 division on the host), 2 device tensor (inverted in the kernel)."""
     if scale is None:
         return 0, dummy, 1.0
     if isinstance(scale, torch.Tensor):
         return 2, scale, 1.0
-    return 1, dummy, float(scale)
+    with np.errstate(over="ignore", divide="ignore"):
+        return 1, dummy, float(np.float32(1.0) / np.float32(scale))
 
 
 def _word_aligned(t: torch.Tensor, *strides: int) -> bool:
@@ -267,13 +271,17 @@ def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfi
     if override:
         vals = [int(x) for x in override.split(",")]
         return LaunchConfig(vals[0], vals[1], *(bool(x) for x in vals[2:5]))
-    # Measured on the H100 (benchmarks/NOTES.md, sweeps of 2026-11-22): merged programs (a
-    # query block and a key/value block share one program, its position and its cos/sin row)
-    # win at every T; few tokens want small programs, more tokens ~1K (D=128) or ~2K (D=64)
-    # elements per program, with about 4 elements of each half tile per thread.
+    # Measured on the H100 (benchmarks/NOTES.md, sweeps of 2026-11-22). Up to 64 tokens:
+    # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
+    # program is the long one, and fp8 scales make it longer), 512 elements each up to 64.
+    # More tokens: merged programs (a query block and a key/value block share the program, its
+    # position and its cos/sin row), ~1K (D=128) or ~2K (D=64) elements per program, about 4
+    # elements of each half tile per thread.
+    if num_tokens <= 8:
+        return LaunchConfig(1, 4)
     if num_tokens <= 64:
-        block_h, num_warps = 4, 4
-    elif num_tokens <= 256 or head_dim > 64:
+        return LaunchConfig(min(_pow2_floor(512 // head_dim), 32, _pow2(max_heads)), 4)
+    if num_tokens <= 256 or head_dim > 64:
         block_h, num_warps = _pow2_floor(1024 // head_dim), 4
     else:
         block_h, num_warps = _pow2_floor(2048 // head_dim), 8
@@ -388,6 +396,7 @@ def launch_rope_kv(
         V_FP8_MAX=fp8_max(vbuf.dtype),
         EMULATE_FP8=interp,
         USE_PDL=use_pdl,
+        RCP=int(os.environ.get("SGL_EXT_RCP", "0")),  # experiment switch, not an API
         num_warps=cfg.num_warps,
         **extra,
     )
