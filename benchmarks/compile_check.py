@@ -48,7 +48,7 @@ def compile_one(
         BLOCK_TAIL=64 * tail, BLOCK_DV=128, BLOCK_H=bh, BLOCK_HKV=min(bh, 8), PAIR_MODE=pair_mode,
         KBUF_PAIR_MODE=kbuf_mode, IS_BF16=dtype == "bf16", ROTATE=rotate, WRITE_KV=write_kv,
         K_SCALE_MODE=ks, V_SCALE_MODE=ks, K_FP8_MAX=fp8, V_FP8_MAX=fp8, EMULATE_FP8=False,
-        USE_PDL=pdl, NUM_Q_BLOCKS=32 // bh, NUM_KV_BLOCKS=max(1, 8 // bh), TOKEN_MAJOR=True,
+        USE_PDL=pdl, NUM_Q_BLOCKS=32 // bh, NUM_KV_BLOCKS=max(1, 8 // bh), TOKEN_MAJOR=merged,
         MERGED=merged,
     )  # fmt: skip
     for k in consts:

@@ -54,25 +54,12 @@ def load_scale(ptr, f, MODE: tl.constexpr):
 
 
 @triton.jit
-def reciprocal(s, MODE: tl.constexpr, RCP: tl.constexpr = 0):
+def reciprocal(s, MODE: tl.constexpr):
     """1 / s as one IEEE fp32 division for a device-tensor scale (MODE 2); other modes pass s
     through (a float scale arrives inverted). Call it after every load is issued: the division's
     slow-path CALL is a scheduling barrier, and loads placed after it would wait for it."""
     if MODE != 2:
         return s
-    if RCP == 1:  # experiment: approximate reciprocal, one Newton step, nearest of 3 candidates
-        r = tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [s], dtype=tl.float32, is_pure=True, pack=1
-        )
-        r = tl.fma(r, tl.fma(0.0 - s, r, 1.0), r)
-        bits = r.to(tl.int32, bitcast=True)
-        up = (bits + 1).to(tl.float32, bitcast=True)
-        dn = (bits - 1).to(tl.float32, bitcast=True)
-        e0 = tl.abs(tl.fma(0.0 - s, r, 1.0))
-        eu = tl.abs(tl.fma(0.0 - s, up, 1.0))
-        ed = tl.abs(tl.fma(0.0 - s, dn, 1.0))
-        r = tl.where(eu < e0, up, r)
-        return tl.where(ed < tl.minimum(e0, eu), dn, r)
     return tl.math.div_rn(tl.full((1,), 1.0, tl.float32), s)
 
 
