@@ -138,12 +138,19 @@ def test_gpu_tp2_bf16_close_to_tp1_and_graphs_equal_eager(model):
         runner_logits, 2, {**kw, "tp_size": 2}, prompts, forced, ("graph", "eager"),
         backend="nccl",
     )  # fmt: skip
+    errs = []  # per (step, request) row: max |TP 2 - TP 1| / max |TP 1|
     for step, want in enumerate(ref):
         r0 = ranks[0]
         np.testing.assert_array_equal(r0["graph"][step], r0["eager"][step])
         np.testing.assert_array_equal(r0["graph"][step], ranks[1]["graph"][step])
-        err = np.abs(r0["graph"][step] - want).max() / max(np.abs(want).max(), 1e-6)
-        assert err < 0.05, f"step {step}: TP 2 vs TP 1 relative error {err:.3g}"
+        errs += list(np.abs(r0["graph"][step] - want).max(1) / np.abs(want).max(1).clip(1e-6))
+    errs = np.array(errs)
+    # A near-tie in the MoE router can flip an expert choice under bf16 rounding: one row then
+    # differs by ~0.3 (seen for TP 1 bf16 vs fp32 alone on CPU, and for TP 2 vs TP 1 on 2 H200s).
+    # A sharding bug would move every row, so at most one outlier row is allowed for the MoE.
+    outliers = int((errs >= 0.05).sum())
+    assert outliers <= (1 if model == "gpt_oss" else 0), f"rows over 0.05: {np.sort(errs)[-3:]}"
+    assert np.median(errs) < 0.02, f"median relative error {np.median(errs):.3g}"
 
 
 @two_gpus
