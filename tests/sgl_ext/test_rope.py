@@ -180,8 +180,10 @@ LAUNCH_CONFIGS = ["1,4,1,0", "2,2,0,0", "2,1,1,1", "4,2,1,1", "8,4,0,1", "2,4,1,
         dict(dtype=torch.float16, hq=3, hkv=3, rot_frac=0.5, kv_dtype=torch.float8_e4m3fn,
              scale="tensor", layout="nhd"),
         dict(dtype=torch.float32, hq=5, hkv=1, neox=False, fused=False, num_tokens=4),
+        dict(dtype=torch.bfloat16, hq=4, hkv=2, neox=False, kv_dtype=torch.float8_e5m2,
+             scale="float", layout="hnd", num_tokens=6),
     ],
-    ids=["gqa", "partial-fp8", "rope-only"],
+    ids=["gqa", "partial-fp8", "rope-only", "gptj-words-fp8"],
 )  # fmt: skip
 def test_triton_launch_configs(backend, monkeypatch, config, case):
     backend("triton")
@@ -208,6 +210,21 @@ def test_launch_config_heads_per_program_is_a_power_of_two():
                 bh, nw = launch_config(t, heads, d)[:2]
                 assert bh & (bh - 1) == 0 and 1 <= bh <= 32, (d, t, heads, bh)
                 assert nw in (1, 2, 4, 8)
+
+
+def test_float_scale_inverted_on_host_like_the_reference():
+    """A python-float scale reaches the kernel as its fp32 reciprocal: bit-equal to what the
+    native reference computes (fp32(scale), then one fp32 division)."""
+    from sgl_ext.triton.rope_kv import _scale_args
+
+    gen = torch.Generator().manual_seed(1)
+    scales = (torch.rand(2000, generator=gen, dtype=torch.float64) * 8 - 4).exp2().tolist()
+    scales += [0.37, 1.9, 1e-30, 3e37, 448.0, 1.0 / 3]
+    dummy = torch.empty(1)
+    for s in scales:
+        mode, _, inv = _scale_args(s, dummy)
+        want = torch.reciprocal(torch.tensor(s, dtype=torch.float32)).item()
+        assert mode == 1 and inv == want, (s, inv, want)
 
 
 def test_fused_equals_rope_plus_set_kv_buffer(backend):
