@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from bench_rope_kv import Case, graph_time_us  # noqa: E402
+from bench_rope_kv import Case, copy_bandwidth, graph_time_us  # noqa: E402
 
 import sgl_ext  # noqa: E402
 from sgl_ext import FusedSetKVBufferArg  # noqa: E402
@@ -36,6 +36,7 @@ def main() -> None:
     args = p.parse_args()
     kv = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}[args.kv_dtype]
     results = []
+    copy_bandwidth()  # warm-up: the first small-T points read 0.05-0.1 µs high on a cold GPU
     for shape in args.shapes:
         for t in args.tokens:
             c = Case(shape, t, kv, 1.0, not args.gptj)
