@@ -1,8 +1,10 @@
 """Triton kernel: RoPE on q/k in place, and the rotated K plus V stored into the KV cache.
 
-One program handles one token and a block of heads. Programs are numbered token-major (a
-token's head blocks are neighbours); the first NUM_Q_BLOCKS of a token rotate query heads, the
-rest rotate key heads and (WRITE_KV) store K and V into the cache slot of the token.
+One program handles one token and a block of heads. Separate layout: the first NUM_Q_BLOCKS
+programs of a token rotate query heads, the rest rotate key heads and (WRITE_KV) store K and V
+into the cache slot of the token. Merged layout (more tokens): program j rotates query block j
+and, if j < NUM_KV_BLOCKS, also does key/value block j, sharing the position and cos/sin row.
+Programs sit on a 2-D (tokens, blocks) grid or, token-major, on a 1-D grid (launch_config).
 The same kernel with ROTATE=False is the standalone KV write.
 
 The rotary dims of a head are addressed as a [HALF, 2] grid of pairs (i, j): neox pairs dim i
