@@ -1,6 +1,8 @@
-"""Sweep the Triton launch configuration (heads per program, warps, PDL) of the fused op.
+"""Sweep the Triton launch configuration (heads per program, warps, PDL) of the fused op, or
+with --cuda-configs the CUDA kernel's (lanes per block, tokens per block).
 
-python benchmarks/tune_rope_kv.py [--tokens ...] [--json-out F]; prints the best per point.
+python benchmarks/tune_rope_kv.py [--tokens ...] [--cuda-configs 128,1 448,1 ...] [--json-out F];
+prints the best per point.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> None:
     p.add_argument("--merged", type=int, nargs="+", default=[0], help="1: q and k/v in one program")
     p.add_argument("--spread", type=int, nargs="+", default=[0], help="1: k/v heads spread")
     p.add_argument("--gptj", action="store_true")
+    p.add_argument("--cuda-configs", nargs="+", help="'block_x,tokens_per_block' values")
     p.add_argument("--json-out")
     args = p.parse_args()
     kv = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}[args.kv_dtype]
@@ -51,6 +54,18 @@ def main() -> None:
                         pos, q, k, c.d, c.cs, c.neox, arg, enable_pdl=pdl
                     )
 
+                if args.cuda_configs:
+                    os.environ["SGL_EXT_BACKEND"] = "cuda"
+                    for cfg in args.cuda_configs:
+                        os.environ["SGL_EXT_CUDA_CONFIG"] = cfg
+                        us = graph_time_us(fn, reps, replays=10)
+                        r = {"shape": shape, "T": t, "cuda": cfg, "pdl": pdl, "us": us}
+                        results.append(r)
+                        if best is None or us < best["us"]:
+                            best = r
+                    os.environ.pop("SGL_EXT_BACKEND")
+                    os.environ.pop("SGL_EXT_CUDA_CONFIG")
+                    continue
                 grid = itertools.product(
                     args.block_h, args.warps, args.order, args.merged, args.spread
                 )
@@ -76,7 +91,8 @@ def main() -> None:
             default = [r for r in results if r["shape"] == shape and r["T"] == t]
             print(f"BEST {shape} T={t}: {best}", flush=True)
             line = sorted(default, key=lambda r: r["us"])[:5]
-            top = [(r["bh"], r["nw"], r["merged"], r["spread"], round(r["us"], 2)) for r in line]
+            top = [(r.get("cuda") or (r["bh"], r["nw"], r["merged"], r["spread"]),
+                    round(r["us"], 2)) for r in line]  # fmt: skip
             print("   top5:", top)
             del c
             torch.cuda.empty_cache()

@@ -33,9 +33,18 @@ def forced_backend() -> str | None:
     return name
 
 
-def select_backend(device: torch.device, cuda_ok: bool = False) -> str:
-    """Pick the backend for tensors on `device`; `cuda_ok`: the CUDA kernel supports the call."""
+def select_backend(
+    device: torch.device, cuda_ok: bool = False, cuda_preferred: bool = True, has_cuda: bool = True
+) -> str:
+    """Pick the backend for tensors on `device`.
+
+    cuda_ok: the CUDA kernel supports this call and is built; cuda_preferred: it is measured
+    faster than Triton at this size; has_cuda: the op has a CUDA kernel at all (forcing `cuda`
+    for an op without one falls back to the automatic choice).
+    """
     forced = forced_backend()
+    if forced == "cuda" and not has_cuda:
+        forced = None
     if forced is not None:
         if forced == "triton" and not triton_available():
             raise RuntimeError("SGL_EXT_BACKEND=triton but triton is not installed")
@@ -47,7 +56,7 @@ def select_backend(device: torch.device, cuda_ok: bool = False) -> str:
             raise RuntimeError("SGL_EXT_BACKEND=cuda but the CUDA kernel cannot run this call")
         return forced
     if device.type == "cuda":
-        if cuda_ok:
+        if cuda_ok and cuda_preferred:
             return "cuda"
         if triton_available():
             return "triton"

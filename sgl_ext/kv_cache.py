@@ -40,7 +40,7 @@ def _check(
 
 
 def _run(key: torch.Tensor, head_size: int, k_info: tuple, kv: tuple) -> None:
-    if select_backend(key.device) == "native":
+    if select_backend(key.device, has_cuda=False) == "native":
         value, _, _, _, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
         kv_write_native(key, value, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
         return

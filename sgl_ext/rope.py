@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from sgl_ext import _common as C
-from sgl_ext._backend import select_backend
+from sgl_ext._backend import forced_backend, select_backend
 from sgl_ext.native import Scale, kv_write_native, rotate_native
 
 
@@ -106,7 +106,22 @@ def _run(
     kv: tuple | None,
     enable_pdl: bool | None = None,
 ) -> None:
-    backend = select_backend(query.device)
+    cuda_ok = cuda_preferred = False
+    if query.is_cuda:
+        from sgl_ext.cuda import rope_kv as cuda_rope_kv
+
+        cuda_ok = cuda_rope_kv.supports(query, key, head_size, cos_sin_cache, q_info, k_info, kv)
+        cuda_preferred = cuda_rope_kv.preferred(key.shape[0])
+        # Build/load only when it would be used (the first call compiles it, a few seconds).
+        cuda_ok = cuda_ok and (cuda_preferred or forced_backend() == "cuda")
+        cuda_ok = cuda_ok and cuda_rope_kv.available(query.device)
+    backend = select_backend(query.device, cuda_ok, cuda_preferred)
+    if backend == "cuda":
+        cuda_rope_kv.launch(
+            positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv,
+            enable_pdl,
+        )  # fmt: skip
+        return
     if backend == "native":
         rotate_native(positions, query, head_size, cos_sin_cache, is_neox)
         rotate_native(positions, key, head_size, cos_sin_cache, is_neox)

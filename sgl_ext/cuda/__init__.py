@@ -1,0 +1,1 @@
+"""CUDA C++ kernels built just in time (sources in sgl_ext/csrc)."""

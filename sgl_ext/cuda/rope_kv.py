@@ -1,0 +1,230 @@
+"""Launcher of the CUDA C++ fused RoPE + KV-write kernel (`sgl_ext/csrc/rope_kv.cu`).
+
+`supports` says whether a call fits the kernel (16-bit inputs, 16-byte aligned rows and strides,
+rotary dims a multiple of 16, head dims a multiple of 8, fp32 tensor scales); otherwise the
+dispatcher keeps the Triton kernel. `launch` fills the kernel's parameter struct and launches on
+the current stream with programmatic dependent launch (CUDA-graph capture records it as is).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import subprocess
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from sgl_ext._common import KVLayout
+from sgl_ext.cuda import jit
+
+_PREFERRED_TOKENS = (1, 2**31)  # token counts where the CUDA kernel is the default
+_CACHE_KIND = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # else 0: the input dtype
+
+
+class _Params(ctypes.Structure):
+    """Mirror of `RopeKVParams` in rope_kv.cu (same order, native alignment)."""
+
+    _fields_ = [
+        *((n, ctypes.c_void_p) for n in ("q", "k", "v", "k_buf", "v_buf", "positions",
+                                         "cache_loc", "cos_sin", "k_scale", "v_scale")),
+        *((n, ctypes.c_int64) for n in ("q_tok", "q_head", "k_tok", "k_head", "v_tok", "v_head",
+                                        "kb_page", "kb_off", "kb_head", "vb_page", "vb_off",
+                                        "vb_head", "cs_stride")),
+        *((n, ctypes.c_int32) for n in ("num_tokens", "num_q_heads", "num_kv_heads", "rot_dim",
+                                        "head_dim", "v_head_dim", "max_pos", "num_slots",
+                                        "page_size", "page_shift", "pos_is64", "loc_is64",
+                                        "write_kv", "k_scale_mode", "v_scale_mode")),
+        ("k_inv", ctypes.c_float),
+        ("v_inv", ctypes.c_float),
+    ]  # fmt: skip
+
+
+@functools.cache
+def _library(device_index: int) -> ctypes.CDLL | None:
+    """The built library with every kernel loaded on this device, or None (warned once)."""
+    capability = torch.cuda.get_device_capability(device_index)
+    try:
+        lib = jit.load("rope_kv", capability)
+    except (jit.BuildError, OSError, subprocess.SubprocessError) as err:
+        warnings.warn(f"sgl_ext: CUDA kernel unavailable, using Triton ({err})", stacklevel=3)
+        return None
+    lib.sgl_ext_rope_kv_launch.argtypes = [ctypes.POINTER(_Params), *[ctypes.c_int] * 7,
+                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int]  # fmt: skip
+    lib.sgl_ext_rope_kv_launch.restype = ctypes.c_int
+    lib.sgl_ext_error_string.restype = ctypes.c_char_p
+    if lib.sgl_ext_rope_kv_struct_size() != ctypes.sizeof(_Params):
+        raise RuntimeError("sgl_ext: RopeKVParams layout differs between rope_kv.cu and Python")
+    err = lib.sgl_ext_rope_kv_preload(device_index)  # load the module outside any graph capture
+    if err:
+        raise RuntimeError(f"sgl_ext: loading the CUDA kernels failed: {_error(lib, err)}")
+    return lib
+
+
+def _error(lib: ctypes.CDLL, err: int) -> str:
+    return f"{lib.sgl_ext_error_string(err).decode()} (cudaError {err})"
+
+
+def available(device: torch.device) -> bool:
+    """The kernel is built (nvcc ran once, cached) and loaded for this CUDA device."""
+    if os.environ.get("SGL_EXT_DISABLE_CUDA", "0") not in ("", "0"):
+        return False
+    return _library(_index(device)) is not None
+
+
+@functools.cache
+def _pdl_capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _aligned(t: torch.Tensor, *strides: int, elems: int = 8) -> bool:
+    """Rows of t start on 16-byte boundaries: pointer % 16 and every stride % elems."""
+    return t.data_ptr() % 16 == 0 and all(s % elems == 0 for s in strides)
+
+
+def _layout_strides(lay: KVLayout) -> tuple[int, int, int]:
+    return lay.page_stride, lay.offset_stride, lay.head_stride
+
+
+def supports(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    q_info: tuple[int, int, int],
+    k_info: tuple[int, int, int],
+    kv: tuple | None,
+) -> bool:
+    """Whether this (already checked) call fits the CUDA kernel."""
+    if not query.is_cuda or query.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    rot = cos_sin_cache.shape[1]
+    if rot % 16 or head_size % 8 or cos_sin_cache.shape[0] >= 2**31:
+        return False
+    if not (_aligned(query, *q_info[1:]) and _aligned(key, *k_info[1:])):
+        return False
+    if not _aligned(cos_sin_cache, cos_sin_cache.stride(0), elems=4):
+        return False
+    if kv is not None:
+        value, v_tok, v_head, v_dim, kbuf, vbuf, _, ks, vs, k_lay, v_lay = kv
+        if v_dim % 8 or not _aligned(value, v_tok, v_head) or k_lay.num_slots >= 2**31:
+            return False
+        if kbuf.dtype != vbuf.dtype:  # one cache kind per kernel instance
+            return False
+        for buf, lay in ((kbuf, k_lay), (vbuf, v_lay)):
+            if not _aligned(buf, *_layout_strides(lay)):
+                return False
+        for s in (ks, vs):
+            if isinstance(s, torch.Tensor) and s.dtype != torch.float32:
+                return False
+    return key.shape[0] < 2**31
+
+
+def preferred(num_tokens: int) -> bool:
+    """Where the CUDA kernel is chosen over Triton when both can run (measured, RESULTS.md).
+    `SGL_EXT_CUDA_TOKENS="lo,hi"` overrides the token range (tuning)."""
+    override = os.environ.get("SGL_EXT_CUDA_TOKENS")
+    lo, hi = (int(x) for x in override.split(",")) if override else _PREFERRED_TOKENS
+    return lo <= num_tokens <= hi
+
+
+class CudaConfig(NamedTuple):
+    block_x: int  # lanes of a token per block (multiple of 32)
+    tokens_per_block: int
+
+
+def launch_config(num_tokens: int, lanes: int) -> CudaConfig:
+    """Threads per block: a token's lanes split into blocks of at most 512, several tokens per
+    block when a token has few lanes. `SGL_EXT_CUDA_CONFIG="block_x,tokens"` overrides (tuning)."""
+    override = os.environ.get("SGL_EXT_CUDA_CONFIG")
+    if override:
+        bx, tpb = (int(x) for x in override.split(","))
+        return CudaConfig(bx, tpb)
+    padded = -(-lanes // 32) * 32
+    chunks = -(-padded // 512)
+    bx = -(-padded // (chunks * 32)) * 32
+    tpb = max(1, 512 // bx) if num_tokens > 64 else 1
+    return CudaConfig(bx, tpb)
+
+
+def _scale(scale: float | torch.Tensor | None) -> tuple[int, int, float]:
+    """(mode, pointer, inverse): 0 none; 1 float, inverted here in fp32 as the reference does;
+    2 device tensor, inverted in the kernel."""
+    if scale is None:
+        return 0, 0, 1.0
+    if isinstance(scale, torch.Tensor):
+        return 2, scale.data_ptr(), 1.0
+    with np.errstate(over="ignore", divide="ignore"):
+        return 1, 0, float(np.float32(1.0) / np.float32(scale))
+
+
+def launch(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    q_info: tuple[int, int, int],
+    k_info: tuple[int, int, int],
+    kv: tuple | None,
+    enable_pdl: bool | None = None,
+) -> None:
+    """Launch the kernel for a call `supports` accepted."""
+    num_tokens = key.shape[0]
+    if num_tokens == 0:
+        return
+    index = _index(query.device)
+    lib = _library(index)
+    if lib is None:
+        raise RuntimeError("sgl_ext: the CUDA kernel is not available on this machine")
+    num_q_heads, q_tok, q_head = q_info
+    num_kv_heads, k_tok, k_head = k_info
+    rot = cos_sin_cache.shape[1]
+    if kv is not None:
+        value, v_tok, v_head, v_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
+        k_mode, k_ptr, k_inv = _scale(ks)
+        v_mode, v_ptr, v_inv = _scale(vs)
+        cache = _CACHE_KIND.get(kbuf.dtype, 0)
+        ps = k_lay.page_size
+        shift = ps.bit_length() - 1 if ps & (ps - 1) == 0 else -1
+        lanes = (num_q_heads + num_kv_heads) * (rot // 16)
+        lanes += num_kv_heads * ((head_size - rot) // 8 + v_dim // 8)
+        ptrs = (value.data_ptr(), kbuf.data_ptr(), vbuf.data_ptr())
+        kv_ints = (k_lay.page_stride, k_lay.offset_stride, k_lay.head_stride,
+                   v_lay.page_stride, v_lay.offset_stride, v_lay.head_stride)  # fmt: skip
+        loc_ptr, loc64, slots = loc.data_ptr(), loc.dtype == torch.int64, k_lay.num_slots
+    else:
+        k_mode = v_mode = k_ptr = v_ptr = cache = shift = v_tok = v_head = v_dim = slots = 0
+        k_inv = v_inv = 1.0
+        ps, loc_ptr, loc64 = 1, 0, False
+        lanes = (num_q_heads + num_kv_heads) * (rot // 16)
+        ptrs = (0, 0, 0)
+        kv_ints = (0,) * 6
+    params = _Params(
+        query.data_ptr(), key.data_ptr(), *ptrs, positions.data_ptr(), loc_ptr,
+        cos_sin_cache.data_ptr(), k_ptr, v_ptr,
+        q_tok, q_head, k_tok, k_head, v_tok, v_head, *kv_ints, cos_sin_cache.stride(0),
+        num_tokens, num_q_heads, num_kv_heads, rot, head_size, v_dim,
+        cos_sin_cache.shape[0], slots, ps, shift, positions.dtype == torch.int64, loc64,
+        kv is not None, k_mode, v_mode, k_inv, v_inv,
+    )  # fmt: skip
+    cfg = launch_config(num_tokens, lanes)
+    grid_x = -(-num_tokens // cfg.tokens_per_block)
+    grid_y = -(-lanes // cfg.block_x)
+    if enable_pdl is None:
+        enable_pdl = _pdl_capable(index)
+    stream = torch.cuda.current_stream(query.device).cuda_stream
+    err = lib.sgl_ext_rope_kv_launch(
+        ctypes.byref(params), key.dtype == torch.bfloat16, cache, bool(is_neox), grid_x, grid_y,
+        cfg.block_x, cfg.tokens_per_block, stream, index, bool(enable_pdl),
+    )  # fmt: skip
+    if err:
+        raise RuntimeError(f"sgl_ext: CUDA rope_kv launch failed: {_error(lib, err)}")

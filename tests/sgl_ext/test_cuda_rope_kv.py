@@ -1,0 +1,160 @@
+"""The CUDA C++ kernel (sgl_ext/csrc/rope_kv.cu): build on CPU where nvcc exists, and on the GPU
+the same float64-reference checks as the other backends, plus its dispatch rules."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+from test_rope import run_case
+
+import sgl_ext
+from sgl_ext import FusedSetKVBufferArg
+from sgl_ext.cuda import jit
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+needs_nvcc = pytest.mark.skipif(jit.find_nvcc() is None, reason="needs nvcc")
+
+
+# ---------------------------------------------------------------- CPU: build and launch shapes
+@needs_nvcc
+def test_builds_for_hopper_and_struct_matches(tmp_path):
+    """nvcc builds the kernel library for sm_90 without a GPU; the ctypes mirror of the parameter
+    struct has the C size; a second build is a cache hit."""
+    from sgl_ext.cuda.rope_kv import _Params
+
+    lib_path = jit.build("rope_kv", (9, 0), out_dir=tmp_path)
+    assert jit.build("rope_kv", (9, 0), out_dir=tmp_path) == lib_path
+    lib = ctypes.CDLL(str(lib_path))
+    assert lib.sgl_ext_rope_kv_struct_size() == ctypes.sizeof(_Params)
+    assert [p.name for p in tmp_path.iterdir()] == [lib_path.name]  # no temporary files left
+
+
+def test_build_without_nvcc_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(jit, "find_nvcc", lambda: None)
+    with pytest.raises(jit.BuildError, match="nvcc not found"):
+        jit.build("rope_kv", (9, 0), out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 65, 4096])
+@pytest.mark.parametrize("lanes", [1, 33, 352, 448, 700, 1216, 5000])
+def test_launch_config_covers_every_lane(num_tokens, lanes):
+    from sgl_ext.cuda.rope_kv import launch_config
+
+    bx, tpb = launch_config(num_tokens, lanes)
+    assert bx % 32 == 0 and 32 <= bx <= 512 and 1 <= tpb and bx * tpb <= 1024
+    chunks = -(-lanes // bx)
+    assert chunks * bx >= lanes and (chunks - 1) * bx < lanes  # no empty lane block
+
+
+# ---------------------------------------------------------------- GPU: against the reference
+CUDA_CASES = [
+    dict(dtype=torch.bfloat16, num_tokens=1),
+    dict(dtype=torch.float16, num_tokens=7, neox=False),
+    dict(dtype=torch.bfloat16, num_tokens=33, d=32, rot_frac=0.5, layout="nhd", page_size=3),
+    dict(dtype=torch.bfloat16, num_tokens=257, d=64, hq=8, hkv=2, layout="hnd", page_size=16,
+         num_slots=320),
+    dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="cross"),
+    dict(dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, scale="float", neox=False, d=32,
+         rot_frac=0.5),
+    dict(dtype=torch.bfloat16, kv_dtype=torch.float8_e5m2, scale="tensor", layout="flat",
+         pos_dtype=torch.int32, loc_dtype=torch.int32),
+    dict(dtype=torch.bfloat16, kv_dtype=torch.bfloat16, scale="float", q3d=True, dv=8),
+    dict(dtype=torch.float16, fused=False, neox=False, d=48, num_tokens=9),
+    dict(dtype=torch.bfloat16, hq=7, hkv=1, num_tokens=1, layout="nhd", page_size=1),
+    dict(dtype=torch.bfloat16, hq=3, hkv=3, d=128, num_tokens=33, kv_dtype=torch.float8_e4m3fn,
+         scale="tensor", layout="hnd"),
+]  # fmt: skip
+
+
+@gpu
+@pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+def test_cuda_rope_kv(backend, case):
+    backend("cuda")
+    run_case(device="cuda", num_tokens=case.pop("num_tokens", 5), **case)
+
+
+@gpu
+@pytest.mark.parametrize("config", ["32,1", "64,2", "128,4", "512,1", "256,3"])
+@pytest.mark.parametrize("num_tokens", [1, 33])
+def test_cuda_launch_configs(backend, monkeypatch, config, num_tokens):
+    """Lanes split over several blocks and several tokens per block give the same result."""
+    backend("cuda")
+    monkeypatch.setenv("SGL_EXT_CUDA_CONFIG", config)
+    run_case(device="cuda", dtype=torch.bfloat16, num_tokens=num_tokens, d=64, hq=6, hkv=2,
+             rot_frac=0.5, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="nhd")  # fmt: skip
+
+
+@gpu
+@pytest.mark.parametrize(
+    "case",
+    [dict(dtype=torch.float32), dict(dtype=torch.bfloat16, misalign=True, neox=False),
+     dict(dtype=torch.bfloat16, d=24)],
+    ids=["fp32", "misaligned", "rot-not-16"],
+)  # fmt: skip
+def test_unsupported_calls_use_triton(backend, monkeypatch, case):
+    """Automatic dispatch runs calls the CUDA kernel cannot take on Triton (still correct);
+    forcing the CUDA backend on them is a clear error before any launch."""
+    from sgl_ext.cuda import rope_kv as cuda_rope_kv
+
+    launched = []
+    monkeypatch.setattr(cuda_rope_kv, "launch", lambda *a, **k: launched.append(1))
+    monkeypatch.delenv("SGL_EXT_BACKEND", raising=False)
+    run_case(device="cuda", **case)
+    assert not launched
+    backend("cuda")
+    with pytest.raises(RuntimeError, match="SGL_EXT_BACKEND=cuda"):
+        run_case(device="cuda", **case)
+
+
+@gpu
+def test_default_dispatch_uses_cuda_where_preferred(monkeypatch):
+    from sgl_ext.cuda import rope_kv as cuda_rope_kv
+
+    monkeypatch.delenv("SGL_EXT_BACKEND", raising=False)
+    calls = []
+    real = cuda_rope_kv.launch
+    monkeypatch.setattr(cuda_rope_kv, "launch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for t in (1, 64, 2048):
+        run_case(device="cuda", dtype=torch.bfloat16, num_tokens=t, num_slots=4096)
+    want = sum(cuda_rope_kv.preferred(t) for t in (1, 64, 2048))
+    assert len(calls) == want
+
+
+@gpu
+def test_cuda_graph_capture_and_pdl_off(backend):
+    """The CUDA kernel records into a CUDA graph (its module was loaded before capture) and
+    replays equal to eager; enable_pdl=False launches the plain way with the same bits."""
+    backend("cuda")
+    t, hq, hkv, d = 5, 8, 2, 64
+    g = torch.Generator().manual_seed(3)
+    pos = torch.randint(0, 100, (t,), generator=g).cuda()
+    cs = torch.randn(100, d, generator=g).cuda()
+    qkv0 = torch.randn(t, (hq + 2 * hkv) * d, generator=g).bfloat16().cuda()
+    loc = torch.tensor([3, -1, 7, 0, 12], device="cuda")
+    ks = torch.tensor([0.5], device="cuda")
+
+    def step(qkv, kb, vb, pdl=None):
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views
+        arg = FusedSetKVBufferArg(v, kb, vb, ks, 0.25, loc)
+        sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, d, cs, True, arg, pdl)
+
+    def fresh():
+        kb = torch.full((16, hkv, d), float("nan"), device="cuda").to(torch.float8_e4m3fn)
+        return qkv0.clone(), kb, kb.clone()
+
+    eager = fresh()
+    step(*eager)
+    plain = fresh()
+    step(*plain, pdl=False)
+    graphed = fresh()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(*graphed)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b, c in zip(eager, plain, graphed, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        assert torch.equal(a.view(torch.uint8), c.view(torch.uint8))
