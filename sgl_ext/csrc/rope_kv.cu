@@ -110,15 +110,6 @@ __device__ __forceinline__ void load_float8(const float* p, float f[8]) {
   f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 
-__device__ __forceinline__ void pdl_wait_and_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Programmatic dependent launch: wait for the previous kernel's results before the first
-  // load, and let the next kernel start its launch now (it waits for us in turn).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // x / n and x % n; n is uniform across the grid, and a power of two is the common case.
 __device__ __forceinline__ int div_rem(int x, int n, int& rem) {
   if ((n & (n - 1)) == 0) {
@@ -144,160 +135,193 @@ __device__ __forceinline__ int64_t slot_offset(int64_t slot, int32_t page_size, 
   return page * page_stride + off * off_stride;
 }
 
-template <typename T, int CACHE, bool NEOX>
-__global__ void __launch_bounds__(1024) rope_kv_kernel(const RopeKVParams p) {
-  // Lane decode (before the dependency wait: overlaps the previous kernel's tail).
+// Loads of one token for one lane: issued for every unrolled token before any is used.
+struct TokenLoads {
+  uint4 a, b;  // the lane's two 16-byte pieces (copy lanes: only a)
+  int64_t pos, slot;
+};
+
+template <typename T, int CACHE, bool NEOX, int U>
+__global__ void __launch_bounds__(512) rope_kv_kernel(const RopeKVParams p) {
+  // ---- plan: everything that does not read memory written by the previous kernel, before
+  // the dependency wait (it overlaps that kernel's tail).
   const int nr = p.rot_dim >> 4;
-  const int q_lanes = p.num_q_heads * nr;
-  const int k_end = q_lanes + p.num_kv_heads * nr;
-  const int t_end = p.write_kv ? k_end + p.num_kv_heads * ((p.head_dim - p.rot_dim) >> 3) : k_end;
+  const int q_end = p.num_q_heads * nr;
+  const int k_end = q_end + p.num_kv_heads * nr;
+  const int nt = (p.head_dim - p.rot_dim) >> 3;
+  const int t_end = p.write_kv ? k_end + p.num_kv_heads * nt : k_end;
   const int v_end = p.write_kv ? t_end + p.num_kv_heads * (p.v_head_dim >> 3) : t_end;
   const int lane = blockIdx.y * blockDim.x + threadIdx.x;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  const int half = p.rot_dim >> 1;
-  pdl_wait_and_trigger();
-  if (token >= p.num_tokens || lane >= v_end) return;
-
-  if (lane < k_end) {  // ------------------------------------------------ rotation lane
-    const bool is_key = lane >= q_lanes;
-    const int l = is_key ? lane - q_lanes : lane;
-    int c;
-    const int head = div_rem(l, nr, c);
-    c *= 8;  // first pair index
-    T* row = is_key ? static_cast<T*>(p.k) + token * p.k_tok + head * p.k_head
-                    : static_cast<T*>(p.q) + token * p.q_tok + head * p.q_head;
-    T* pa = NEOX ? row + c : row + 2 * c;
-    T* pb = NEOX ? row + half + c : row + 2 * c + 8;
-    int64_t pos = p.pos_is64 ? static_cast<const int64_t*>(p.positions)[token]
-                             : static_cast<const int32_t*>(p.positions)[token];
-    int64_t slot = -1;
-    float k_s = 1.f;
-    if (is_key && p.write_kv) {
-      slot = p.loc_is64 ? static_cast<const int64_t*>(p.cache_loc)[token]
-                        : static_cast<const int32_t*>(p.cache_loc)[token];
-      if (p.k_scale_mode == 2) k_s = *p.k_scale;
-    }
-    const uint4 ua = *reinterpret_cast<const uint4*>(pa);
-    const uint4 ub = *reinterpret_cast<const uint4*>(pb);
-    pos = min(max(pos, int64_t(0)), int64_t(p.max_pos - 1));  // memory safety
-    const float* cs = p.cos_sin + pos * p.cs_stride + c;
-    float cos[8], sin[8], a[8], b[8], x[8], y[8];
-    load_float8(cs, cos);
-    load_float8(cs + half, sin);
-    if (NEOX) {
-      unpack8<T>(ua, a);
-      unpack8<T>(ub, b);
-    } else {  // 16 adjacent dims: pairs (a[i], b[i]) = dims (2i, 2i + 1)
-      float lo[8], hi[8];
-      unpack8<T>(ua, lo);
-      unpack8<T>(ub, hi);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        a[i] = lo[2 * i], b[i] = lo[2 * i + 1], a[i + 4] = hi[2 * i], b[i + 4] = hi[2 * i + 1];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[i] = a[i] * cos[i] - b[i] * sin[i];
-      y[i] = b[i] * cos[i] + a[i] * sin[i];
-    }
-    float oa[8], ob[8];  // in memory order: neox (x, y); GPT-J interleaved
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (NEOX) {
-        oa[i] = x[i], ob[i] = y[i];
-      } else {
-        float* o = i < 4 ? oa : ob;
-        o[2 * (i & 3)] = x[i], o[2 * (i & 3) + 1] = y[i];
-      }
-    }
-    const uint4 wa = pack8<T>(oa), wb = pack8<T>(ob);
-    *reinterpret_cast<uint4*>(pa) = wa;
-    *reinterpret_cast<uint4*>(pb) = wb;
-    if (!is_key || slot < 0 || slot >= p.num_slots) return;  // skipped slots are not written
-    const int64_t dst = slot_offset(slot, p.page_size, p.page_shift, p.kb_page, p.kb_off) +
-                        head * p.kb_head + (pa - row);
-    const int64_t dst_b = pb - pa;  // the second piece sits at the same distance in the cache
-    if (CACHE == kSame && p.k_scale_mode == 0) {
-      T* kb = static_cast<T*>(p.k_buf) + dst;
-      *reinterpret_cast<uint4*>(kb) = wa;
-      *reinterpret_cast<uint4*>(kb + dst_b) = wb;
-      return;
-    }
-    // The cache holds the returned key: round to T first, then scale and convert.
-    const float inv = p.k_scale_mode == 2 ? __frcp_rn(k_s) : p.k_inv;
-    unpack8<T>(wa, oa);
-    unpack8<T>(wb, ob);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (p.k_scale_mode) oa[i] *= inv, ob[i] *= inv;
-    }
-    using C = typename std::conditional<CACHE == kSame, T, uint8_t>::type;
-    C* kb = static_cast<C*>(p.k_buf) + dst;
-    store_cache8<T, CACHE>(kb, oa);
-    store_cache8<T, CACHE>(kb + dst_b, ob);
-    return;
-  }
-
-  // ---------------------------------------------------------------- copy lane (K tail or V)
-  const bool is_tail = lane < t_end;
-  int head, d;
-  const T* src;
-  if (is_tail) {
-    const int nt = (p.head_dim - p.rot_dim) >> 3;
-    head = div_rem(lane - k_end, nt, d);
-    d = p.rot_dim + d * 8;
-    src = static_cast<const T*>(p.k) + token * p.k_tok + head * p.k_head + d;
+  const bool rot = lane < k_end, is_q = lane < q_end, is_v = lane >= t_end;
+  const bool to_cache = p.write_kv && !is_q;
+  int head, rem;
+  if (rot) {
+    head = div_rem(is_q ? lane : lane - q_end, nr, rem);
+  } else if (!is_v) {
+    head = div_rem(lane - k_end, nt, rem);
   } else {
-    const int nv = p.v_head_dim >> 3;
-    head = div_rem(lane - t_end, nv, d);
-    d *= 8;
-    src = static_cast<const T*>(p.v) + token * p.v_tok + head * p.v_head + d;
+    head = div_rem(lane - t_end, max(p.v_head_dim >> 3, 1), rem);
   }
-  const int mode = is_tail ? p.k_scale_mode : p.v_scale_mode;
-  const int64_t slot = p.loc_is64 ? static_cast<const int64_t*>(p.cache_loc)[token]
-                                  : static_cast<const int32_t*>(p.cache_loc)[token];
-  float s = 1.f;
-  if (mode == 2) s = *(is_tail ? p.k_scale : p.v_scale);
-  const uint4 u = *reinterpret_cast<const uint4*>(src);
-  if (slot < 0 || slot >= p.num_slots) return;
-  const int64_t dst =
-      is_tail ? slot_offset(slot, p.page_size, p.page_shift, p.kb_page, p.kb_off) + head * p.kb_head + d
-              : slot_offset(slot, p.page_size, p.page_shift, p.vb_page, p.vb_off) + head * p.vb_head + d;
-  void* buf = is_tail ? p.k_buf : p.v_buf;
-  if (CACHE == kSame && mode == 0) {
-    *reinterpret_cast<uint4*>(static_cast<T*>(buf) + dst) = u;
-    return;
+  const int c = rem * 8;  // rotation lanes: first pair index
+  // Element offset of the first piece inside the head, and the second piece's distance.
+  const int dim = rot ? (NEOX ? c : 2 * c) : (is_v ? c : p.rot_dim + c);
+  const int piece_b = NEOX ? (p.rot_dim >> 1) : 8;
+  T* src = static_cast<T*>(is_q ? p.q : (is_v ? const_cast<void*>(p.v) : p.k));
+  const int64_t src_tok = is_q ? p.q_tok : (is_v ? p.v_tok : p.k_tok);
+  src += head * (is_q ? p.q_head : (is_v ? p.v_head : p.k_head)) + dim;
+  char* dst = static_cast<char*>(is_v ? p.v_buf : p.k_buf);
+  constexpr int kCacheBytes = CACHE == kSame ? sizeof(T) : 1;
+  const int64_t page_stride = (is_v ? p.vb_page : p.kb_page) * kCacheBytes;
+  const int64_t off_stride = (is_v ? p.vb_off : p.kb_off) * kCacheBytes;
+  dst += ((is_v ? p.vb_head : p.kb_head) * head + dim) * kCacheBytes;
+  const int scale_mode = is_v ? p.v_scale_mode : p.k_scale_mode;
+  const float* scale_ptr = is_v ? p.v_scale : p.k_scale;
+  const float host_inv = is_v ? p.v_inv : p.k_inv;
+  const bool active = lane < v_end;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  // Loop invariants, read before the wait too.
+  const int64_t num_tokens = p.num_tokens;
+  const void* positions = p.positions;
+  const void* cache_loc = p.cache_loc;
+  const float* cos_sin = p.cos_sin;
+  const int64_t cs_stride = p.cs_stride;
+  const int half = p.rot_dim >> 1;
+  const int max_pos = p.max_pos, num_slots = p.num_slots, page_size = p.page_size;
+  const int page_shift = p.page_shift;
+  const bool pos64 = p.pos_is64, loc64 = p.loc_is64;
+  // The launcher guarantees these alignments (16-byte pieces, 8-byte fp8 stores); checking them
+  // here also makes the compiler compute the plan and read the kernel parameters before the
+  // dependency wait below (ptxas would otherwise sink them after it, onto the critical path:
+  // a kernel's parameters are cold in the constant cache at every launch).
+  const uint64_t misaligned =
+      ((reinterpret_cast<uint64_t>(src) | static_cast<uint64_t>(src_tok * sizeof(T)) |
+        reinterpret_cast<uint64_t>(cos_sin) | static_cast<uint64_t>(cs_stride * 4)) & 15) |
+      ((reinterpret_cast<uint64_t>(dst) | static_cast<uint64_t>(page_stride) |
+        static_cast<uint64_t>(off_stride) | static_cast<uint64_t>(piece_b)) & 7) |
+      ((reinterpret_cast<uint64_t>(positions) | reinterpret_cast<uint64_t>(cache_loc) |
+        reinterpret_cast<uint64_t>(scale_ptr)) & 3);
+  if (active && (misaligned != 0 || num_tokens < 0 || max_pos <= 0 || page_size <= 0 ||
+                 host_inv != host_inv)) {
+    __trap();
   }
-  const float inv = mode == 2 ? __frcp_rn(s) : (is_tail ? p.k_inv : p.v_inv);
-  float f[8];
-  unpack8<T>(u, f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Programmatic dependent launch: wait for the previous kernel's results before the first
+  // load, and let the next kernel start launching.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  if (!active) return;
+
+  for (int64_t t = t0; t < num_tokens; t += U * step) {
+    TokenLoads in[U];
+    bool ok[U];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    if (mode) f[i] *= inv;
+    for (int u = 0; u < U; ++u) {
+      const int64_t tok = t + u * step;
+      ok[u] = tok < num_tokens;
+      if (!ok[u]) continue;
+      if (rot) {
+        in[u].pos = pos64 ? static_cast<const int64_t*>(positions)[tok]
+                          : static_cast<const int32_t*>(positions)[tok];
+      }
+      if (to_cache) {
+        in[u].slot = loc64 ? static_cast<const int64_t*>(cache_loc)[tok]
+                           : static_cast<const int32_t*>(cache_loc)[tok];
+      }
+      const T* row = src + tok * src_tok;
+      in[u].a = *reinterpret_cast<const uint4*>(row);
+      if (rot) in[u].b = *reinterpret_cast<const uint4*>(row + piece_b);
+    }
+    float s = 1.f;
+    if (to_cache && scale_mode == 2) s = *scale_ptr;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!ok[u]) continue;
+      T* row = src + (t + u * step) * src_tok;
+      uint4 wa = in[u].a, wb = in[u].b;
+      if (rot) {
+        const int64_t pos = min(max(in[u].pos, int64_t(0)), int64_t(max_pos - 1));
+        const float* cs = cos_sin + pos * cs_stride + c;
+        float cos[8], sin[8], a[8], b[8];
+        load_float8(cs, cos);
+        load_float8(cs + half, sin);
+        if (NEOX) {
+          unpack8<T>(wa, a);
+          unpack8<T>(wb, b);
+        } else {  // 16 adjacent dims: pair i = dims (2i, 2i + 1)
+          float lo[8], hi[8];
+          unpack8<T>(wa, lo);
+          unpack8<T>(wb, hi);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            a[i] = lo[2 * i], b[i] = lo[2 * i + 1], a[i + 4] = hi[2 * i], b[i + 4] = hi[2 * i + 1];
+          }
+        }
+        float oa[8], ob[8];  // memory order: neox (x | y); GPT-J interleaved (x0 y0 x1 y1 ..)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float x = a[i] * cos[i] - b[i] * sin[i];
+          const float y = b[i] * cos[i] + a[i] * sin[i];
+          if (NEOX) {
+            oa[i] = x, ob[i] = y;
+          } else {
+            float* o = i < 4 ? oa : ob;
+            o[2 * (i & 3)] = x, o[2 * (i & 3) + 1] = y;
+          }
+        }
+        wa = pack8<T>(oa), wb = pack8<T>(ob);
+        *reinterpret_cast<uint4*>(row) = wa;
+        *reinterpret_cast<uint4*>(row + piece_b) = wb;
+      }
+      if (!to_cache) continue;
+      const int64_t slot = in[u].slot;
+      if (slot < 0 || slot >= num_slots) continue;  // skipped slots are not written
+      char* out = dst + slot_offset(slot, page_size, page_shift, page_stride, off_stride);
+      if (CACHE == kSame && scale_mode == 0) {
+        *reinterpret_cast<uint4*>(out) = wa;
+        if (rot) *reinterpret_cast<uint4*>(out + piece_b * sizeof(T)) = wb;
+        continue;
+      }
+      // The cache holds the returned key: it was rounded to T above; scale and convert.
+      const float inv = scale_mode == 2 ? __frcp_rn(s) : host_inv;
+      float f[8];
+      unpack8<T>(wa, f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f[i] = scale_mode ? f[i] * inv : f[i];
+      store_cache8<T, CACHE>(out, f);
+      if (rot) {
+        unpack8<T>(wb, f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = scale_mode ? f[i] * inv : f[i];
+        store_cache8<T, CACHE>(out + piece_b * kCacheBytes, f);
+      }
+    }
   }
-  using C = typename std::conditional<CACHE == kSame, T, uint8_t>::type;
-  store_cache8<T, CACHE>(static_cast<C*>(buf) + dst, f);
 }
 
 // ---------------------------------------------------------------- host side (called by ctypes)
 using KernelFn = void (*)(RopeKVParams);
 
-template <typename T>
+template <typename T, int U>
 static KernelFn pick_cache(int cache, int neox) {
   switch (cache * 2 + (neox ? 1 : 0)) {
-    case 0: return rope_kv_kernel<T, kSame, false>;
-    case 1: return rope_kv_kernel<T, kSame, true>;
-    case 2: return rope_kv_kernel<T, kE4M3, false>;
-    case 3: return rope_kv_kernel<T, kE4M3, true>;
-    case 4: return rope_kv_kernel<T, kE5M2, false>;
-    case 5: return rope_kv_kernel<T, kE5M2, true>;
+    case 0: return rope_kv_kernel<T, kSame, false, U>;
+    case 1: return rope_kv_kernel<T, kSame, true, U>;
+    case 2: return rope_kv_kernel<T, kE4M3, false, U>;
+    case 3: return rope_kv_kernel<T, kE4M3, true, U>;
+    case 4: return rope_kv_kernel<T, kE5M2, false, U>;
+    case 5: return rope_kv_kernel<T, kE5M2, true, U>;
     default: return nullptr;
   }
 }
 
-static KernelFn pick(int is_bf16, int cache, int neox) {
-  return is_bf16 ? pick_cache<__nv_bfloat16>(cache, neox) : pick_cache<__half>(cache, neox);
+// unroll: tokens whose loads a thread issues together (1 or 2).
+static KernelFn pick(int is_bf16, int cache, int neox, int unroll) {
+  if (unroll == 2) {
+    return is_bf16 ? pick_cache<__nv_bfloat16, 2>(cache, neox) : pick_cache<__half, 2>(cache, neox);
+  }
+  return is_bf16 ? pick_cache<__nv_bfloat16, 1>(cache, neox) : pick_cache<__half, 1>(cache, neox);
 }
 
 static int use_device(int device) {
@@ -312,17 +336,18 @@ extern "C" int sgl_ext_rope_kv_struct_size() { return static_cast<int>(sizeof(Ro
 // Load every kernel of the library on `device` now, outside any CUDA-graph capture.
 extern "C" int sgl_ext_rope_kv_preload(int device) {
   int err = use_device(device);
-  for (int v = 0; v < 12 && err == 0; ++v) {
+  for (int v = 0; v < 24 && err == 0; ++v) {
     cudaFuncAttributes attr;
-    err = static_cast<int>(cudaFuncGetAttributes(&attr, pick(v / 6, (v / 2) % 3, v % 2)));
+    err = static_cast<int>(
+        cudaFuncGetAttributes(&attr, pick((v / 6) % 2, (v / 2) % 3, v % 2, 1 + v / 12)));
   }
   return err;
 }
 
 extern "C" int sgl_ext_rope_kv_launch(const RopeKVParams* p, int is_bf16, int cache, int neox,
-                                      int grid_x, int grid_y, int block_x, int block_y,
-                                      void* stream, int device, int pdl) {
-  KernelFn fn = pick(is_bf16, cache, neox);
+                                      int unroll, int grid_x, int grid_y, int block_x,
+                                      int block_y, void* stream, int device, int pdl) {
+  KernelFn fn = pick(is_bf16, cache, neox, unroll);
   if (fn == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   int err = use_device(device);
   if (err) return err;

@@ -52,7 +52,7 @@ def _library(device_index: int) -> ctypes.CDLL | None:
     except (jit.BuildError, OSError, subprocess.SubprocessError) as err:
         warnings.warn(f"sgl_ext: CUDA kernel unavailable, using Triton ({err})", stacklevel=3)
         return None
-    lib.sgl_ext_rope_kv_launch.argtypes = [ctypes.POINTER(_Params), *[ctypes.c_int] * 7,
+    lib.sgl_ext_rope_kv_launch.argtypes = [ctypes.POINTER(_Params), *[ctypes.c_int] * 8,
                                            ctypes.c_void_p, ctypes.c_int, ctypes.c_int]  # fmt: skip
     lib.sgl_ext_rope_kv_launch.restype = ctypes.c_int
     lib.sgl_ext_error_string.restype = ctypes.c_char_p
@@ -138,20 +138,20 @@ def preferred(num_tokens: int) -> bool:
 class CudaConfig(NamedTuple):
     block_x: int  # lanes of a token per block (multiple of 32)
     tokens_per_block: int
+    unroll: int = 1  # tokens whose loads a thread issues together (1 or 2)
+    max_grid_x: int = 0  # > 0: at most this many token blocks, threads loop over the rest
 
 
 def launch_config(num_tokens: int, lanes: int) -> CudaConfig:
-    """Threads per block: a token's lanes split into blocks of at most 512, several tokens per
-    block when a token has few lanes. `SGL_EXT_CUDA_CONFIG="block_x,tokens"` overrides (tuning)."""
+    """Threads per block: a token's lanes in blocks of at most 128 (more blocks, more SMs at
+    small T). `SGL_EXT_CUDA_CONFIG="block_x,tokens[,unroll[,max_grid_x]]"` overrides (tuning)."""
     override = os.environ.get("SGL_EXT_CUDA_CONFIG")
     if override:
-        bx, tpb = (int(x) for x in override.split(","))
-        return CudaConfig(bx, tpb)
+        return CudaConfig(*(int(x) for x in override.split(",")))
     padded = -(-lanes // 32) * 32
-    chunks = -(-padded // 512)
+    chunks = -(-padded // 128)
     bx = -(-padded // (chunks * 32)) * 32
-    tpb = max(1, 512 // bx) if num_tokens > 64 else 1
-    return CudaConfig(bx, tpb)
+    return CudaConfig(bx, 1, 2 if num_tokens > 256 else 1)
 
 
 def _scale(scale: float | torch.Tensor | None) -> tuple[int, int, float]:
@@ -217,14 +217,16 @@ def launch(
         kv is not None, k_mode, v_mode, k_inv, v_inv,
     )  # fmt: skip
     cfg = launch_config(num_tokens, lanes)
-    grid_x = -(-num_tokens // cfg.tokens_per_block)
+    grid_x = -(-num_tokens // (cfg.tokens_per_block * cfg.unroll))
+    if cfg.max_grid_x > 0:
+        grid_x = min(grid_x, cfg.max_grid_x)
     grid_y = -(-lanes // cfg.block_x)
     if enable_pdl is None:
         enable_pdl = _pdl_capable(index)
     stream = torch.cuda.current_stream(query.device).cuda_stream
     err = lib.sgl_ext_rope_kv_launch(
-        ctypes.byref(params), key.dtype == torch.bfloat16, cache, bool(is_neox), grid_x, grid_y,
-        cfg.block_x, cfg.tokens_per_block, stream, index, bool(enable_pdl),
+        ctypes.byref(params), key.dtype == torch.bfloat16, cache, bool(is_neox), cfg.unroll,
+        grid_x, grid_y, cfg.block_x, cfg.tokens_per_block, stream, index, bool(enable_pdl),
     )  # fmt: skip
     if err:
         raise RuntimeError(f"sgl_ext: CUDA rope_kv launch failed: {_error(lib, err)}")

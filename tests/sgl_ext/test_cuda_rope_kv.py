@@ -43,8 +43,9 @@ def test_build_without_nvcc_is_a_clear_error(monkeypatch, tmp_path):
 def test_launch_config_covers_every_lane(num_tokens, lanes):
     from sgl_ext.cuda.rope_kv import launch_config
 
-    bx, tpb = launch_config(num_tokens, lanes)
+    bx, tpb, unroll, max_grid = launch_config(num_tokens, lanes)
     assert bx % 32 == 0 and 32 <= bx <= 512 and 1 <= tpb and bx * tpb <= 1024
+    assert unroll in (1, 2) and max_grid >= 0
     chunks = -(-lanes // bx)
     assert chunks * bx >= lanes and (chunks - 1) * bx < lanes  # no empty lane block
 
@@ -53,7 +54,8 @@ def test_launch_config_covers_every_lane(num_tokens, lanes):
 CUDA_CASES = [
     dict(dtype=torch.bfloat16, num_tokens=1),
     dict(dtype=torch.float16, num_tokens=7, neox=False),
-    dict(dtype=torch.bfloat16, num_tokens=33, d=32, rot_frac=0.5, layout="nhd", page_size=3),
+    dict(dtype=torch.bfloat16, num_tokens=33, d=32, rot_frac=0.5, layout="nhd", page_size=3,
+         num_slots=63),
     dict(dtype=torch.bfloat16, num_tokens=257, d=64, hq=8, hkv=2, layout="hnd", page_size=16,
          num_slots=320),
     dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="cross"),
@@ -77,14 +79,18 @@ def test_cuda_rope_kv(backend, case):
 
 
 @gpu
-@pytest.mark.parametrize("config", ["32,1", "64,2", "128,4", "512,1", "256,3"])
-@pytest.mark.parametrize("num_tokens", [1, 33])
+@pytest.mark.parametrize(
+    "config", ["32,1", "64,2", "128,4", "512,1", "256,3", "64,1,2", "96,2,2,3", "128,1,1,2"]
+)
+@pytest.mark.parametrize("num_tokens", [1, 33, 257])
 def test_cuda_launch_configs(backend, monkeypatch, config, num_tokens):
-    """Lanes split over several blocks and several tokens per block give the same result."""
+    """Lanes split over several blocks, several tokens per block, two tokens' loads per thread
+    and a capped grid whose threads loop over tokens give the same result."""
     backend("cuda")
     monkeypatch.setenv("SGL_EXT_CUDA_CONFIG", config)
     run_case(device="cuda", dtype=torch.bfloat16, num_tokens=num_tokens, d=64, hq=6, hkv=2,
-             rot_frac=0.5, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="nhd")  # fmt: skip
+             rot_frac=0.5, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="nhd",
+             num_slots=320)  # fmt: skip
 
 
 @gpu
