@@ -16,7 +16,7 @@ timeout 70 $B --json-out "$OUT/cmp_bf16.json" 2>&1 | tail -20 | tee "$OUT/cmp_bf
 timeout 50 $B --kv-dtype fp8_e4m3 --tokens 1 8 32 128 512 2048 --json-out "$OUT/cmp_fp8.json" 2>&1 | tail -16 | tee "$OUT/cmp_fp8.txt"
 timeout 50 $B --gptj --tokens 1 8 32 128 512 2048 --json-out "$OUT/cmp_gptj.json" 2>&1 | tail -16 | tee "$OUT/cmp_gptj.txt"
 timeout 50 $B --rot-frac 0.5 --tokens 1 8 32 128 512 2048 --json-out "$OUT/cmp_partial.json" 2>&1 | tail -16 | tee "$OUT/cmp_partial.txt"
-timeout 90 python benchmarks/tune_rope_kv.py --pdl 1 --tokens 1 8 128 512 2048 \
-  --cuda-configs 32,1 64,1 128,1 224,1 448,1 224,2 448,2 128,4 64,8 \
+timeout 150 python benchmarks/tune_rope_kv.py --pdl 1 --tokens 1 8 32 128 512 2048 8192 \
+  --cuda-configs ${CUDA_CONFIGS:-64,1 128,1 224,1 448,1 64,1,2 128,1,2 224,1,2 128,2,2 128,1,2,264 128,1,1,528} \
   --json-out "$OUT/tune_cuda.json" 2>&1 | grep -A1 BEST | tee "$OUT/tune_cuda.txt"
 exit 0
