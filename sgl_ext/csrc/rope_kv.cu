@@ -1,15 +1,14 @@
 // Fused RoPE + KV-cache write, CUDA C++ (built just in time by sgl_ext/cuda/jit.py).
 //
-// Every thread ("lane") owns 16-byte pieces of one token:
-//   rotation lanes  8 rotary pairs of one query or key head (neox: 8 dims of each half; GPT-J:
-//                   16 adjacent dims); key lanes also store the rotated pairs into the cache;
-//   tail lanes      8 pass-through dims (rot_dim..head_dim) of a key head, into the cache;
-//   value lanes     8 dims of a value head, into the cache.
-// A token's lanes are laid out [query heads x nr | key heads x nr | key heads x nt | value
-// heads x nv] and spread over blockDim.x threads and gridDim.y blocks; threadIdx.y and
-// blockIdx.x pick the token. Every load of a lane is issued before its first store; all
-// arithmetic is fp32, the key is rounded to its dtype before it is quantised for the cache, so
-// the cache holds exactly the key the op returns.
+// Threads ("lanes") of one token, laid out [rotation lanes | copy lanes] over blockDim.x threads
+// and gridDim.y blocks (threadIdx.y and blockIdx.x pick the token):
+//   rotation lane  rotary pair chunk c (8 pairs: neox dims c..c+7 of each half; GPT-J the 16
+//                  adjacent dims 2c..2c+15) of H consecutive heads of [query heads | key heads],
+//                  sharing one cos/sin load; key heads also go into the cache;
+//   copy lane      H consecutive 8-dim pieces of [key pass-through dims | value heads], into
+//                  the cache.
+// Every load of a lane is issued before its first store; arithmetic is fp32; the key is rounded
+// to its dtype before it is quantised, so the cache holds exactly the key the op returns.
 //
 // Requirements (checked by the Python launcher, which otherwise uses the Triton kernel): 16-bit
 // q/k/v, rows and strides 16-byte aligned, rot_dim % 16 == 0, head dims % 8 == 0.
@@ -135,74 +134,93 @@ __device__ __forceinline__ int64_t slot_offset(int64_t slot, int32_t page_size, 
   return page * page_stride + off * off_stride;
 }
 
-// Loads of one token for one lane: issued for every unrolled token before any is used.
-struct TokenLoads {
-  uint4 a, b;  // the lane's two 16-byte pieces (copy lanes: only a)
-  int64_t pos, slot;
-};
-
-template <typename T, int CACHE, bool NEOX, int U>
+template <typename T, int CACHE, bool NEOX, int H>
 __global__ void __launch_bounds__(512) rope_kv_kernel(const RopeKVParams p) {
   // ---- plan: everything that does not read memory written by the previous kernel, before
-  // the dependency wait (it overlaps that kernel's tail).
-  const int nr = p.rot_dim >> 4;
-  const int q_end = p.num_q_heads * nr;
-  const int k_end = q_end + p.num_kv_heads * nr;
-  const int nt = (p.head_dim - p.rot_dim) >> 3;
-  const int t_end = p.write_kv ? k_end + p.num_kv_heads * nt : k_end;
-  const int v_end = p.write_kv ? t_end + p.num_kv_heads * (p.v_head_dim >> 3) : t_end;
-  const int lane = blockIdx.y * blockDim.x + threadIdx.x;
-  const bool rot = lane < k_end, is_q = lane < q_end, is_v = lane >= t_end;
-  const bool to_cache = p.write_kv && !is_q;
-  int head, rem;
-  if (rot) {
-    head = div_rem(is_q ? lane : lane - q_end, nr, rem);
-  } else if (!is_v) {
-    head = div_rem(lane - k_end, nt, rem);
-  } else {
-    head = div_rem(lane - t_end, max(p.v_head_dim >> 3, 1), rem);
-  }
-  const int c = rem * 8;  // rotation lanes: first pair index
-  // Element offset of the first piece inside the head, and the second piece's distance.
-  const int dim = rot ? (NEOX ? c : 2 * c) : (is_v ? c : p.rot_dim + c);
-  const int piece_b = NEOX ? (p.rot_dim >> 1) : 8;
-  T* src = static_cast<T*>(is_q ? p.q : (is_v ? const_cast<void*>(p.v) : p.k));
-  const int64_t src_tok = is_q ? p.q_tok : (is_v ? p.v_tok : p.k_tok);
-  src += head * (is_q ? p.q_head : (is_v ? p.v_head : p.k_head)) + dim;
-  char* dst = static_cast<char*>(is_v ? p.v_buf : p.k_buf);
+  // the dependency wait (it overlaps that kernel's tail). Rotation lanes take pair chunk c of H
+  // consecutive heads of [query heads | key heads] (one cos/sin load for all H); copy lanes take
+  // H consecutive 8-dim pieces of [key tails | values].
   constexpr int kCacheBytes = CACHE == kSame ? sizeof(T) : 1;
-  const int64_t page_stride = (is_v ? p.vb_page : p.kb_page) * kCacheBytes;
-  const int64_t off_stride = (is_v ? p.vb_off : p.kb_off) * kCacheBytes;
-  dst += ((is_v ? p.vb_head : p.kb_head) * head + dim) * kCacheBytes;
-  const int scale_mode = is_v ? p.v_scale_mode : p.k_scale_mode;
-  const float* scale_ptr = is_v ? p.v_scale : p.k_scale;
-  const float host_inv = is_v ? p.v_inv : p.k_inv;
-  const bool active = lane < v_end;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  // Loop invariants, read before the wait too.
+  const int nr = p.rot_dim >> 4;
+  const int num_heads = p.num_q_heads + p.num_kv_heads;
+  const int rot_end = (num_heads + H - 1) / H * nr;
+  const int nt = (p.head_dim - p.rot_dim) >> 3, nv = p.v_head_dim >> 3;
+  const int tail_pieces = p.write_kv ? p.num_kv_heads * nt : 0;
+  const int pieces = p.write_kv ? tail_pieces + p.num_kv_heads * nv : 0;
+  const int lanes = rot_end + (pieces + H - 1) / H;
+  const int lane = blockIdx.y * blockDim.x + threadIdx.x;
+  const bool rot = lane < rot_end;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const int half = p.rot_dim >> 1;
+  const int piece_b = NEOX ? half : 8;  // distance of a rotation lane's second piece
+  T* src[H];
+  char* dst[H];
+  int64_t src_tok[H];
+  bool valid[H], cached[H], is_v[H];
+  int c = 0;
+  int rem;
+  const int group = rot ? div_rem(lane, nr, rem) : 0;
+  if (rot) c = rem * 8;
+#pragma unroll
+  for (int i = 0; i < H; ++i) {
+    int head, dim;
+    if (rot) {
+      const int j = group * H + i;
+      const bool q = j < p.num_q_heads;
+      valid[i] = j < num_heads;
+      cached[i] = valid[i] && !q && p.write_kv;
+      is_v[i] = false;
+      head = q ? j : j - p.num_q_heads;
+      dim = NEOX ? c : 2 * c;
+      src[i] = static_cast<T*>(q ? p.q : p.k) + head * (q ? p.q_head : p.k_head) + dim;
+      src_tok[i] = q ? p.q_tok : p.k_tok;
+    } else {
+      const int pc = (lane - rot_end) * H + i;
+      valid[i] = cached[i] = pc < pieces;
+      is_v[i] = pc >= tail_pieces;
+      if (!is_v[i]) {
+        head = div_rem(pc, max(nt, 1), dim);
+        dim = p.rot_dim + dim * 8;
+      } else {
+        head = div_rem(pc - tail_pieces, max(nv, 1), dim);
+        dim *= 8;
+      }
+      src[i] = static_cast<T*>(is_v[i] ? const_cast<void*>(p.v) : p.k) +
+               head * (is_v[i] ? p.v_head : p.k_head) + dim;
+      src_tok[i] = is_v[i] ? p.v_tok : p.k_tok;
+    }
+    dst[i] = static_cast<char*>(is_v[i] ? p.v_buf : p.k_buf) +
+             ((is_v[i] ? p.vb_head : p.kb_head) * head + dim) * kCacheBytes;
+  }
+  const int64_t kb_page = p.kb_page * kCacheBytes, kb_off = p.kb_off * kCacheBytes;
+  const int64_t vb_page = p.vb_page * kCacheBytes, vb_off = p.vb_off * kCacheBytes;
   const int64_t num_tokens = p.num_tokens;
   const void* positions = p.positions;
   const void* cache_loc = p.cache_loc;
   const float* cos_sin = p.cos_sin;
   const int64_t cs_stride = p.cs_stride;
-  const int half = p.rot_dim >> 1;
   const int max_pos = p.max_pos, num_slots = p.num_slots, page_size = p.page_size;
   const int page_shift = p.page_shift;
   const bool pos64 = p.pos_is64, loc64 = p.loc_is64;
+  const int k_mode = p.k_scale_mode, v_mode = p.v_scale_mode;
+  const float k_host_inv = p.k_inv, v_host_inv = p.v_inv;
   // The launcher guarantees these alignments (16-byte pieces, 8-byte fp8 stores); checking them
   // here also makes the compiler compute the plan and read the kernel parameters before the
   // dependency wait below (ptxas would otherwise sink them after it, onto the critical path:
   // a kernel's parameters are cold in the constant cache at every launch).
-  const uint64_t misaligned =
-      ((reinterpret_cast<uint64_t>(src) | static_cast<uint64_t>(src_tok * sizeof(T)) |
-        reinterpret_cast<uint64_t>(cos_sin) | static_cast<uint64_t>(cs_stride * 4)) & 15) |
-      ((reinterpret_cast<uint64_t>(dst) | static_cast<uint64_t>(page_stride) |
-        static_cast<uint64_t>(off_stride) | static_cast<uint64_t>(piece_b)) & 7) |
-      ((reinterpret_cast<uint64_t>(positions) | reinterpret_cast<uint64_t>(cache_loc) |
-        reinterpret_cast<uint64_t>(scale_ptr)) & 3);
-  if (active && (misaligned != 0 || num_tokens < 0 || max_pos <= 0 || page_size <= 0 ||
-                 host_inv != host_inv)) {
+  uint64_t bad16 = reinterpret_cast<uint64_t>(cos_sin) | static_cast<uint64_t>(cs_stride * 4);
+  uint64_t bad8 = static_cast<uint64_t>(kb_page | kb_off | vb_page | vb_off | piece_b);
+#pragma unroll
+  for (int i = 0; i < H; ++i) {
+    bad16 |= reinterpret_cast<uint64_t>(src[i]) | static_cast<uint64_t>(src_tok[i] * sizeof(T));
+    bad8 |= reinterpret_cast<uint64_t>(dst[i]);
+  }
+  const uint64_t bad4 = reinterpret_cast<uint64_t>(positions) |
+                        reinterpret_cast<uint64_t>(cache_loc) |
+                        reinterpret_cast<uint64_t>(p.k_scale) | reinterpret_cast<uint64_t>(p.v_scale);
+  const bool active = lane < lanes && token < num_tokens;
+  if (active && ((bad16 & 15) | (bad8 & 7) | (bad4 & 3) || max_pos <= 0 || page_size <= 0 ||
+                 k_host_inv != k_host_inv || v_host_inv != v_host_inv)) {
     __trap();
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -213,90 +231,110 @@ __global__ void __launch_bounds__(512) rope_kv_kernel(const RopeKVParams p) {
 #endif
   if (!active) return;
 
-  for (int64_t t = t0; t < num_tokens; t += U * step) {
-    TokenLoads in[U];
-    bool ok[U];
+  // ---- loads: position, slot, every piece, scales; then the cos/sin row (needs the position).
+  int64_t pos = 0, slot = -1;
+  if (rot) {
+    pos = pos64 ? static_cast<const int64_t*>(positions)[token]
+                : static_cast<const int32_t*>(positions)[token];
+  }
+  bool any_cached = false;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t tok = t + u * step;
-      ok[u] = tok < num_tokens;
-      if (!ok[u]) continue;
-      if (rot) {
-        in[u].pos = pos64 ? static_cast<const int64_t*>(positions)[tok]
-                          : static_cast<const int32_t*>(positions)[tok];
-      }
-      if (to_cache) {
-        in[u].slot = loc64 ? static_cast<const int64_t*>(cache_loc)[tok]
-                           : static_cast<const int32_t*>(cache_loc)[tok];
-      }
-      const T* row = src + tok * src_tok;
-      in[u].a = *reinterpret_cast<const uint4*>(row);
-      if (rot) in[u].b = *reinterpret_cast<const uint4*>(row + piece_b);
-    }
-    float s = 1.f;
-    if (to_cache && scale_mode == 2) s = *scale_ptr;
+  for (int i = 0; i < H; ++i) any_cached |= cached[i];
+  if (any_cached) {
+    slot = loc64 ? static_cast<const int64_t*>(cache_loc)[token]
+                 : static_cast<const int32_t*>(cache_loc)[token];
+  }
+  uint4 a[H], b[H];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (!ok[u]) continue;
-      T* row = src + (t + u * step) * src_tok;
-      uint4 wa = in[u].a, wb = in[u].b;
-      if (rot) {
-        const int64_t pos = min(max(in[u].pos, int64_t(0)), int64_t(max_pos - 1));
-        const float* cs = cos_sin + pos * cs_stride + c;
-        float cos[8], sin[8], a[8], b[8];
-        load_float8(cs, cos);
-        load_float8(cs + half, sin);
+  for (int i = 0; i < H; ++i) {
+    if (!valid[i]) continue;
+    const T* row = src[i] + token * src_tok[i];
+    a[i] = *reinterpret_cast<const uint4*>(row);
+    if (rot) b[i] = *reinterpret_cast<const uint4*>(row + piece_b);
+  }
+  float k_s = 1.f, v_s = 1.f;
+  if (k_mode == 2 && any_cached) k_s = *p.k_scale;
+  if (v_mode == 2 && !rot && any_cached) v_s = *p.v_scale;
+  const bool write = slot >= 0 && slot < num_slots;  // other slots are skipped, never written
+  if (rot) {
+    const int64_t row = min(max(pos, int64_t(0)), int64_t(max_pos - 1));
+    const float* cs = cos_sin + row * cs_stride + c;
+    float cos[8], sin[8];
+    load_float8(cs, cos);
+    load_float8(cs + half, sin);
+    const float inv = k_mode == 2 ? __frcp_rn(k_s) : k_host_inv;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      if (!valid[i]) continue;
+      float x[8], y[8];
+      if (NEOX) {
+        unpack8<T>(a[i], x);
+        unpack8<T>(b[i], y);
+      } else {  // 16 adjacent dims: pair k = dims (2k, 2k + 1)
+        float lo[8], hi[8];
+        unpack8<T>(a[i], lo);
+        unpack8<T>(b[i], hi);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          x[k] = lo[2 * k], y[k] = lo[2 * k + 1], x[k + 4] = hi[2 * k], y[k + 4] = hi[2 * k + 1];
+        }
+      }
+      float oa[8], ob[8];  // memory order: neox (x | y); GPT-J interleaved (x0 y0 x1 y1 ..)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float rx = x[k] * cos[k] - y[k] * sin[k];
+        const float ry = y[k] * cos[k] + x[k] * sin[k];
         if (NEOX) {
-          unpack8<T>(wa, a);
-          unpack8<T>(wb, b);
-        } else {  // 16 adjacent dims: pair i = dims (2i, 2i + 1)
-          float lo[8], hi[8];
-          unpack8<T>(wa, lo);
-          unpack8<T>(wb, hi);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            a[i] = lo[2 * i], b[i] = lo[2 * i + 1], a[i + 4] = hi[2 * i], b[i + 4] = hi[2 * i + 1];
-          }
+          oa[k] = rx, ob[k] = ry;
+        } else {
+          float* o = k < 4 ? oa : ob;
+          o[2 * (k & 3)] = rx, o[2 * (k & 3) + 1] = ry;
         }
-        float oa[8], ob[8];  // memory order: neox (x | y); GPT-J interleaved (x0 y0 x1 y1 ..)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float x = a[i] * cos[i] - b[i] * sin[i];
-          const float y = b[i] * cos[i] + a[i] * sin[i];
-          if (NEOX) {
-            oa[i] = x, ob[i] = y;
-          } else {
-            float* o = i < 4 ? oa : ob;
-            o[2 * (i & 3)] = x, o[2 * (i & 3) + 1] = y;
-          }
-        }
-        wa = pack8<T>(oa), wb = pack8<T>(ob);
-        *reinterpret_cast<uint4*>(row) = wa;
-        *reinterpret_cast<uint4*>(row + piece_b) = wb;
       }
-      if (!to_cache) continue;
-      const int64_t slot = in[u].slot;
-      if (slot < 0 || slot >= num_slots) continue;  // skipped slots are not written
-      char* out = dst + slot_offset(slot, page_size, page_shift, page_stride, off_stride);
-      if (CACHE == kSame && scale_mode == 0) {
+      const uint4 wa = pack8<T>(oa), wb = pack8<T>(ob);
+      T* row = src[i] + token * src_tok[i];
+      *reinterpret_cast<uint4*>(row) = wa;
+      *reinterpret_cast<uint4*>(row + piece_b) = wb;
+      if (!cached[i] || !write) continue;
+      char* out = dst[i] + slot_offset(slot, page_size, page_shift, kb_page, kb_off);
+      if (CACHE == kSame && k_mode == 0) {
         *reinterpret_cast<uint4*>(out) = wa;
-        if (rot) *reinterpret_cast<uint4*>(out + piece_b * sizeof(T)) = wb;
+        *reinterpret_cast<uint4*>(out + piece_b * kCacheBytes) = wb;
         continue;
       }
-      // The cache holds the returned key: it was rounded to T above; scale and convert.
-      const float inv = scale_mode == 2 ? __frcp_rn(s) : host_inv;
+      // The cache holds the returned key: rounded to T above, then scaled and converted.
       float f[8];
       unpack8<T>(wa, f);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) f[i] = scale_mode ? f[i] * inv : f[i];
+      for (int k = 0; k < 8; ++k) f[k] = k_mode ? f[k] * inv : f[k];
       store_cache8<T, CACHE>(out, f);
-      if (rot) {
-        unpack8<T>(wb, f);
+      unpack8<T>(wb, f);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = scale_mode ? f[i] * inv : f[i];
-        store_cache8<T, CACHE>(out + piece_b * kCacheBytes, f);
-      }
+      for (int k = 0; k < 8; ++k) f[k] = k_mode ? f[k] * inv : f[k];
+      store_cache8<T, CACHE>(out + piece_b * kCacheBytes, f);
     }
+    return;
+  }
+  if (!write) return;
+  const float k_inv = k_mode == 2 ? __frcp_rn(k_s) : k_host_inv;
+  const float v_inv = v_mode == 2 ? __frcp_rn(v_s) : v_host_inv;
+  const int64_t k_at = slot_offset(slot, page_size, page_shift, kb_page, kb_off);
+  const int64_t v_at = slot_offset(slot, page_size, page_shift, vb_page, vb_off);
+#pragma unroll
+  for (int i = 0; i < H; ++i) {
+    if (!valid[i]) continue;
+    char* out = dst[i] + (is_v[i] ? v_at : k_at);
+    const int mode = is_v[i] ? v_mode : k_mode;
+    if (CACHE == kSame && mode == 0) {
+      *reinterpret_cast<uint4*>(out) = a[i];
+      continue;
+    }
+    const float inv = is_v[i] ? v_inv : k_inv;
+    float f[8];
+    unpack8<T>(a[i], f);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = mode ? f[k] * inv : f[k];
+    store_cache8<T, CACHE>(out, f);
   }
 }
 
@@ -316,10 +354,10 @@ static KernelFn pick_cache(int cache, int neox) {
   }
 }
 
-// unroll: tokens whose loads a thread issues together (1 or 2).
-static KernelFn pick(int is_bf16, int cache, int neox, int unroll) {
-  if (unroll == 2) {
-    return is_bf16 ? pick_cache<__nv_bfloat16, 2>(cache, neox) : pick_cache<__half, 2>(cache, neox);
+// heads: heads (rotation lanes) or pieces (copy lanes) per thread, 1 or 4.
+static KernelFn pick(int is_bf16, int cache, int neox, int heads) {
+  if (heads == 4) {
+    return is_bf16 ? pick_cache<__nv_bfloat16, 4>(cache, neox) : pick_cache<__half, 4>(cache, neox);
   }
   return is_bf16 ? pick_cache<__nv_bfloat16, 1>(cache, neox) : pick_cache<__half, 1>(cache, neox);
 }
@@ -339,15 +377,15 @@ extern "C" int sgl_ext_rope_kv_preload(int device) {
   for (int v = 0; v < 24 && err == 0; ++v) {
     cudaFuncAttributes attr;
     err = static_cast<int>(
-        cudaFuncGetAttributes(&attr, pick((v / 6) % 2, (v / 2) % 3, v % 2, 1 + v / 12)));
+        cudaFuncGetAttributes(&attr, pick((v / 6) % 2, (v / 2) % 3, v % 2, v < 12 ? 1 : 4)));
   }
   return err;
 }
 
 extern "C" int sgl_ext_rope_kv_launch(const RopeKVParams* p, int is_bf16, int cache, int neox,
-                                      int unroll, int grid_x, int grid_y, int block_x,
+                                      int heads, int grid_x, int grid_y, int block_x,
                                       int block_y, void* stream, int device, int pdl) {
-  KernelFn fn = pick(is_bf16, cache, neox, unroll);
+  KernelFn fn = pick(is_bf16, cache, neox, heads);
   if (fn == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   int err = use_device(device);
   if (err) return err;

@@ -138,20 +138,25 @@ def preferred(num_tokens: int) -> bool:
 class CudaConfig(NamedTuple):
     block_x: int  # lanes of a token per block (multiple of 32)
     tokens_per_block: int
-    unroll: int = 1  # tokens whose loads a thread issues together (1 or 2)
-    max_grid_x: int = 0  # > 0: at most this many token blocks, threads loop over the rest
+    heads: int = 1  # heads per rotation lane, pieces per copy lane (1 or 4)
 
 
-def launch_config(num_tokens: int, lanes: int) -> CudaConfig:
-    """Threads per block: a token's lanes in blocks of at most 128 (more blocks, more SMs at
-    small T). `SGL_EXT_CUDA_CONFIG="block_x,tokens[,unroll[,max_grid_x]]"` overrides (tuning)."""
+def launch_config(num_tokens: int, num_heads: int, pieces: int, rot_chunks: int) -> CudaConfig:
+    """Lanes per block (at most 128: more blocks, more SMs at small T), heads per lane.
+    `SGL_EXT_CUDA_CONFIG="block_x,tokens[,heads]"` overrides (tuning)."""
     override = os.environ.get("SGL_EXT_CUDA_CONFIG")
     if override:
         return CudaConfig(*(int(x) for x in override.split(",")))
+    heads = 4 if num_tokens > 64 else 1
+    lanes = num_lanes(num_heads, pieces, rot_chunks, heads)
     padded = -(-lanes // 32) * 32
     chunks = -(-padded // 128)
-    bx = -(-padded // (chunks * 32)) * 32
-    return CudaConfig(bx, 1, 2 if num_tokens > 256 else 1)
+    return CudaConfig(-(-padded // (chunks * 32)) * 32, 1, heads)
+
+
+def num_lanes(num_heads: int, pieces: int, rot_chunks: int, heads: int) -> int:
+    """Threads per token: rotation lanes (chunks x head groups), then copy lanes."""
+    return -(-num_heads // heads) * rot_chunks + -(-pieces // heads)
 
 
 def _scale(scale: float | torch.Tensor | None) -> tuple[int, int, float]:
@@ -195,8 +200,7 @@ def launch(
         cache = _CACHE_KIND.get(kbuf.dtype, 0)
         ps = k_lay.page_size
         shift = ps.bit_length() - 1 if ps & (ps - 1) == 0 else -1
-        lanes = (num_q_heads + num_kv_heads) * (rot // 16)
-        lanes += num_kv_heads * ((head_size - rot) // 8 + v_dim // 8)
+        pieces = num_kv_heads * ((head_size - rot) // 8 + v_dim // 8)
         ptrs = (value.data_ptr(), kbuf.data_ptr(), vbuf.data_ptr())
         kv_ints = (k_lay.page_stride, k_lay.offset_stride, k_lay.head_stride,
                    v_lay.page_stride, v_lay.offset_stride, v_lay.head_stride)  # fmt: skip
@@ -205,7 +209,7 @@ def launch(
         k_mode = v_mode = k_ptr = v_ptr = cache = shift = v_tok = v_head = v_dim = slots = 0
         k_inv = v_inv = 1.0
         ps, loc_ptr, loc64 = 1, 0, False
-        lanes = (num_q_heads + num_kv_heads) * (rot // 16)
+        pieces = 0
         ptrs = (0, 0, 0)
         kv_ints = (0,) * 6
     params = _Params(
@@ -216,16 +220,17 @@ def launch(
         cos_sin_cache.shape[0], slots, ps, shift, positions.dtype == torch.int64, loc64,
         kv is not None, k_mode, v_mode, k_inv, v_inv,
     )  # fmt: skip
-    cfg = launch_config(num_tokens, lanes)
-    grid_x = -(-num_tokens // (cfg.tokens_per_block * cfg.unroll))
-    if cfg.max_grid_x > 0:
-        grid_x = min(grid_x, cfg.max_grid_x)
-    grid_y = -(-lanes // cfg.block_x)
+    num_heads = num_q_heads + num_kv_heads
+    cfg = launch_config(num_tokens, num_heads, pieces, rot // 16)
+    if cfg.heads not in (1, 4) or cfg.block_x * cfg.tokens_per_block > 512:
+        raise ValueError(f"invalid CUDA launch config {cfg} (heads 1 or 4, at most 512 threads)")
+    grid_x = -(-num_tokens // cfg.tokens_per_block)
+    grid_y = -(-num_lanes(num_heads, pieces, rot // 16, cfg.heads) // cfg.block_x)
     if enable_pdl is None:
         enable_pdl = _pdl_capable(index)
     stream = torch.cuda.current_stream(query.device).cuda_stream
     err = lib.sgl_ext_rope_kv_launch(
-        ctypes.byref(params), key.dtype == torch.bfloat16, cache, bool(is_neox), cfg.unroll,
+        ctypes.byref(params), key.dtype == torch.bfloat16, cache, bool(is_neox), cfg.heads,
         grid_x, grid_y, cfg.block_x, cfg.tokens_per_block, stream, index, bool(enable_pdl),
     )  # fmt: skip
     if err:

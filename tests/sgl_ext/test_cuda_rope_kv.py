@@ -39,15 +39,17 @@ def test_build_without_nvcc_is_a_clear_error(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("num_tokens", [1, 7, 65, 4096])
-@pytest.mark.parametrize("lanes", [1, 33, 352, 448, 700, 1216, 5000])
-def test_launch_config_covers_every_lane(num_tokens, lanes):
-    from sgl_ext.cuda.rope_kv import launch_config
+@pytest.mark.parametrize("shape", [(40, 128, 8), (72, 64, 4), (2, 16, 3), (136, 200, 1)])
+def test_launch_config_covers_every_lane(num_tokens, shape):
+    """(heads, copy pieces, rotary chunks): blocks of whole warps, at most 512 threads, and the
+    lane blocks cover every lane without an empty block."""
+    from sgl_ext.cuda.rope_kv import launch_config, num_lanes
 
-    bx, tpb, unroll, max_grid = launch_config(num_tokens, lanes)
-    assert bx % 32 == 0 and 32 <= bx <= 512 and 1 <= tpb and bx * tpb <= 1024
-    assert unroll in (1, 2) and max_grid >= 0
+    bx, tpb, heads = launch_config(num_tokens, *shape)
+    assert bx % 32 == 0 and 32 <= bx <= 128 and tpb == 1 and heads in (1, 4)
+    lanes = num_lanes(*shape, heads)
     chunks = -(-lanes // bx)
-    assert chunks * bx >= lanes and (chunks - 1) * bx < lanes  # no empty lane block
+    assert chunks * bx >= lanes and (chunks - 1) * bx < lanes
 
 
 # ---------------------------------------------------------------- GPU: against the reference
@@ -80,15 +82,16 @@ def test_cuda_rope_kv(backend, case):
 
 @gpu
 @pytest.mark.parametrize(
-    "config", ["32,1", "64,2", "128,4", "512,1", "256,3", "64,1,2", "96,2,2,3", "128,1,1,2"]
+    "config", ["32,1", "64,2", "128,4", "512,1", "160,3", "32,1,4", "96,2,4", "128,4,4"]
 )
 @pytest.mark.parametrize("num_tokens", [1, 33, 257])
-def test_cuda_launch_configs(backend, monkeypatch, config, num_tokens):
-    """Lanes split over several blocks, several tokens per block, two tokens' loads per thread
-    and a capped grid whose threads loop over tokens give the same result."""
+@pytest.mark.parametrize("heads", [(6, 2), (5, 1)])  # (5, 1): a group of q, k, and no heads
+def test_cuda_launch_configs(backend, monkeypatch, config, num_tokens, heads):
+    """Lanes split over several blocks, several tokens per block and four heads (or pieces) per
+    thread give the same result."""
     backend("cuda")
     monkeypatch.setenv("SGL_EXT_CUDA_CONFIG", config)
-    run_case(device="cuda", dtype=torch.bfloat16, num_tokens=num_tokens, d=64, hq=6, hkv=2,
+    run_case(device="cuda", dtype=torch.bfloat16, num_tokens=num_tokens, d=64, hq=heads[0], hkv=heads[1],
              rot_frac=0.5, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="nhd",
              num_slots=320)  # fmt: skip
 
