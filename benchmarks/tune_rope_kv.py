@@ -92,7 +92,7 @@ def main() -> None:
             print(f"BEST {shape} T={t}: {best}", flush=True)
             line = sorted(default, key=lambda r: r["us"])[:5]
             top = [(r.get("cuda") or (r["bh"], r["nw"], r["merged"], r["spread"]),
-                    round(r["us"], 2)) for r in line]  # fmt: skip
+                    f"pdl{int(r['pdl'])}", round(r["us"], 2)) for r in line]  # fmt: skip
             print("   top5:", top)
             del c
             torch.cuda.empty_cache()

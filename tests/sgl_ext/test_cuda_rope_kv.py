@@ -91,8 +91,8 @@ def test_cuda_launch_configs(backend, monkeypatch, config, num_tokens, heads):
     thread give the same result."""
     backend("cuda")
     monkeypatch.setenv("SGL_EXT_CUDA_CONFIG", config)
-    run_case(device="cuda", dtype=torch.bfloat16, num_tokens=num_tokens, d=64, hq=heads[0], hkv=heads[1],
-             rot_frac=0.5, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="nhd",
+    run_case(device="cuda", dtype=torch.bfloat16, num_tokens=num_tokens, d=64, hq=heads[0],
+             hkv=heads[1], rot_frac=0.5, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="nhd",
              num_slots=320)  # fmt: skip
 
 
