@@ -21,7 +21,10 @@ import torch
 from sgl_ext._common import KVLayout
 from sgl_ext.cuda import jit
 
-_PREFERRED_TOKENS = (1, 2**31)  # token counts where the CUDA kernel is the default
+# Token counts where the CUDA kernel is the default: none. Measured on the H100 (RESULTS.md,
+# NOTES.md) it is slower than the Triton kernel at every T, so it runs only when forced
+# (SGL_EXT_BACKEND=cuda) or opted into with SGL_EXT_CUDA_TOKENS.
+_PREFERRED_TOKENS = (1, 0)
 _CACHE_KIND = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # else 0: the input dtype
 
 
@@ -147,7 +150,7 @@ def launch_config(num_tokens: int, num_heads: int, pieces: int, rot_chunks: int)
     override = os.environ.get("SGL_EXT_CUDA_CONFIG")
     if override:
         return CudaConfig(*(int(x) for x in override.split(",")))
-    heads = 4 if num_tokens > 64 else 1
+    heads = 4 if num_tokens > 4096 else 1  # sweep of 2026-11-22: 4 heads won only at 8192
     lanes = num_lanes(num_heads, pieces, rot_chunks, heads)
     padded = -(-lanes // 32) * 32
     chunks = -(-padded // 128)

@@ -120,16 +120,21 @@ def test_unsupported_calls_use_triton(backend, monkeypatch, case):
 
 @gpu
 def test_default_dispatch_uses_cuda_where_preferred(monkeypatch):
+    """Without SGL_EXT_BACKEND the CUDA kernel runs exactly at the preferred token counts
+    (none by default: it measured slower than Triton; SGL_EXT_CUDA_TOKENS opts in)."""
     from sgl_ext.cuda import rope_kv as cuda_rope_kv
 
     monkeypatch.delenv("SGL_EXT_BACKEND", raising=False)
     calls = []
     real = cuda_rope_kv.launch
     monkeypatch.setattr(cuda_rope_kv, "launch", lambda *a, **k: calls.append(1) or real(*a, **k))
-    for t in (1, 64, 2048):
-        run_case(device="cuda", dtype=torch.bfloat16, num_tokens=t, num_slots=4096)
-    want = sum(cuda_rope_kv.preferred(t) for t in (1, 64, 2048))
-    assert len(calls) == want
+    for env, want in ((None, 0), ("1,64", 2)):
+        if env:
+            monkeypatch.setenv("SGL_EXT_CUDA_TOKENS", env)
+        calls.clear()
+        for t in (1, 64, 2048):
+            run_case(device="cuda", dtype=torch.bfloat16, num_tokens=t, num_slots=4096)
+        assert len(calls) == want
 
 
 @gpu

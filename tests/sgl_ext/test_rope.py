@@ -56,8 +56,9 @@ def run_case(
     cs = make_cos_sin_cache(max_pos, rot)
     # q, k, v as strided column views of one fused qkv output: [T, (Hq + Hkv) * D + Hkv * Dv].
     qkv = torch.randn(t, hq * d + hkv * d + hkv * dv + misalign, generator=gen).to(dtype)
-    qkv = qkv[:, int(misalign) :]  # misalign: rows start off a 4-byte boundary
-    qkv = qkv.to(device)
+    # misalign: rows start off a 4-byte boundary (sliced on the device: .to() would copy a
+    # non-dense view into a fresh, aligned tensor).
+    qkv = qkv.to(device)[:, int(misalign) :]
     pos, cs = pos.to(device), cs.to(device)
     q, k, v = qkv.split([hq * d, hkv * d, hkv * dv], dim=-1)  # [T, Hq*D], [T, Hkv*D], [T, Hkv*Dv]
     if q3d:
