@@ -57,7 +57,12 @@ def build(name: str, capability: tuple[int, int], out_dir: Path | None = None) -
     if nvcc is None:
         raise BuildError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
     src = CSRC / f"{name}.cu"
-    flags = [*NVCC_FLAGS, *arch_flags(capability)]
+    # SGL_EXT_NVCC_FLAGS: extra flags (e.g. -D switches of experiments); part of the cache key.
+    flags = [
+        *NVCC_FLAGS,
+        *arch_flags(capability),
+        *os.environ.get("SGL_EXT_NVCC_FLAGS", "").split(),
+    ]
     key = hashlib.sha256(
         src.read_bytes() + " ".join(flags).encode() + _nvcc_version(nvcc).encode()
     ).hexdigest()[:16]
@@ -80,7 +85,11 @@ def build(name: str, capability: tuple[int, int], out_dir: Path | None = None) -
     return lib
 
 
-@functools.cache
 def load(name: str, capability: tuple[int, int]) -> ctypes.CDLL:
     """Build (or find in the cache) and load `csrc/<name>.cu` for one GPU architecture."""
+    return _load(name, capability, os.environ.get("SGL_EXT_NVCC_FLAGS", ""))
+
+
+@functools.cache
+def _load(name: str, capability: tuple[int, int], extra_flags: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(build(name, capability)))

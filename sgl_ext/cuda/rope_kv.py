@@ -46,9 +46,13 @@ class _Params(ctypes.Structure):
     ]  # fmt: skip
 
 
-@functools.cache
 def _library(device_index: int) -> ctypes.CDLL | None:
     """The built library with every kernel loaded on this device, or None (warned once)."""
+    return _library_for(device_index, os.environ.get("SGL_EXT_NVCC_FLAGS", ""))
+
+
+@functools.cache
+def _library_for(device_index: int, extra_flags: str) -> ctypes.CDLL | None:
     capability = torch.cuda.get_device_capability(device_index)
     try:
         lib = jit.load("rope_kv", capability)

@@ -1,0 +1,259 @@
+"""Benchmark of the fused RoPE + KV-cache write on real model shapes.
+
+Variants (all inside CUDA graphs, median over replays, µs per call):
+  fused      ours: apply_rope_with_cos_sin_cache_inplace with FusedSetKVBufferArg
+  unfused    ours: RoPE op alone + sgl_ext.set_kv_buffer
+  native     torch-native unfused: rotate in torch + two index copies into the cache
+  compile    torch.compile(dynamic=False) of the native function
+  floor      bytes the fused op must move / device-copy bandwidth measured in this run
+
+Usage: python benchmarks/bench_rope_kv.py [--tokens 1 8 ...] [--shapes llama3-8b gpt-oss-20b]
+           [--kv-dtype bf16|fp8_e4m3] [--rot-frac 0.5] [--gptj] [--no-compile] [--json-out F]
+           [--plot F.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import sgl_ext  # noqa: E402
+from sgl_ext import FusedSetKVBufferArg  # noqa: E402
+from sgl_ext.native import rotate_native  # noqa: E402
+
+SHAPES = {  # name: (Hq, Hkv, D)
+    "llama3-8b": (32, 8, 128),
+    "gpt-oss-20b": (64, 8, 64),
+    "qwen3-8b": (32, 8, 128),
+}
+TOKENS = [1, 8, 32, 128, 512, 2048, 8192, 32768]
+# SGLang 0.5.23 JIT rope.cuh fused kernel, H100, CUDA graph (from issue #2; not measured here).
+SGLANG_REF = {
+    "llama3-8b": {1: 1.10, 8: 1.72, 32: 1.90, 128: 3.47, 512: 6.89, 2048: 20.7, 8192: 80.2,
+                  32768: 322},
+    "gpt-oss-20b": {1: 1.65, 8: 1.36, 32: 1.66, 128: 3.02, 512: 6.07, 2048: 17.1, 8192: 64.7,
+                    32768: 256},
+}  # fmt: skip
+KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def graph_time_us(fn, reps: int, replays: int = 20) -> float:
+    """Median µs per fn() call: `reps` calls in one CUDA graph, replayed `replays` times."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(3):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fn(i)
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy GB/s (read + write bytes): the best of memcpy and a copy kernel."""
+    n = 1 << 28  # 1 GiB of float32
+    a = torch.randn(n, device="cuda")
+    b = torch.empty_like(a)
+    t_memcpy = graph_time_us(lambda i: b.copy_(a), reps=4, replays=10)
+    t_kernel = graph_time_us(lambda i: torch.mul(a, 1.0, out=b), reps=4, replays=10)
+    return 2 * 4 * n / (min(t_memcpy, t_kernel) * 1e-6) / 1e9
+
+
+def empty_kernel_us() -> float:
+    x = torch.zeros(1, device="cuda")
+    return graph_time_us(lambda i: x.add_(1), reps=200)
+
+
+class Case:
+    """Input sets for one (shape, T) point, rotated across graph calls to defeat the L2 cache."""
+
+    def __init__(self, shape, t, kv_dtype, rot_frac, neox, dtype=torch.bfloat16):
+        hq, hkv, d = SHAPES[shape]
+        self.hq, self.hkv, self.d, self.t, self.neox = hq, hkv, d, t, neox
+        self.rot = int(d * rot_frac)
+        es, kes = 2, torch.empty(0, dtype=kv_dtype).element_size()
+        self.bytes = (
+            2 * t * (hq + hkv) * self.rot * es  # q/k rotary dims read + written
+            + t * hkv * (d - self.rot) * es  # k pass-through dims read for the cache
+            + t * hkv * d * es  # v read
+            + 2 * t * hkv * d * kes  # K and V written to the cache
+            + t * self.rot * 4  # cos/sin rows
+            + 2 * t * 8  # positions + slots
+        )
+        self.nsets = max(2, min(32, math.ceil(256e6 / self.bytes)))
+        max_pos = 131072
+        self.cs = torch.randn(max_pos, self.rot, device="cuda")
+        slots = max(65536, t * self.nsets)
+        self.kb = torch.randn(slots, hkv, d, device="cuda").to(kv_dtype)
+        self.vb = torch.randn(slots, hkv, d, device="cuda").to(kv_dtype)
+        self.sets = []
+        perm = torch.randperm(slots, device="cuda")
+        for i in range(self.nsets):
+            qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda", dtype=dtype)
+            pos = torch.randint(0, max_pos, (t,), device="cuda")
+            loc = perm[i * t : (i + 1) * t].clone() if (i + 1) * t <= slots else perm[:t].clone()
+            self.sets.append((qkv, pos, loc))
+        self.k_scale = torch.tensor(0.5, device="cuda") if kv_dtype != torch.bfloat16 else None
+
+    def split(self, i):
+        qkv, pos, loc = self.sets[i % self.nsets]
+        q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        return pos, q, k, v, loc
+
+    def fused(self, i):
+        pos, q, k, v, loc = self.split(i)
+        arg = FusedSetKVBufferArg(v, self.kb, self.vb, self.k_scale, self.k_scale, loc)
+        sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, self.d, self.cs, self.neox, arg)
+
+    def unfused(self, i):
+        pos, q, k, v, loc = self.split(i)
+        sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, self.d, self.cs, self.neox)
+        sgl_ext.set_kv_buffer(k, v, self.kb, self.vb, loc, self.k_scale, self.k_scale)
+
+
+def native_unfused(pos, q, k, v, cs, kb, vb, loc, d, neox, scale):
+    """The torch-native unfused path as model code writes it: rotate, then two index copies."""
+    rotate_native(pos, q, d, cs, neox)
+    rotate_native(pos, k, d, cs, neox)
+    kk, vv = k.view(k.shape[0], -1, d), v.view(v.shape[0], -1, d)  # [T, Hkv, D]
+    if scale is not None:
+        kk, vv = (kk.float() / scale).to(kb.dtype), (vv.float() / scale).to(vb.dtype)
+    kb[loc] = kk
+    vb[loc] = vv
+
+
+def run(args) -> list[dict]:
+    kv_dtype = KV_DTYPES[args.kv_dtype]
+    bw = copy_bandwidth()
+    empty = empty_kernel_us()
+    print(f"# device {torch.cuda.get_device_name()}, copy bandwidth {bw:.0f} GB/s (read+write), "
+          f"empty kernel in graph {empty:.2f} µs, kv {args.kv_dtype}, rot_frac {args.rot_frac}, "
+          f"{'neox' if not args.gptj else 'gptj'}")  # fmt: skip
+    # One static compile per (shape, T): lift dynamo's recompile limit (default 8) above that.
+    torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+    compiled = torch.compile(native_unfused, dynamic=False) if not args.no_compile else None
+    rows = []
+    for shape in args.shapes:
+        for t in args.tokens:
+            c = Case(shape, t, kv_dtype, args.rot_frac, not args.gptj)
+            reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
+            r = {"shape": shape, "T": t, "bytes": c.bytes}
+            r["fused"] = graph_time_us(c.fused, reps)
+            r["unfused"] = graph_time_us(c.unfused, reps)
+
+            def nat(i, fn=native_unfused, c=c):
+                pos, q, k, v, loc = c.split(i)
+                fn(pos, q, k, v, c.cs, c.kb, c.vb, loc, c.d, c.neox, c.k_scale)
+
+            r["native"] = graph_time_us(nat, reps)
+            if compiled is not None:
+                r["compile"] = graph_time_us(lambda i, c=c: nat(i, compiled, c), reps)
+            r["floor"] = c.bytes / (bw * 1e9) * 1e6
+            r["fused_GBps"] = c.bytes / (r["fused"] * 1e-6) / 1e9
+            r["pct_of_copy_bw"] = 100 * r["fused_GBps"] / bw
+            ref = SGLANG_REF.get(shape, {}).get(t)
+            if ref and args.kv_dtype == "bf16" and args.rot_frac == 1.0 and not args.gptj:
+                r["sglang_ref"] = ref
+            rows.append(r)
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
+                  flush=True)  # fmt: skip
+            del c
+            torch.cuda.empty_cache()
+    return rows, bw, empty
+
+
+def table(rows, bw, empty, args) -> str:
+    cols = ["fused", "unfused", "native", "compile", "floor", "sglang_ref"]
+    style = "gptj" if args.gptj else "neox"
+    head = (
+        f"device: {torch.cuda.get_device_name()}; copy bw {bw:.0f} GB/s; empty kernel "
+        f"{empty:.2f} µs; kv {args.kv_dtype}; rot_frac {args.rot_frac}; {style}; "
+        "µs per call in CUDA graph (median)"
+    )
+    out = [head, ""]
+    out.append("| shape | T | " + " | ".join(cols) + " | fused GB/s | % copy bw | fused/sglang |")
+    out.append("|" + "---|" * (len(cols) + 5))
+    for r in rows:
+        vals = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
+        ratio = f"{r['fused'] / r['sglang_ref']:.2f}" if "sglang_ref" in r else "-"
+        tail = f" | {r['fused_GBps']:.0f} | {r['pct_of_copy_bw']:.0f}% | {ratio} |"
+        out.append(f"| {r['shape']} | {r['T']} | " + " | ".join(vals) + tail)
+    return "\n".join(out)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({r["shape"] for r in rows})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        rs = [r for r in rows if r["shape"] == shape]
+        ts = [r["T"] for r in rs]
+        for col in ("fused", "unfused", "native", "compile", "floor", "sglang_ref"):
+            if all(col in r for r in rs):
+                ax.plot(ts, [r[col] for r in rs], marker="o", label=col)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("µs per call (CUDA graph)")
+        ax.set_title(shape)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
+    p.add_argument("--shapes", nargs="+", default=["llama3-8b", "gpt-oss-20b"], choices=SHAPES)
+    p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
+    p.add_argument("--rot-frac", type=float, default=1.0)
+    p.add_argument("--gptj", action="store_true")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--json-out")
+    p.add_argument("--plot")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_rope_kv needs a CUDA GPU")
+    t0 = time.time()
+    rows, bw, empty = run(args)
+    md = table(rows, bw, empty, args)
+    print(md)
+    print(f"# {time.time() - t0:.0f} s")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"rows": rows, "copy_bw": bw, "empty_us": empty, "args": vars(args),
+                       "device": torch.cuda.get_device_name()}, f, indent=1)  # fmt: skip
+    if args.plot:
+        plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Compile the Triton kernels for sm_90 without a GPU (catches front-end errors the interpreter
+does not, e.g. if/else type mismatches). python benchmarks/compile_check.py"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from sgl_ext.triton.rope_kv import rope_kv_kernel  # noqa: E402
+
+PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32", "e4m3": "*fp8e4nv", "e5m2": "*fp8e5"}
+
+
+def compile_one(
+    dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl, bh=4, merged=False
+):
+    names = list(rope_kv_kernel.arg_names)
+    sig, consts, attrs = {}, {}, {}
+    for idx, n in enumerate(names):
+        p = rope_kv_kernel.params[idx]
+        if p.is_constexpr:
+            continue
+        if n.endswith("_ptr") or "stride" in n:  # as the JIT specialises 16-aligned arguments
+            attrs[(idx,)] = [["tt.divisibility", 16]]
+        if n in ("q_ptr", "k_ptr", "v_ptr"):
+            sig[n] = PTR[dtype]
+        elif n in ("kbuf_ptr", "vbuf_ptr"):
+            sig[n] = PTR[kv]
+        elif n in ("pos_ptr", "loc_ptr"):
+            sig[n] = "*i64"
+        elif n in ("cos_sin_ptr", "k_scale_ptr", "v_scale_ptr"):
+            sig[n] = "*fp32"
+        elif n in ("k_scale_f", "v_scale_f"):
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i64" if "stride" in n else "i32"
+    fp8 = {"e4m3": 448.0, "e5m2": 57344.0}.get(kv, 0.0)
+    consts.update(
+        PAGE_SIZE=16, HEAD_DIM=128, V_HEAD_DIM=128, ROT_DIM=128 - 64 * tail,
+        BLOCK_HALF=64 - 32 * tail,
+        BLOCK_TAIL=64 * tail, BLOCK_DV=128, BLOCK_H=bh, BLOCK_HKV=min(bh, 8), PAIR_MODE=pair_mode,
+        KBUF_PAIR_MODE=kbuf_mode, IS_BF16=dtype == "bf16", ROTATE=rotate, WRITE_KV=write_kv,
+        K_SCALE_MODE=ks, V_SCALE_MODE=ks, K_FP8_MAX=fp8, V_FP8_MAX=fp8, EMULATE_FP8=False,
+        USE_PDL=pdl, NUM_Q_BLOCKS=32 // bh, NUM_KV_BLOCKS=max(1, 8 // bh), TOKEN_MAJOR=merged,
+        MERGED=merged,
+    )  # fmt: skip
+    for k in consts:
+        sig[k] = "constexpr"
+    src = ASTSource(rope_kv_kernel, sig, consts, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+def sass_loads_before_division() -> tuple[int, int]:
+    """(LDGs issued after the first MUFU.RCP on the key/value path, LDGs before it) in the SASS
+    of the fp8 tensor-scale variant, for the small-T default (one head per program) and the
+    merged programs of larger T (8 heads, summed). Every
+    load must be issued before the scale reciprocal, whose slow-path CALL would otherwise hold
+    back the loads after it: one more memory round trip at small T. The key/value path runs from
+    its first instruction to the first unpredicated BRA or EXIT after the reciprocal."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    import triton.backends.nvidia as nv
+
+    kernel = compile_one("bf16", "e4m3", True, True, 0, 0, 2, 0, True, bh=4, merged=True)
+    cuobjdump = Path(nv.__file__).parent / "bin" / "cuobjdump"
+    cubin = Path("/tmp") / f"sgl_ext_check_{os.getpid()}.cubin"
+    cubin.write_bytes(kernel.asm["cubin"])
+    try:
+        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
+    finally:
+        cubin.unlink()
+    ops = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    first_rcp = min(i for i, ln in enumerate(ops) if "MUFU.RCP" in ln)
+    end = next(i for i in range(first_rcp, len(ops)) if re.search(r"\*/\s+(BRA|EXIT)\b", ops[i]))
+    after = sum(" LDG" in ln for ln in ops[first_rcp:end])
+    before = sum(" LDG" in ln for ln in ops[:first_rcp])
+    return after, before
+
+
+def main() -> int:
+    n = 0
+    cases = [
+        ("bf16", "bf16", True, True, 0, 0, 0, 0, True),
+        ("bf16", "e4m3", True, True, 0, 0, 2, 1, True),
+        ("fp16", "e5m2", True, True, 2, 1, 1, 0, False),
+        ("bf16", "bf16", True, True, 2, 2, 0, 1, True),
+        ("fp32", "fp32", True, True, 1, 1, 0, 0, True),
+        ("bf16", "bf16", True, False, 0, 0, 0, 0, True),
+        ("bf16", "bf16", True, False, 2, 2, 0, 0, True),
+        ("bf16", "bf16", False, True, 0, 0, 0, 0, True),
+        ("fp16", "e4m3", False, True, 0, 0, 2, 1, False),
+    ]
+    for case in cases:
+        compile_one(*case)
+        n += 1
+    for bh, merged in ((1, False), (32, False), (8, True), (32, True)):
+        compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh, merged)
+    compile_one("bf16", "e4m3", True, True, 2, 1, 2, 1, True, 8, True)
+    print(f"compiled {n + 5} kernel variants for sm_90")
+    after, before = sass_loads_before_division()
+    print(f"fp8 tensor-scale SASS: {before} loads before the first reciprocal, {after} after it")
+    return 0 if after == 0 and before > 0 else 1
+
+
+if __name__ == "__main__":
+    del itertools
+    sys.exit(main())

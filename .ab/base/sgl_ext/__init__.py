@@ -1,0 +1,21 @@
+"""sgl_ext: RoPE fused with the KV-cache write, source-compatible with sgl_kernel."""
+
+from sgl_ext import _ops  # noqa: F401  (registers torch.ops.sgl_ext.* for torch.compile)
+from sgl_ext._common import FP8_DTYPES, INPUT_DTYPES, set_debug_checks
+from sgl_ext.kv_cache import set_kv_buffer, set_kv_buffer_native
+from sgl_ext.rope import (
+    FusedSetKVBufferArg,
+    apply_rope_native,
+    apply_rope_with_cos_sin_cache_inplace,
+)
+
+__all__ = [
+    "FP8_DTYPES",
+    "INPUT_DTYPES",
+    "FusedSetKVBufferArg",
+    "apply_rope_native",
+    "apply_rope_with_cos_sin_cache_inplace",
+    "set_debug_checks",
+    "set_kv_buffer",
+    "set_kv_buffer_native",
+]

@@ -1,0 +1,54 @@
+"""Backend choice for the sgl_ext ops: `native`, `triton` or `cuda`.
+
+`SGL_EXT_BACKEND` forces one (CI sets `triton` with `TRITON_INTERPRET=1` to run the Triton kernel
+on CPU tensors). Otherwise CUDA tensors get the fastest available kernel and others `native`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+BACKENDS = ("native", "triton", "cuda")
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def forced_backend() -> str | None:
+    name = os.environ.get("SGL_EXT_BACKEND", "").strip().lower()
+    if not name:
+        return None
+    if name not in BACKENDS:
+        raise ValueError(f"SGL_EXT_BACKEND must be one of {BACKENDS}, got {name!r}")
+    return name
+
+
+def select_backend(device: torch.device, cuda_ok: bool = False) -> str:
+    """Pick the backend for tensors on `device`; `cuda_ok`: the CUDA kernel supports the call."""
+    forced = forced_backend()
+    if forced is not None:
+        if forced == "triton" and not triton_available():
+            raise RuntimeError("SGL_EXT_BACKEND=triton but triton is not installed")
+        if forced == "triton" and device.type != "cuda" and not interpreting():
+            raise RuntimeError(
+                f"SGL_EXT_BACKEND=triton needs CUDA tensors (got {device}) or TRITON_INTERPRET=1"
+            )
+        if forced == "cuda" and (device.type != "cuda" or not cuda_ok):
+            raise RuntimeError("SGL_EXT_BACKEND=cuda but the CUDA kernel cannot run this call")
+        return forced
+    if device.type == "cuda":
+        if cuda_ok:
+            return "cuda"
+        if triton_available():
+            return "triton"
+    return "native"

@@ -1,0 +1,64 @@
+"""torch.library registration of the sgl_ext ops, used only under torch.compile.
+
+Eager calls go straight to the implementation (no dispatcher overhead); when
+`torch.compiler.is_compiling()` the public functions call these ops instead, so dynamo sees one
+opaque mutating op (no graph break) and inductor keeps the in-place semantics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_ext import kv_cache, rope
+
+_ROPE_MUTATES = ("query", "key", "k_buffer", "v_buffer")
+
+
+@torch.library.custom_op("sgl_ext::rope_kv", mutates_args=_ROPE_MUTATES)
+def rope_kv_op(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    value: torch.Tensor | None,
+    k_buffer: torch.Tensor | None,
+    v_buffer: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    cache_loc: torch.Tensor | None,
+) -> None:
+    q_info, k_info = rope._check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
+    kv = None
+    if value is not None:
+        arg = rope.FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
+        kv = rope._check_kv(key, arg, head_size)
+    rope._run(positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv)
+
+
+@rope_kv_op.register_fake
+def _rope_kv_fake(*args: object) -> None:
+    return None
+
+
+@torch.library.custom_op("sgl_ext::set_kv", mutates_args=("k_buffer", "v_buffer"))
+def set_kv_op(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    cache_loc: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    head_size: int,
+) -> None:
+    head_size, k_info, kv = kv_cache._check(
+        key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size
+    )
+    kv_cache._run(key, head_size, k_info, kv)
+
+
+@set_kv_op.register_fake
+def _set_kv_fake(*args: object) -> None:
+    return None

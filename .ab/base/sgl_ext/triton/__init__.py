@@ -1,0 +1,1 @@
+"""Triton kernels of sgl_ext (imported lazily: triton is optional on CPU)."""

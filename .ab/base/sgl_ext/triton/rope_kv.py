@@ -1,0 +1,404 @@
+"""Triton kernel: RoPE on q/k in place, and the rotated K plus V stored into the KV cache.
+
+One program handles one token and a block of heads. Separate layout: the first NUM_Q_BLOCKS
+programs of a token rotate query heads, the rest rotate key heads and (WRITE_KV) store K and V
+into the cache slot of the token. Merged layout (more tokens): program j rotates query block j
+and, if j < NUM_KV_BLOCKS, also does key/value block j, sharing the position and cos/sin row.
+Programs sit on a 2-D (tokens, blocks) grid or, token-major, on a 1-D grid (launch_config).
+The same kernel with ROTATE=False is the standalone KV write.
+
+The rotary dims of a head are addressed as a [HALF, 2] grid of pairs (i, j): neox pairs dim i
+with dim i + HALF, GPT-J pairs dim 2i with 2i + 1. Both load as one contiguous tile and are split
+in registers, so neither needs a gather.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from sgl_ext._backend import interpreting
+from sgl_ext._common import KVLayout, fp8_max
+from sgl_ext.triton.pairs import load_pairs, load_scale, quantize, reciprocal, store_pairs
+
+
+@triton.jit
+def _cos_sin(cs_row, c, c_ok, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROTATE: tl.constexpr):
+    """The token's cos and sin rows as [1, BLOCK_HALF] fp32 (zeros without rotation)."""
+    if ROTATE:
+        cos = tl.load(cs_row + c, mask=c_ok, other=0.0).to(tl.float32)
+        sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
+    else:
+        cos = tl.zeros([1, BLOCK_HALF], tl.float32)
+        sin = cos
+    return cos, sin
+
+
+@triton.jit
+def _key_value(
+    t, kvb, cs_row, c, c_ok,
+    k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride, v_head_stride,
+    kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+    vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+    loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
+    PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr,
+    ROT_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_HKV: tl.constexpr, PAIR_MODE: tl.constexpr, KBUF_PAIR_MODE: tl.constexpr,
+    IS_BF16: tl.constexpr, ROTATE: tl.constexpr, WRITE_KV: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr, V_SCALE_MODE: tl.constexpr, K_FP8_MAX: tl.constexpr,
+    V_FP8_MAX: tl.constexpr, EMULATE_FP8: tl.constexpr,
+):  # fmt: skip
+    """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
+    Returns the token's (cos, sin), loaded after every other load of the block."""
+    HALF: tl.constexpr = ROT_DIM // 2
+    kh = kvb * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
+    h_ok = kh < num_kv_heads
+    k_row = k_ptr + t * k_tok_stride + kh * k_head_stride
+    if WRITE_KV:
+        # Issue every independent load first: slot, V row, K tail, scales.
+        # [1, 1] rather than a scalar: newer Triton interpreters reject scalar & tensor masks.
+        loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
+        dv = tl.arange(0, BLOCK_DV)[None, :]
+        dv_mask = h_ok & (dv < V_HEAD_DIM)
+        v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
+        k_s = load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
+        v_s = load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
+        if BLOCK_TAIL > 0:  # pass-through dims of K (partial rotary) go to the cache too
+            dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]
+            t_mask = h_ok & (dt < HEAD_DIM)
+            k_tail = tl.load(k_row + dt, mask=t_mask)
+    km = h_ok & c_ok
+    if ROTATE:
+        ka, kb = load_pairs(k_row, c, km, HALF, PAIR_MODE, IS_BF16)
+    else:  # plain KV write: the whole head as one contiguous "pair" tile
+        ka, kb = load_pairs(k_row, c, km, HALF, 0, IS_BF16)
+    cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
+    if ROTATE:
+        KT: tl.constexpr = k_ptr.dtype.element_ty
+        # Round to the key dtype: the cache stores exactly the key the op returns.
+        ka, kb = (
+            (ka * cos - kb * sin).to(KT).to(tl.float32),
+            (kb * cos + ka * sin).to(KT).to(tl.float32),
+        )
+        store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
+    if WRITE_KV:
+        ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
+        loc = tl.where(ok, loc, 0)
+        page = loc // PAGE_SIZE
+        off = loc - page * PAGE_SIZE
+        kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
+        vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
+        KS: tl.constexpr = K_SCALE_MODE > 0
+        k_inv = reciprocal(k_s, K_SCALE_MODE)  # after all loads (see reciprocal)
+        v_inv = reciprocal(v_s, V_SCALE_MODE)
+        qa = quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
+        qb = quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
+        store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
+        if BLOCK_TAIL > 0:
+            kt = quantize(k_tail.to(tl.float32), k_inv, KS, K_FP8_MAX, EMULATE_FP8)
+            tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=t_mask & ok)
+        vq = quantize(v.to(tl.float32), v_inv, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
+        tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=dv_mask & ok)
+    return cos, sin
+
+
+@triton.jit
+def rope_kv_kernel(
+    pos_ptr, cos_sin_ptr, cs_stride,
+    q_ptr, q_tok_stride, q_head_stride,
+    k_ptr, k_tok_stride, k_head_stride,
+    v_ptr, v_tok_stride, v_head_stride,
+    kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+    vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+    loc_ptr, num_slots,
+    k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f,
+    num_q_heads, num_kv_heads, max_pos,
+    NUM_Q_BLOCKS: tl.constexpr,  # query head blocks per token
+    NUM_KV_BLOCKS: tl.constexpr,  # key/value head blocks per token
+    MERGED: tl.constexpr,  # program j does query block j and key/value block j (if any)
+    TOKEN_MAJOR: tl.constexpr,  # 1-D token-major grid (1) or 2-D (tokens, blocks) grid (0)
+    PAGE_SIZE: tl.constexpr,  # constexpr: a power of two becomes a shift, no 64-bit division
+    HEAD_DIM: tl.constexpr,
+    V_HEAD_DIM: tl.constexpr,
+    ROT_DIM: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # query heads per program
+    BLOCK_HKV: tl.constexpr,  # key/value heads per program
+    PAIR_MODE: tl.constexpr,  # see load_pairs
+    KBUF_PAIR_MODE: tl.constexpr,  # pair layout used for the K-cache store
+    IS_BF16: tl.constexpr,
+    ROTATE: tl.constexpr,
+    WRITE_KV: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr,  # 0 none, 1 python float, 2 device tensor
+    V_SCALE_MODE: tl.constexpr,
+    K_FP8_MAX: tl.constexpr,  # 0 when the buffer is not fp8
+    V_FP8_MAX: tl.constexpr,
+    EMULATE_FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):  # fmt: skip
+    NUM_BLOCKS: tl.constexpr = (
+        max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
+    )
+    if TOKEN_MAJOR:  # 1-D grid: a token's programs are neighbours (cos/sin row in L1/L2)
+        pid = tl.program_id(0)
+        t = (pid // NUM_BLOCKS).to(tl.int64)
+        hb = pid % NUM_BLOCKS
+    else:  # 2-D grid (tokens, blocks): no division; measured faster at small T (NOTES.md)
+        t = tl.program_id(0).to(tl.int64)
+        hb = tl.program_id(1)
+    HALF: tl.constexpr = ROT_DIM // 2
+    c = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: pair index = cos/sin column
+    c_ok = c < HALF
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1] query heads
+    if USE_PDL:
+        # Programmatic dependent launch: everything above overlapped the previous kernel; wait
+        # for its results before the first load, and let the next kernel start launching.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    if ROTATE:
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # memory safety; debug checks report
+        cs_row = cos_sin_ptr + pos * cs_stride
+    else:  # plain KV write: no query blocks, no rotation
+        cs_row = cos_sin_ptr
+    # Loads are issued in order (slot, data, then the cos/sin row, which waits on the position),
+    # all before the first store.
+    q_mask = (heads < num_q_heads) & c_ok  # all false past the last query block
+    q_row = q_ptr + t * q_tok_stride + heads * q_head_stride
+    if MERGED:
+        a, b = load_pairs(q_row, c, q_mask, HALF, PAIR_MODE, IS_BF16)
+        if hb < NUM_KV_BLOCKS:
+            cos, sin = _key_value(
+                t, hb, cs_row, c, c_ok,
+                k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride, v_head_stride,
+                kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+                vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+                loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
+                PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV,
+                BLOCK_HKV, PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE,
+                V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8,
+            )  # fmt: skip
+        else:
+            cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
+        store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
+    elif hb < NUM_Q_BLOCKS:
+        a, b = load_pairs(q_row, c, q_mask, HALF, PAIR_MODE, IS_BF16)
+        cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
+        store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
+    else:
+        _key_value(
+            t, hb - NUM_Q_BLOCKS, cs_row, c, c_ok,
+            k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride, v_head_stride,
+            kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+            vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+            loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
+            PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV,
+            PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE,
+            K_FP8_MAX, V_FP8_MAX, EMULATE_FP8,
+        )  # fmt: skip
+
+
+@functools.cache
+def _pdl_capable(device_index: int | None) -> bool:
+    """Programmatic dependent launch needs Hopper (sm_90) or newer."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _pow2(n: int) -> int:
+    """Smallest power of two >= n (plain Python: triton.next_power_of_2 costs ~7 µs a call)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _pow2_floor(n: int) -> int:
+    """Largest power of two <= n (1 for n < 1)."""
+    return 1 << max(0, n.bit_length() - 1)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tuple:
+    """(mode, pointer, float): 0 no scale, 1 python float (passed as its fp32 reciprocal, one
+    IEEE fp32 division on the host), 2 device tensor (inverted in the kernel)."""
+    if scale is None:
+        return 0, dummy, 1.0
+    if isinstance(scale, torch.Tensor):
+        return 2, scale, 1.0
+    with np.errstate(over="ignore", divide="ignore"):
+        return 1, dummy, float(np.float32(1.0) / np.float32(scale))
+
+
+def _word_aligned(t: torch.Tensor, *strides: int) -> bool:
+    """Every head row of t starts on a 4-byte boundary (16-bit pairs load as int32 words)."""
+    return t.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in strides)
+
+
+def _strides(lay: KVLayout) -> tuple[int, int, int]:
+    return lay.page_stride, lay.offset_stride, lay.head_stride
+
+
+def _gptj_mode(rows: list[tuple[torch.Tensor, int, int]]) -> int:
+    """2: 16-bit GPT-J pairs as int32 words when every row is 4-byte aligned, else 1 (strided).
+
+    rows: (tensor, token stride, head stride) of query and key.
+    """
+    if rows[0][0].dtype not in (torch.bfloat16, torch.float16):
+        return 1
+    return 2 if all(_word_aligned(t, ts, hs) for t, ts, hs in rows) else 1
+
+
+class LaunchConfig(NamedTuple):
+    block_h: int  # query heads per program (key/value heads: at most this many)
+    num_warps: int
+    token_major: bool = True  # 1-D grid, a token's programs neighbours; else 2-D (T, blocks)
+    merged: bool = False  # program j does query block j and key/value block j
+    spread: bool = False  # merged: key/value heads spread over all query blocks (GQA groups)
+
+
+def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfig:
+    """Heads per program and warps: small batches split heads finer for parallelism."""
+    # "block_h,num_warps[,token_major[,merged[,spread]]]", for tuning only
+    override = os.environ.get("SGL_EXT_TRITON_CONFIG")
+    if override:
+        vals = [int(x) for x in override.split(",")]
+        return LaunchConfig(vals[0], vals[1], *(bool(x) for x in vals[2:5]))
+    # Measured on the H100 (benchmarks/NOTES.md, sweeps of 2026-11-22). Up to 64 tokens:
+    # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
+    # program is the long one, and fp8 scales make it longer), 512 elements each up to 64.
+    # More tokens: merged programs (a query block and a key/value block share the program, its
+    # position and its cos/sin row), ~1K (D=128) or ~2K (D=64) elements per program, about 4
+    # elements of each half tile per thread.
+    # The 2-D grid (no index division) measured 0.1-0.2 µs faster than the 1-D grid at T <= 8.
+    if num_tokens <= 8:
+        return LaunchConfig(1, 4, token_major=False)
+    if num_tokens <= 64:
+        bh = min(_pow2_floor(512 // head_dim), 32, _pow2(max_heads))
+        return LaunchConfig(bh, 4, token_major=False)
+    if num_tokens <= 256 or head_dim > 64:
+        block_h, num_warps = _pow2_floor(1024 // head_dim), 4
+    else:
+        block_h, num_warps = _pow2_floor(2048 // head_dim), 8
+    block_h = min(block_h, 32, _pow2(max_heads))
+    return LaunchConfig(block_h, num_warps, token_major=True, merged=True)
+
+
+def launch_rope_kv(
+    positions: torch.Tensor | None,
+    query: torch.Tensor | None,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor | None,
+    is_neox: bool,
+    q_info: tuple[int, int, int] | None,  # (num_heads, token stride, head stride)
+    k_info: tuple[int, int, int],
+    kv: tuple | None,  # (value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
+    enable_pdl: bool | None = None,
+) -> None:
+    """Launch the kernel. q/positions/cos_sin_cache None: KV write only; kv None: RoPE only."""
+    num_tokens = key.shape[0]
+    if num_tokens == 0:
+        return
+    rotate = cos_sin_cache is not None
+    # A plain KV write moves each head as one neox-style "pair" tile (plus an odd tail dim).
+    rot = cos_sin_cache.shape[1] if rotate else head_size - head_size % 2
+    num_q_heads, q_tok, q_head = q_info if q_info is not None else (0, 0, 0)
+    num_kv_heads, k_tok, k_head = k_info
+    cfg = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size)
+    block_h = cfg.block_h
+    num_q_blocks = _cdiv(num_q_heads, block_h)
+    merged = cfg.merged and num_q_blocks > 0
+    block_hkv = min(block_h, _pow2(num_kv_heads))
+    if merged and cfg.spread:
+        block_hkv = _pow2(_cdiv(num_kv_heads, num_q_blocks))
+    num_kv_blocks = _cdiv(num_kv_heads, block_hkv)
+    per_token = max(num_q_blocks, num_kv_blocks) if merged else num_q_blocks + num_kv_blocks
+    # The 2-D grid's second axis holds at most 65535 blocks per token (never reached: heads).
+    grid = (num_tokens * per_token,) if cfg.token_major else (num_tokens, per_token)
+    if kv is not None:
+        value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
+    else:
+        value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs = (
+            key, 0, 0, 1, key, key, key, None, None,
+        )  # fmt: skip
+        k_lay = v_lay = KVLayout(1, 1, 0, 0, 0, 1, 1)
+    k_mode, k_sptr, k_sf = _scale_args(ks, key)
+    v_mode, v_sptr, v_sf = _scale_args(vs, key)
+    interp = interpreting()
+    if enable_pdl is None:
+        enable_pdl = key.is_cuda and _pdl_capable(key.device.index)
+    use_pdl = bool(enable_pdl) and not interp
+    tail = head_size - rot
+    pair_mode = 0
+    if rotate and not is_neox:
+        pair_mode = _gptj_mode([(query, q_tok, q_head), (key, k_tok, k_head)])
+    kbuf_mode = pair_mode
+    if pair_mode == 2 and (kbuf.dtype != key.dtype or not _word_aligned(kbuf, *_strides(k_lay))):
+        kbuf_mode = 1
+    extra = {"launch_pdl": True} if use_pdl else {}
+    rope_kv_kernel[grid](
+        positions if rotate else key,
+        cos_sin_cache if rotate else key,
+        cos_sin_cache.stride(0) if rotate else 0,
+        query if query is not None else key,
+        q_tok,
+        q_head,
+        key,
+        k_tok,
+        k_head,
+        value,
+        v_tok,
+        v_head,
+        kbuf,
+        k_lay.page_stride,
+        k_lay.offset_stride,
+        k_lay.head_stride,
+        vbuf,
+        v_lay.page_stride,
+        v_lay.offset_stride,
+        v_lay.head_stride,
+        loc,
+        k_lay.num_slots,
+        k_sptr,
+        v_sptr,
+        k_sf,
+        v_sf,
+        num_q_heads,
+        num_kv_heads,
+        cos_sin_cache.shape[0] if rotate else 1,
+        NUM_Q_BLOCKS=num_q_blocks,
+        NUM_KV_BLOCKS=num_kv_blocks,
+        MERGED=merged,
+        TOKEN_MAJOR=cfg.token_major,
+        PAGE_SIZE=k_lay.page_size,
+        HEAD_DIM=head_size,
+        V_HEAD_DIM=v_head_dim,
+        ROT_DIM=rot,
+        BLOCK_HALF=_pow2(max(1, rot // 2)),
+        BLOCK_TAIL=_pow2(tail) if tail > 0 else 0,
+        BLOCK_DV=_pow2(v_head_dim),
+        BLOCK_H=block_h,
+        BLOCK_HKV=block_hkv,
+        PAIR_MODE=pair_mode,
+        KBUF_PAIR_MODE=kbuf_mode,
+        IS_BF16=key.dtype == torch.bfloat16,
+        ROTATE=rotate,
+        WRITE_KV=kv is not None,
+        K_SCALE_MODE=k_mode,
+        V_SCALE_MODE=v_mode,
+        K_FP8_MAX=fp8_max(kbuf.dtype),
+        V_FP8_MAX=fp8_max(vbuf.dtype),
+        EMULATE_FP8=interp,
+        USE_PDL=use_pdl,
+        num_warps=cfg.num_warps,
+        **extra,
+    )

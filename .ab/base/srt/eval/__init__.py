@@ -1,0 +1,1 @@
+"""Accuracy evals run through the offline Engine (``python -m srt.eval.gpqa``)."""

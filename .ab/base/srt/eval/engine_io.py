@@ -1,0 +1,114 @@
+"""How evals talk to the offline Engine: build it, template and tokenize prompts, generate.
+
+Kept apart from any one benchmark so that a new eval reuses it. Only the Engine's public
+surface is used (``Engine(...)``, ``engine.tokenizer``, ``engine.generate``,
+``engine.shutdown``), so tests can pass any object with that surface instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+
+def _engine_class() -> type:
+    from srt.entrypoints.engine import Engine  # imported late: evals sit on top of the stack
+
+    return Engine
+
+
+def make_engine(args: argparse.Namespace, fused: bool) -> Any:
+    """An Engine for the eval's command line, with the fused RoPE+KV path on or off.
+
+    ``random_seed=args.seed`` seeds the dummy (random) weights, so that the fused and the
+    unfused engine hold the same model and their outputs can be compared token for token.
+    """
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return _engine_class()(
+        model_path=args.model_path,
+        load_format=args.load_format,
+        device=device,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        page_size=args.page_size,
+        enable_fused_rope_kv=fused,
+        cuda_graph=device.startswith("cuda") and not args.disable_cuda_graph,
+        random_seed=args.seed,
+    )
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def prompt_token_ids(tokenizer: Any, text: str) -> tuple[str, list[int]]:
+    """Wrap ``text`` as one user turn with the chat template (if any) and tokenize it.
+
+    Returns
+    -------
+    (prompt, ids)
+        The exact prompt string the model sees and its token ids. With a chat template the
+        template supplies BOS etc., so no special tokens are added a second time; without one
+        the tokenizer's own ``add_special_tokens`` behaviour applies.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": text}]
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return prompt, list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    return text, list(tokenizer(text)["input_ids"])
+
+
+def generate_texts(
+    engine: Any,
+    input_ids: Sequence[list[int]],
+    sampling_params: dict[str, Any],
+    batch_size: int,
+    desc: str = "generate",
+) -> list[str]:
+    """Generate a completion for every prompt, ``batch_size`` prompts per Engine call.
+
+    Parameters
+    ----------
+    input_ids : sequence of list[int]
+        One token-id list per prompt (variable lengths).
+    sampling_params : dict
+        Passed to every ``engine.generate`` call (a fresh copy each time).
+
+    Returns
+    -------
+    list[str]
+        The decoded completions in prompt order (the Engine's ``text``, or its ``output_ids``
+        decoded without special tokens when it returns no text).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    texts: list[str] = []
+    # This bar counts every prompt; the Engine's own per-call bar would only add noise.
+    extra = {"progress_bar": False} if _accepts(engine.generate, "progress_bar") else {}
+    with tqdm(total=len(input_ids), desc=desc, unit="prompt", file=sys.stderr) as bar:
+        for start in range(0, len(input_ids), batch_size):
+            chunk = [list(ids) for ids in input_ids[start : start + batch_size]]
+            outputs = engine.generate(
+                input_ids=chunk, sampling_params=dict(sampling_params), **extra
+            )
+            if isinstance(outputs, dict):  # a single request may come back unwrapped
+                outputs = [outputs]
+            if len(outputs) != len(chunk):
+                raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(chunk)}")
+            for out in outputs:
+                text = out.get("text")
+                if text is None:
+                    text = engine.tokenizer.decode(out["output_ids"], skip_special_tokens=True)
+                texts.append(text)
+            bar.update(len(chunk))
+    return texts

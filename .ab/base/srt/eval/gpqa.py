@@ -1,0 +1,317 @@
+"""GPQA multiple-choice accuracy through the offline Engine, fused RoPE+KV vs unfused.
+
+Usage::
+
+    python -m srt.eval.gpqa --model-path /models/Qwen3-8B --data gpqa_diamond.csv \
+        --num-repeats 4 --compare-unfused --output gpqa.jsonl
+    python -m srt.eval.gpqa --load-format dummy --device cpu --data my.csv --max-new-tokens 8
+
+``--data`` is a local CSV in the public GPQA schema (``Question``, ``Correct Answer``,
+``Incorrect Answer 1..3``; other columns are ignored). No questions ship with this package:
+the dataset's authors ask that it not be published in plain text.
+
+Conventions follow openai/simple-evals: one ``random.Random(seed)`` first samples
+``--num-examples`` rows (if fewer than the file has), then draws a permutation of the four
+choices for every (row, repeat). The prompt goes through the tokenizer's chat template when it
+has one. The last stdout line is a JSON object: ``accuracy``, ``stderr``, ``num_examples``,
+``fused`` (and ``unfused_accuracy``, ``agreement`` with ``--compare-unfused``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from srt.eval.engine_io import generate_texts, make_engine, prompt_token_ids
+from srt.eval.multichoice import (
+    LETTERS,
+    extract_choice_letter,
+    format_multichoice_question,
+    mean_and_stderr,
+)
+
+QUESTION = "Question"
+CORRECT = "Correct Answer"
+INCORRECT = ("Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+REQUIRED_COLUMNS = (QUESTION, CORRECT, *INCORRECT)
+
+
+class GPQADataError(ValueError):
+    """The ``--data`` CSV is empty, lacks a GPQA column, or has a blank required field."""
+
+
+@dataclass(frozen=True)
+class GPQAExample:
+    """One (question, repeat) with its choices in the order shown to the model."""
+
+    row: int  # 0-based data row in the CSV
+    repeat: int
+    question: str
+    choices: tuple[str, str, str, str]  # display order A..D
+    permutation: tuple[int, int, int, int]  # choices[i] = original[permutation[i]], 0 = correct
+    correct_letter: str
+    record_id: str | None = None
+
+
+def load_gpqa_csv(path: str | Path) -> list[dict[str, str]]:
+    """Read a GPQA CSV and check its schema.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` is not a file.
+    GPQADataError
+        (a ValueError) The file is empty, lacks a required column, has no data rows, or a
+        row leaves a required field blank.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--data: GPQA CSV not found: {path}")
+    # utf-8-sig: tolerate a byte-order mark in front of the header.
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None:
+            raise GPQADataError(f"--data: {path} is empty (no header row)")
+        header = [name.strip() for name in reader.fieldnames]
+        missing = [c for c in REQUIRED_COLUMNS if c not in header]
+        if missing:
+            raise GPQADataError(
+                f"--data: {path} lacks GPQA column(s) {missing}; it has {header}. "
+                f"Required: {list(REQUIRED_COLUMNS)}"
+            )
+        reader.fieldnames = header
+        rows = list(reader)
+    if not rows:
+        raise GPQADataError(f"--data: {path} has a header but no data rows")
+    for i, row in enumerate(rows):
+        blank = [c for c in REQUIRED_COLUMNS if not (row.get(c) or "").strip()]
+        if blank:
+            raise GPQADataError(f"--data: {path} data row {i + 1} has blank field(s) {blank}")
+    return rows
+
+
+def build_examples(
+    rows: Sequence[dict[str, str]],
+    num_examples: int | None = None,
+    num_repeats: int = 1,
+    seed: int = 0,
+) -> list[GPQAExample]:
+    """Sample, repeat and shuffle choices (simple-evals order of RNG draws).
+
+    Returns ``len(selected rows) * num_repeats`` examples, row-major in repeat order
+    (all rows of repeat 0, then of repeat 1, ...). Deterministic in ``seed``.
+    """
+    if num_examples is not None and num_examples < 1:
+        raise ValueError(f"num_examples must be >= 1, got {num_examples}")
+    if num_repeats < 1:
+        raise ValueError(f"num_repeats must be >= 1, got {num_repeats}")
+    rng = random.Random(seed)
+    indices = list(range(len(rows)))
+    if num_examples is not None and num_examples < len(rows):
+        indices = rng.sample(indices, num_examples)
+    examples = []
+    for repeat in range(num_repeats):
+        for i in indices:
+            row = rows[i]
+            original = (row[CORRECT], *(row[c] for c in INCORRECT))
+            perm = tuple(rng.sample(range(4), 4))
+            examples.append(
+                GPQAExample(
+                    row=i,
+                    repeat=repeat,
+                    question=row[QUESTION],
+                    choices=tuple(original[p] for p in perm),
+                    permutation=perm,
+                    correct_letter=LETTERS[perm.index(0)],
+                    record_id=row.get("Record ID") or None,
+                )
+            )
+    return examples
+
+
+def score_responses(
+    examples: Sequence[GPQAExample], prompts: Sequence[str], responses: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One record per example: prompt, response, extracted letter, correct letter, score."""
+    records = []
+    for ex, prompt, response in zip(examples, prompts, responses, strict=True):
+        extracted = extract_choice_letter(response)
+        records.append(
+            {
+                "row": ex.row,
+                "repeat": ex.repeat,
+                "record_id": ex.record_id,
+                "permutation": list(ex.permutation),
+                "prompt": prompt,
+                "response": response,
+                "extracted": extracted,
+                "correct": ex.correct_letter,
+                "score": float(extracted == ex.correct_letter),
+            }
+        )
+    return records
+
+
+def summarize(
+    records: Sequence[dict[str, Any]],
+    fused: bool,
+    unfused_records: Sequence[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The final JSON line: accuracy, stderr, counts, and the fused/unfused comparison."""
+    accuracy, stderr = mean_and_stderr([r["score"] for r in records])
+    summary: dict[str, Any] = {
+        "accuracy": accuracy,
+        "stderr": stderr,
+        "num_examples": len({r["row"] for r in records}),
+        "num_repeats": len({r["repeat"] for r in records}),
+        "num_samples": len(records),
+        "num_unparsed": sum(r["extracted"] is None for r in records),
+        "fused": fused,
+    }
+    if unfused_records is not None:
+        pairs = list(zip(records, unfused_records, strict=True))
+        u_acc, u_err = mean_and_stderr([u["score"] for u in unfused_records])
+        same_text = sum(f["response"] == u["response"] for f, u in pairs)
+        same_letter = sum(f["extracted"] == u["extracted"] for f, u in pairs)
+        summary["unfused_accuracy"] = u_acc
+        summary["unfused_stderr"] = u_err
+        summary["agreement"] = same_text / len(pairs)  # identical response texts
+        summary["answer_agreement"] = same_letter / len(pairs)  # identical extracted letters
+    return summary
+
+
+def _run_one(args: argparse.Namespace, examples, engine_factory, fused: bool):
+    """Build an engine, generate every example's response, shut the engine down."""
+    engine = engine_factory(args, fused)
+    try:
+        tokenizer = getattr(engine, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("the engine has no tokenizer; GPQA needs one to build prompts")
+        prompts, ids = [], []
+        for ex in examples:
+            text, tokens = prompt_token_ids(
+                tokenizer, format_multichoice_question(ex.question, ex.choices)
+            )
+            prompts.append(text)
+            ids.append(tokens)
+        sampling_params = {
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+            "seed": args.seed,
+        }
+        desc = f"GPQA ({'fused' if fused else 'unfused'})"
+        responses = generate_texts(engine, ids, sampling_params, args.batch_size, desc)
+    finally:
+        engine.shutdown()
+    return score_responses(examples, prompts, responses)
+
+
+def run_gpqa(
+    args: argparse.Namespace,
+    engine_factory: Callable[[argparse.Namespace, bool], Any] = make_engine,
+) -> dict[str, Any]:
+    """Run the eval described by parsed ``args``; write ``--output``; return the summary."""
+    rows = load_gpqa_csv(args.data)
+    examples = build_examples(rows, args.num_examples, args.num_repeats, args.seed)
+    start = time.perf_counter()
+    records = _run_one(args, examples, engine_factory, fused=True)
+    unfused = None
+    if args.compare_unfused:
+        unfused = _run_one(args, examples, engine_factory, fused=False)
+    summary = summarize(records, fused=True, unfused_records=unfused)
+    summary["elapsed_s"] = round(time.perf_counter() - start, 3)
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as f:
+            for i, rec in enumerate(records):
+                rec = {**rec, "fused": True}
+                if unfused is not None:
+                    u = unfused[i]
+                    rec |= {
+                        "unfused_response": u["response"],
+                        "unfused_extracted": u["extracted"],
+                        "unfused_score": u["score"],
+                        "same_response": u["response"] == rec["response"],
+                    }
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m srt.eval.gpqa``."""
+    p = argparse.ArgumentParser(
+        prog="python -m srt.eval.gpqa", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--model-path", default=None, help="HF checkpoint folder")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3", "fp8_e5m2"])
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--data", required=True, help="local GPQA CSV")
+    p.add_argument("--num-examples", type=int, default=None, help="sample this many rows")
+    p.add_argument("--num-repeats", type=int, default=1, help="passes over the rows")
+    p.add_argument("--seed", type=int, default=0, help="choice shuffling and sampling seed")
+    p.add_argument("--max-new-tokens", type=int, default=2048)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per generate call")
+    p.add_argument("--compare-unfused", action="store_true", help="also run unfused, compare")
+    p.add_argument("--output", default=None, help="per-example JSONL")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate the command line (errors exit with status 2 and a message)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model_path is None and args.load_format != "dummy":
+        parser.error("give --model-path, or --load-format dummy for the embedded tiny model")
+    for name in ("num_repeats", "max_new_tokens", "batch_size", "page_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.num_examples is not None and args.num_examples < 1:
+        parser.error("--num-examples must be >= 1")
+    if args.temperature < 0:
+        parser.error("--temperature must be >= 0")
+    return args
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    engine_factory: Callable[[argparse.Namespace, bool], Any] = make_engine,
+) -> int:
+    """Entry point: run, print the summary as the last line of JSON; 2 on bad input."""
+    args = parse_args(argv)
+    try:
+        summary = run_gpqa(args, engine_factory)
+    except (FileNotFoundError, GPQADataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+__all__ = [
+    "GPQADataError",
+    "GPQAExample",
+    "build_examples",
+    "build_parser",
+    "load_gpqa_csv",
+    "main",
+    "run_gpqa",
+    "score_responses",
+    "summarize",
+]
+
+if __name__ == "__main__":
+    sys.exit(main())

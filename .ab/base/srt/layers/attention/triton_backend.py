@@ -1,0 +1,191 @@
+"""TritonAttnBackend: our Triton decode and extend kernels over the paged KV pool.
+
+GQA, sliding window, logit cap, attention sinks, page_size >= 1, fp8 KV with scales. Decode is
+CUDA-graph capturable: forward_decode reads only fixed-size metadata buffers (allocated by
+init_cuda_graph_state and refreshed in place on replay) and never syncs with the host.
+Runs on CPU tensors under TRITON_INTERPRET=1 (tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from sgl_ext import FP8_DTYPES
+from srt.layers.attention.base_attn_backend import AttentionBackend
+from srt.layers.attention.kv_utils import layer_buffers
+from srt.layers.attention.kv_utils import save_kv_cache as save_kv
+from srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+from srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+from srt.layers.attention.triton_ops.kv_load import (
+    KV_FP8_E4M3,
+    KV_FP8_E5M2,
+    KV_FP8_NONE,
+    SCALE_FLOAT,
+    SCALE_NONE,
+    SCALE_PTR,
+)
+
+if TYPE_CHECKING:
+    from srt.layers.radix_attention import RadixAttention
+    from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+
+@dataclass
+class KVArgs:
+    """How the kernels address and dequantise one layer's caches."""
+
+    k_buffer: torch.Tensor  # the cache (uint8 view for fp8), [slots, H, D] or [pages, ps, H, D]
+    v_buffer: torch.Tensor
+    page_size: int
+    k_strides: tuple[int, int, int]  # (page, offset-in-page, head) strides in elements
+    v_strides: tuple[int, int, int]
+    fp8: int  # KV_FP8_NONE / E4M3 / E5M2
+    k_scale_mode: int
+    v_scale_mode: int
+    k_scale_ptr: torch.Tensor
+    v_scale_ptr: torch.Tensor
+    k_scale_f: float
+    v_scale_f: float
+
+
+def _strides(buf: torch.Tensor) -> tuple[int, int, int]:
+    if buf.ndim == 3:
+        return buf.stride(0), 0, buf.stride(1)
+    return buf.stride(0), buf.stride(1), buf.stride(2)
+
+
+def _scale(scale, fp8: int, dummy: torch.Tensor) -> tuple[int, torch.Tensor, float]:
+    if fp8 == KV_FP8_NONE or scale is None:  # non-fp8 pools ignore scales
+        return SCALE_NONE, dummy, 1.0
+    if isinstance(scale, torch.Tensor):
+        return SCALE_PTR, scale, 1.0
+    return SCALE_FLOAT, dummy, float(scale)
+
+
+def kv_args(layer: RadixAttention, forward_batch: ForwardBatch) -> KVArgs:
+    """Metadata-only inspection of the layer's buffers (no copies, no syncs)."""
+    kbuf, vbuf = layer_buffers(layer, forward_batch)
+    for name, buf in (("k_buffer", kbuf), ("v_buffer", vbuf)):
+        if buf.ndim not in (3, 4) or buf.stride(-1) != 1:
+            raise ValueError(f"{name} must be [slots, H, D] or [pages, ps, H, D], last dim dense")
+    fp8 = {torch.float8_e4m3fn: KV_FP8_E4M3, torch.float8_e5m2: KV_FP8_E5M2}.get(
+        kbuf.dtype, KV_FP8_NONE
+    )
+    if kbuf.dtype in FP8_DTYPES:
+        kbuf, vbuf = kbuf.view(torch.uint8), vbuf.view(torch.uint8)
+    ks_mode, ks_ptr, ks_f = _scale(layer.k_scale, fp8, kbuf)
+    vs_mode, vs_ptr, vs_f = _scale(layer.v_scale, fp8, vbuf)
+    ps = 1 if kbuf.ndim == 3 else kbuf.shape[1]
+    return KVArgs(kbuf, vbuf, ps, _strides(kbuf), _strides(vbuf), fp8,
+                  ks_mode, vs_mode, ks_ptr, vs_ptr, ks_f, vs_f)  # fmt: skip
+
+
+@dataclass
+class _DecodeMetadata:
+    req_pool_indices: torch.Tensor  # int64 [B], device
+    seq_lens: torch.Tensor  # int64 [B], device
+
+
+class TritonAttnBackend(AttentionBackend):
+    """Attention with our Triton kernels.
+
+    Parameters
+    ----------
+    req_to_token_pool : ReqToTokenPool (`req_to_token` int32 [max_reqs, max_ctx]); taken from the
+        first ForwardBatch when None.
+    device : model device.
+    """
+
+    def __init__(self, req_to_token_pool=None, device: torch.device | str = "cuda") -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.device = torch.device(device)
+        self.forward_metadata: _DecodeMetadata | None = None
+        self.cuda_graph_metadata: _DecodeMetadata | None = None
+        self.max_extend_len = 0
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        if self.req_to_token_pool is None:
+            self.req_to_token_pool = forward_batch.req_to_token_pool
+        if forward_batch.forward_mode.is_decode():
+            self.forward_metadata = _DecodeMetadata(
+                forward_batch.req_pool_indices, forward_batch.seq_lens
+            )
+        else:
+            self.forward_metadata = None
+            self.max_extend_len = max(forward_batch.extend_seq_lens_cpu, default=0)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        dev = self.req_to_token_pool.req_to_token.device
+        self.cuda_graph_metadata = _DecodeMetadata(
+            torch.zeros(max_bs, dtype=torch.int64, device=dev),
+            torch.ones(max_bs, dtype=torch.int64, device=dev),
+        )
+
+    def init_forward_metadata_capture_cuda_graph(
+        self,
+        bs: int,
+        num_tokens: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        forward_mode: ForwardMode,
+    ) -> None:
+        if not forward_mode.is_decode():
+            raise NotImplementedError("TritonAttnBackend captures decode only")
+        self.init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, 0, forward_mode, None
+        )
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_sum: int,
+        forward_mode: ForwardMode,
+        seq_lens_cpu: torch.Tensor | None,
+    ) -> None:
+        g = self.cuda_graph_metadata
+        if g is None:
+            raise RuntimeError("call init_cuda_graph_state before capturing")
+        g.req_pool_indices[:bs].copy_(req_pool_indices[:bs])
+        g.seq_lens[:bs].copy_(seq_lens[:bs])
+        self.forward_metadata = _DecodeMetadata(g.req_pool_indices[:bs], g.seq_lens[:bs])
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
+        if save_kv_cache:
+            save_kv(k, v, layer, forward_batch)
+        md = self.forward_metadata
+        if md is None:
+            raise RuntimeError("init_forward_metadata was not called for this decode batch")
+        B = q.shape[0]
+        Hq = layer.tp_q_head_num
+        q3 = q.view(B, Hq, layer.qk_head_dim)  # [B, Hq, D] (no copy)
+        o = q.new_empty(B, Hq, layer.v_head_dim)  # [B, Hq, Dv]
+        decode_attention_fwd(
+            q3, o, self.req_to_token_pool.req_to_token, md.req_pool_indices,
+            md.seq_lens, layer.scaling, kv_args(layer, forward_batch), sinks,
+            layer.sliding_window_size, layer.logit_cap,
+        )  # fmt: skip
+        return o.view(B, Hq * layer.v_head_dim)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
+        if save_kv_cache:
+            save_kv(k, v, layer, forward_batch)
+        fb = forward_batch
+        T = q.shape[0]
+        Hq = layer.tp_q_head_num
+        q3 = q.view(T, Hq, layer.qk_head_dim)  # [T, Hq, D]
+        o = q.new_empty(T, Hq, layer.v_head_dim)  # [T, Hq, Dv]
+        r2t = (self.req_to_token_pool or fb.req_to_token_pool).req_to_token
+        extend_attention_fwd(
+            q3, o, r2t, fb.req_pool_indices, fb.extend_seq_lens,
+            fb.extend_prefix_lens, fb.extend_start_loc, self.max_extend_len, layer.scaling,
+            kv_args(layer, fb), sinks, layer.sliding_window_size, layer.logit_cap,
+        )  # fmt: skip
+        return o.view(T, Hq * layer.v_head_dim)

@@ -1,0 +1,126 @@
+"""Triton extend (prefill) attention over the paged KV cache.
+
+The new tokens' K/V are already in the cache (saved by the backend or by the fused RoPE kernel),
+so every key is read from the pool through req_to_token: one code path for prefix and new
+tokens. One program per (request, query head, block of BLOCK_M new tokens); causal, GQA, sliding
+window, logit cap, sinks, page_size >= 1, fp8 caches. Matmuls accumulate in fp32: exact IEEE
+products for fp32 models, TF32 tensor cores for bf16/fp16 models.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from srt.layers.attention.triton_ops.kv_load import load_kv_tile
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K, V, Out, Sinks, ReqToToken, ReqPoolIdx, ExtLens, PrefixLens, StartLoc, KScale, VScale,
+    k_scale_f, v_scale_f, sm_scale, logit_cap, window,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_r2t,
+    k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride,
+    GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr, K_SCALE_MODE: tl.constexpr,
+    V_SCALE_MODE: tl.constexpr, HAS_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr,
+    USE_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    mb = tl.program_id(2)
+    kvh = h // GROUP
+    n_ext = tl.load(ExtLens + b).to(tl.int32)
+    if mb * BLOCK_M >= n_ext:
+        return
+    prefix = tl.load(PrefixLens + b).to(tl.int32)
+    tok0 = tl.load(StartLoc + b).to(tl.int64)
+    req = tl.load(ReqPoolIdx + b).to(tl.int64)
+    m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    mm = m < n_ext
+    qpos = prefix + m  # [BLOCK_M]
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    q_ptr = Q + (tok0 + m)[:, None] * stride_qt + h * stride_qh + d[None, :]
+    q = tl.load(q_ptr, mask=mm[:, None] & (d[None, :] < D), other=0).to(tl.float32)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + h).to(tl.float32)
+        l_i = l_i + 1.0
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    hi = prefix + tl.minimum(n_ext, (mb + 1) * BLOCK_M)  # keys [lo, hi) can be visible
+    lo = tl.zeros([], dtype=tl.int32)  # a tensor: the loop counter's type is fixed
+    if USE_WINDOW:
+        lo = tl.maximum(prefix + mb * BLOCK_M - window, lo)
+    n0 = lo
+    # a while loop: dynamic bounds also work under TRITON_INTERPRET (numpy 2.4 scalars)
+    while n0 < hi:
+        j = n0 + tl.arange(0, BLOCK_N)
+        jm = j < hi
+        slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
+        k = load_kv_tile(K, slot, jm[:, None] & (d[None, :] < D), kvh, d, k_page_stride,
+                         k_off_stride, k_head_stride, KScale, k_scale_f, PAGE_SIZE, KV_FP8,
+                         K_SCALE_MODE)  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [BLOCK_M, BLOCK_N]
+        if USE_CAP:
+            s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
+        vis = jm[None, :] & (j[None, :] <= qpos[:, None])
+        if USE_WINDOW:
+            vis = vis & (j[None, :] >= qpos[:, None] - window)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        v = load_kv_tile(V, slot, jm[:, None] & (dv[None, :] < DV), kvh, dv, v_page_stride,
+                         v_off_stride, v_head_stride, VScale, v_scale_f, PAGE_SIZE, KV_FP8,
+                         V_SCALE_MODE)  # fmt: skip
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+        m_i = m_new
+        n0 += BLOCK_N
+    l_i = tl.where(mm, l_i, 1.0)  # padding rows (not stored): avoid 0 / 0
+    out = acc / l_i[:, None]
+    o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h * stride_oh + dv[None, :]
+    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=mm[:, None] & (dv[None, :] < DV))
+
+
+def extend_attention_fwd(q, o, req_to_token, req_pool_indices,
+                         extend_seq_lens, extend_prefix_lens, extend_start_loc, max_extend_len,
+                         sm_scale, kv, sinks=None, window=-1, logit_cap=0.0):  # fmt: skip
+    """o[t, h] = causal attention of new token t over its request's cached keys.
+
+    Parameters
+    ----------
+    q : [T, Hq, D]; o : [T, Hq, Dv] (written), model dtype.
+    req_to_token : int32 [max_reqs, max_ctx]; req_pool_indices : int [B].
+    extend_seq_lens, extend_prefix_lens, extend_start_loc : int32 [B].
+    max_extend_len : host int, max(extend_seq_lens) (sizes the grid).
+    kv : KVArgs: the layer's caches (fp8 as uint8 views), already holding the new tokens' K/V,
+        page size, fp8 kind, scales. sinks : float [Hq] or None.
+    """
+    T, Hq, D = q.shape
+    B = req_pool_indices.shape[0]
+    Hkv, DV = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
+    BLOCK_M, BLOCK_N = 16, 32
+    grid = (B, Hq, triton.cdiv(max_extend_len, BLOCK_M))
+    _extend_kernel[grid](
+        q, kv.k_buffer, kv.v_buffer, o, sinks if sinks is not None else q, req_to_token,
+        req_pool_indices, extend_seq_lens, extend_prefix_lens, extend_start_loc,
+        kv.k_scale_ptr, kv.v_scale_ptr, kv.k_scale_f, kv.v_scale_f,
+        float(sm_scale), float(logit_cap), int(window),
+        q.stride(0), q.stride(1), o.stride(0), o.stride(1), req_to_token.stride(0),
+        *kv.k_strides, *kv.v_strides,
+        GROUP=Hq // Hkv, D=D, DV=DV, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_DV=max(16, triton.next_power_of_2(DV)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        PAGE_SIZE=kv.page_size, KV_FP8=kv.fp8, K_SCALE_MODE=kv.k_scale_mode,
+        V_SCALE_MODE=kv.v_scale_mode, HAS_SINKS=sinks is not None, USE_WINDOW=window >= 0,
+        USE_CAP=logit_cap > 0,
+        # fp32 models: exact IEEE products. bf16/fp16 models: TF32 tensor cores (q/k/v values are
+        # exact in TF32; only the probabilities are rounded, to 10 mantissa bits).
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )  # fmt: skip
+    return o

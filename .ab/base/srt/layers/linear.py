@@ -1,0 +1,255 @@
+"""Linear layers with SGLang's names and tensor parallelism, shard-aware weight loaders.
+
+Each layer returns `(output, output_bias)` like SGLang (output_bias is None unless
+`skip_bias_add`). Parameters carry a `weight_loader(param, loaded_weight, shard_id=None)` so a
+model's `load_weights` can put checkpoint tensors (q_proj, k_proj, v_proj / gate_proj, up_proj)
+into the packed parameters; shard_id=None takes the full packed tensor of a TP-1 model.
+
+Tensor parallelism (tp_rank / tp_size default to the TP group, see srt.distributed): column
+layers keep rows [tp_rank * out/tp, (tp_rank+1) * out/tp) of each packed shard, row layers the
+matching input columns and all-reduce their partial outputs (bias added once, after the sum).
+QKV replicates KV heads when tp_size exceeds their number.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from srt.distributed import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
+
+
+def _check_loaded(name: str, param: torch.Tensor, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(
+            f"{name}: checkpoint tensor has shape {tuple(loaded.shape)}, "
+            f"parameter expects {tuple(param.shape)}"
+        )
+
+
+class LinearBase(nn.Module):
+    """y = x W^T (+ b). weight: [output_size_per_partition, input_size_per_partition]."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = True,
+        skip_bias_add: bool = False,
+        params_dtype: torch.dtype | None = None,
+        tp_rank: int | None = None,
+        tp_size: int | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.input_size, self.output_size = input_size, output_size
+        self.skip_bias_add = skip_bias_add
+        self.tp_rank = get_tp_rank() if tp_rank is None else tp_rank
+        self.tp_size = get_tp_size() if tp_size is None else tp_size
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"tp_rank {self.tp_rank} outside [0, tp_size={self.tp_size})")
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.prefix = prefix
+        self._has_bias = bias
+
+    def _create(self, out_part: int, in_part: int) -> None:
+        self.weight = nn.Parameter(
+            torch.empty(out_part, in_part, dtype=self.params_dtype), requires_grad=False
+        )
+        self.weight.weight_loader = self.weight_loader
+        if self._has_bias:
+            self.bias = nn.Parameter(
+                torch.empty(out_part, dtype=self.params_dtype), requires_grad=False
+            )
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None
+    ) -> None:
+        _check_loaded(self.prefix or type(self).__name__, param, loaded_weight)
+        param.data.copy_(loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: [..., in] -> ([..., out_part], bias or None)."""
+        bias = None if self.skip_bias_add else self.bias
+        out = F.linear(x, self.weight, bias)
+        return out, (self.bias if self.skip_bias_add else None)
+
+
+class ReplicatedLinear(LinearBase):
+    """The full weight on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, **kw) -> None:
+        super().__init__(input_size, output_size, **kw)
+        self._create(output_size, input_size)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output dim split over ranks; weight [out / tp, in]."""
+
+    def __init__(self, input_size: int, output_size: int, **kw) -> None:
+        super().__init__(input_size, output_size, **kw)
+        if output_size % self.tp_size:
+            raise ValueError(f"output_size {output_size} not divisible by tp_size {self.tp_size}")
+        self._create(output_size // self.tp_size, input_size)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None
+    ) -> None:
+        n = param.shape[0]
+        part = loaded_weight.narrow(0, self.tp_rank * n, n) if self.tp_size > 1 else loaded_weight
+        super().weight_loader(param, part)
+
+
+class RowParallelLinear(LinearBase):
+    """Input dim split over ranks (the all-reduce of partial outputs goes here once tp > 1)."""
+
+    def __init__(self, input_size: int, output_size: int, reduce_results: bool = True, **kw):
+        super().__init__(input_size, output_size, **kw)
+        if input_size % self.tp_size:
+            raise ValueError(f"input_size {input_size} not divisible by tp_size {self.tp_size}")
+        self.reduce_results = reduce_results
+        self._create(output_size, input_size // self.tp_size)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None
+    ) -> None:
+        if self.tp_size > 1 and param.ndim == 2:
+            n = param.shape[1]
+            loaded_weight = loaded_weight.narrow(1, self.tp_rank * n, n)
+        super().weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: [..., in / tp] (this rank's columns) -> ([..., out], bias or None).
+
+        With reduce_results=False the output is this rank's partial sum, bias on rank 0 only.
+        """
+        out = F.linear(x, self.weight)  # [..., out], partial over ranks when tp > 1
+        if self.tp_size > 1 and self.reduce_results:
+            out = tensor_model_parallel_all_reduce(out)
+        add_bias = self.reduce_results or self.tp_rank == 0
+        if self.bias is not None and not self.skip_bias_add and add_bias:
+            out = out + self.bias
+        return out, (self.bias if self.skip_bias_add else None)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (e.g. gate_proj and up_proj).
+
+    weight: [sum(output_sizes) / tp, in]: this rank's rows of shard 0, then of shard 1, ...
+    shard_id is the index (0, 1, ...); None loads the full packed tensor [sum(output_sizes), in].
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], **kw) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), **kw)
+        if any(n % self.tp_size for n in self.output_sizes):
+            raise ValueError(f"output_sizes {output_sizes} not divisible by tp_size {self.tp_size}")
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None
+    ) -> None:
+        if shard_id is None:  # already packed in the checkpoint: split it into its shards
+            full = (sum(self.output_sizes), *param.shape[1:])
+            if tuple(loaded_weight.shape) != full:
+                raise ValueError(
+                    f"{self.prefix or 'merged linear'}: checkpoint tensor has shape "
+                    f"{tuple(loaded_weight.shape)}, packed parameter expects {full}"
+                )
+            offset = 0
+            for i, n in enumerate(self.output_sizes):
+                self.weight_loader(param, loaded_weight.narrow(0, offset, n), i)
+                offset += n
+            return
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"{self.prefix}: bad shard_id {shard_id!r}")
+        size = self.output_sizes[shard_id] // self.tp_size
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        if self.tp_size > 1 and loaded_weight.shape[0] == self.output_sizes[shard_id]:
+            loaded_weight = loaded_weight.narrow(0, self.tp_rank * size, size)
+        dst = param.data.narrow(0, offset, size)  # rows of this shard (view)
+        _check_loaded(f"{self.prefix}[shard {shard_id}]", dst, loaded_weight)
+        dst.copy_(loaded_weight)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Packed q, k, v projections: weight [(Hq + 2 * Hkv) * D / tp, hidden], rows q | k | v.
+
+    shard_id is "q", "k" or "v"; None loads the full packed tensor of a TP-1 model. tp_size must
+    divide the query heads; KV heads are split when tp_size divides them, else replicated
+    (tp_size a multiple of them: ranks r with the same r // (tp / Hkv) share a KV head).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = True,
+        v_head_size: int | None = None,
+        **kw,
+    ) -> None:
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        tp_size = get_tp_size() if kw.get("tp_size") is None else kw["tp_size"]
+        kw["tp_size"] = tp_size
+        if total_num_heads % tp_size:
+            raise ValueError(f"tp_size {tp_size} must divide num_heads {total_num_heads}")
+        if total_num_kv_heads % tp_size and tp_size % total_num_kv_heads:
+            raise ValueError(
+                f"tp_size {tp_size} must divide num_kv_heads {total_num_kv_heads} or be a "
+                "multiple of it (replicated KV heads)"
+            )
+        self.head_size = head_size
+        self.v_head_size = v_head_size or head_size
+        self.total_num_heads, self.total_num_kv_heads = total_num_heads, total_num_kv_heads
+        self.num_heads = total_num_heads // tp_size
+        self.num_kv_heads = max(1, total_num_kv_heads // tp_size)
+        self.num_kv_head_replicas = max(1, tp_size // total_num_kv_heads)
+        # The local output is (Hq/tp + 2 * Hkv_local) heads; ColumnParallel divides by tp.
+        out = (self.num_heads + self.num_kv_heads) * head_size
+        out += self.num_kv_heads * self.v_head_size
+        super().__init__(hidden_size, out * tp_size, bias=bias, **kw)
+        self.q_size = self.num_heads * head_size
+        self.kv_size = self.num_kv_heads * head_size
+        self.v_size = self.num_kv_heads * self.v_head_size
+
+    def _shard(self, shard_id: str) -> tuple[int, int, int, int]:
+        """(offset in param, local size, full size, shard rank) of q, k or v."""
+        kv_rank = self.tp_rank // self.num_kv_head_replicas
+        full_kv = self.total_num_kv_heads
+        return {
+            "q": (0, self.q_size, self.total_num_heads * self.head_size, self.tp_rank),
+            "k": (self.q_size, self.kv_size, full_kv * self.head_size, kv_rank),
+            "v": (self.q_size + self.kv_size, self.v_size, full_kv * self.v_head_size, kv_rank),
+        }[shard_id]
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None
+    ) -> None:
+        if shard_id is None:  # packed [(Hq + 2 Hkv) * D, ...] of a TP-1 model
+            offset = 0
+            for s in "qkv":
+                n = self._shard(s)[2]
+                if offset + n > loaded_weight.shape[0]:
+                    break  # too short: the shape check below names it
+                self.weight_loader(param, loaded_weight.narrow(0, offset, n), s)
+                offset += n
+            if offset != loaded_weight.shape[0] or offset == 0:
+                raise ValueError(
+                    f"{self.prefix or 'qkv'}: packed checkpoint tensor has "
+                    f"{loaded_weight.shape[0]} rows, expected "
+                    f"{sum(self._shard(s)[2] for s in 'qkv')}"
+                )
+            return
+        if shard_id not in ("q", "k", "v"):
+            raise ValueError(f"{self.prefix}: shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
+        offset, size, full, rank = self._shard(shard_id)
+        if self.tp_size > 1 and loaded_weight.shape[0] == full:
+            loaded_weight = loaded_weight.narrow(0, rank * size, size)
+        dst = param.data.narrow(0, offset, size)  # rows of this shard (view)
+        _check_loaded(f"{self.prefix}[{shard_id}]", dst, loaded_weight)
+        dst.copy_(loaded_weight)

@@ -1,0 +1,66 @@
+"""LogitsProcessor: hidden states -> next-token logits (only the rows that need them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from srt.distributed import tensor_model_parallel_all_gather
+
+if TYPE_CHECKING:
+    from srt.model_executor.forward_batch_info import ForwardBatch
+
+
+@dataclass
+class LogitsProcessorOutput:
+    # float32 [B, V]: logits after each request's last new token.
+    next_token_logits: torch.Tensor
+    # float32 [T, V]: logits after every new token (only when forward_batch.return_all_logits).
+    all_logits: torch.Tensor | None = None
+
+
+class LogitsProcessor(nn.Module):
+    """Project the last hidden state of each request onto the vocabulary.
+
+    Parameters
+    ----------
+    vocab_size : number of real vocabulary rows (padded LM-head rows are dropped).
+    final_logit_softcapping : > 0 applies cap * tanh(logits / cap).
+    """
+
+    def __init__(self, vocab_size: int, final_logit_softcapping: float | None = None) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.softcap = float(final_logit_softcapping or 0.0)
+
+    def _project(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        logits = hidden.to(lm_head.weight.dtype) @ lm_head.weight.T  # [N, V / tp]
+        if getattr(lm_head, "bias", None) is not None:
+            logits = logits + lm_head.bias
+        if getattr(lm_head, "tp_size", 1) > 1:
+            logits = tensor_model_parallel_all_gather(logits, dim=-1)  # [N, Vp * tp]
+        logits = logits[:, : self.vocab_size].float()
+        if self.softcap > 0:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return logits
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden_states: torch.Tensor,
+        lm_head: nn.Module,
+        forward_batch: ForwardBatch,
+    ) -> LogitsProcessorOutput:
+        """hidden_states: [T, hidden] of the new tokens -> LogitsProcessorOutput."""
+        mode = forward_batch.forward_mode
+        if mode.is_extend():
+            # int64 [B]: index of each request's last new token (device math, no sync).
+            last = (forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1).long()
+            if getattr(forward_batch, "return_all_logits", False):
+                all_logits = self._project(hidden_states, lm_head)  # [T, V]
+                return LogitsProcessorOutput(all_logits[last], all_logits)
+            return LogitsProcessorOutput(self._project(hidden_states[last], lm_head))
+        return LogitsProcessorOutput(self._project(hidden_states, lm_head))  # [B, V]

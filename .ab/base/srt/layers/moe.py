@@ -1,0 +1,205 @@
+"""Top-k routed mixture of experts (torch implementation), as used by gpt-oss.
+
+Experts hold packed weights in one layout, whatever the checkpoint's:
+  w13_weight [E, 2I, H] (gate rows 0..I-1, then up rows), w13_bias [E, 2I],
+  w2_weight  [E, H, I], w2_bias [E, H].
+The `weight_loader` converts checkpoint layouts (named by shard_id, see `TopKExperts.LAYOUTS`).
+Activation "swiglu_oai" is gpt-oss's clamped SwiGLU:
+  gate = min(gate, limit); up = clamp(up, -limit, limit);
+  out = (up + 1) * gate * sigmoid(alpha * gate)
+and "silu" is the plain silu(gate) * up.
+
+Tensor parallelism splits every expert's intermediate dim I: rank r holds gate and up rows
+[r * I/tp, (r+1) * I/tp) (w13 [E, 2I/tp, H]) and the matching down columns (w2 [E, H, I/tp]);
+each rank's output is a partial sum, all-reduced at the end; the down bias is added on rank 0
+only, so it counts once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from srt.distributed import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
+
+
+def select_experts(
+    router_logits: torch.Tensor, top_k: int, softmax_after_topk: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing: router_logits float [T, E] -> (weights float32 [T, k], expert ids int64 [T, k]).
+
+    softmax_after_topk=True (gpt-oss, Mixtral): softmax over the k selected logits.
+    False: softmax over all experts, then take the top k (not renormalised).
+    """
+    if softmax_after_topk:
+        vals, ids = torch.topk(router_logits, top_k, dim=-1)
+        return torch.softmax(vals.float(), dim=-1), ids
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    vals, ids = torch.topk(probs, top_k, dim=-1)
+    return vals, ids
+
+
+class TopKExperts(nn.Module):
+    """E experts with gated MLPs; forward combines each token's top-k experts.
+
+    Parameters
+    ----------
+    num_experts, hidden_size, intermediate_size : E, H, I.
+    bias : whether experts have biases (gpt-oss: yes).
+    activation : "swiglu_oai" or "silu".
+    swiglu_alpha, swiglu_limit : gpt-oss activation constants.
+    tp_rank, tp_size : TP position (default: the TP group's); tp_size must divide I.
+    reduce_results : all-reduce the partial outputs over the TP ranks (tp > 1).
+    """
+
+    dense_max_tokens = 64  # batches up to this size run every expert densely
+
+    # shard_id -> description of a checkpoint tensor accepted by weight_loader
+    LAYOUTS = {
+        "gate_up_t_interleaved": "[E, H, 2I], columns g0 u0 g1 u1 ... (HF gpt-oss bf16)",
+        "gate_up_interleaved": "[E, 2I, H], rows g0 u0 g1 u1 ... (gpt-oss MXFP4, dequantised)",
+        "gate_up": "[E, 2I, H], gate rows then up rows (our layout)",
+        "gate_up_bias_interleaved": "[E, 2I] g0 u0 g1 u1 ...",
+        "down_t": "[E, I, H] (HF gpt-oss bf16)",
+        "down": "[E, H, I] (our layout / MXFP4 dequantised)",
+    }
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool = True,
+        activation: str = "swiglu_oai",
+        swiglu_alpha: float = 1.702,
+        swiglu_limit: float = 7.0,
+        tp_rank: int | None = None,
+        tp_size: int | None = None,
+        reduce_results: bool = True,
+    ) -> None:
+        super().__init__()
+        if activation not in ("swiglu_oai", "silu"):
+            raise ValueError(f"activation must be 'swiglu_oai' or 'silu', got {activation!r}")
+        self.tp_rank = get_tp_rank() if tp_rank is None else tp_rank
+        self.tp_size = get_tp_size() if tp_size is None else tp_size
+        if intermediate_size % self.tp_size:
+            raise ValueError(
+                f"tp_size {self.tp_size} must divide intermediate_size {intermediate_size}"
+            )
+        self.reduce_results = reduce_results
+        self.full_intermediate_size = intermediate_size
+        E, H, I2 = num_experts, hidden_size, intermediate_size // self.tp_size
+        self.num_experts, self.hidden_size, self.intermediate_size = E, H, I2
+        self.activation, self.alpha, self.limit = activation, swiglu_alpha, swiglu_limit
+        p = lambda *s: nn.Parameter(torch.empty(s), requires_grad=False)
+        self.w13_weight = p(E, 2 * I2, H)
+        self.w2_weight = p(E, H, I2)
+        self.w13_bias = p(E, 2 * I2) if bias else None
+        self.w2_bias = p(E, H) if bias else None
+        for prm in (self.w13_weight, self.w2_weight, self.w13_bias, self.w2_bias):
+            if prm is not None:
+                prm.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        """Copy a checkpoint tensor (layout named by shard_id, see LAYOUTS) into `param`."""
+        if shard_id in ("gate_up_t_interleaved", "down_t"):
+            loaded = loaded.transpose(1, 2)  # -> [E, out, in]
+            shard_id = "gate_up_interleaved" if shard_id == "gate_up_t_interleaved" else "down"
+        if shard_id in ("gate_up_interleaved", "gate_up_bias_interleaved"):
+            loaded = torch.cat([loaded[:, 0::2], loaded[:, 1::2]], dim=1)  # gate rows | up rows
+        elif shard_id not in (None, "gate_up", "down"):
+            raise ValueError(f"unknown expert shard_id {shard_id!r}; one of {list(self.LAYOUTS)}")
+        loaded = self._tp_slice(param, loaded)
+        if param.shape != loaded.shape:
+            raise ValueError(
+                f"expert tensor ({shard_id}) shape {tuple(loaded.shape)} != {tuple(param.shape)}"
+            )
+        param.data.copy_(loaded)
+
+    def _tp_slice(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a full (TP-1 shaped) expert tensor in our layout."""
+        full_i, i_loc, r = self.full_intermediate_size, self.intermediate_size, self.tp_rank
+        if self.tp_size == 1:
+            return loaded
+        if param is self.w13_weight or param is self.w13_bias:
+            if loaded.shape[1] != 2 * full_i:
+                return loaded  # not a full tensor: the shape check names it
+            gate = loaded[:, r * i_loc : (r + 1) * i_loc]  # [E, I/tp, ...]
+            up = loaded[:, full_i + r * i_loc : full_i + (r + 1) * i_loc]
+            return torch.cat([gate, up], dim=1)  # [E, 2I/tp, ...]
+        if param is self.w2_weight and loaded.shape[-1] == full_i:
+            return loaded[..., r * i_loc : (r + 1) * i_loc]  # [E, H, I/tp]
+        return loaded  # w2_bias [E, H]: replicated
+
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up[..., : self.intermediate_size], gate_up[..., self.intermediate_size :]
+        if self.activation == "silu":
+            return F.silu(gate) * up
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+    def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        h = x @ self.w13_weight[e].T  # [n, 2I]
+        if self.w13_bias is not None:
+            h = h + self.w13_bias[e]
+        out = self._act(h) @ self.w2_weight[e].T  # [n, H]
+        if self.w2_bias is not None and self.tp_rank == 0:
+            out = out + self.w2_bias[e]
+        return out
+
+    def _forward_gathered(self, x, topk_weights, topk_ids) -> torch.Tensor:
+        """Static shapes, reads only the T*k selected experts (cheapest when T*k < E)."""
+        out = torch.zeros_like(x)
+        for j in range(topk_ids.shape[1]):
+            ids = topk_ids[:, j]  # [T]
+            h = torch.bmm(self.w13_weight[ids], x[:, :, None])[..., 0]  # [T, 2I, H] @ [T, H, 1]
+            if self.w13_bias is not None:
+                h = h + self.w13_bias[ids]
+            a = self._act(h)  # [T, I]
+            y = torch.bmm(self.w2_weight[ids], a[:, :, None])[..., 0]  # [T, H]
+            if self.w2_bias is not None and self.tp_rank == 0:
+                y = y + self.w2_bias[ids]
+            out += (y * topk_weights[:, j, None]).to(x.dtype)
+        return out
+
+    def _forward_dense(self, x, topk_weights, topk_ids) -> torch.Tensor:
+        """Static shapes, every expert on every token (weight 0 where unused)."""
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            w = (topk_weights * (topk_ids == e)).sum(-1, keepdim=True)  # [T, 1]
+            out += (self._expert(x, e) * w).to(x.dtype)
+        return out
+
+    def _forward_grouped(self, x, topk_weights, topk_ids) -> torch.Tensor:
+        """Each expert on its own tokens only (host sync per expert: eager only)."""
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            tok, slot = torch.where(topk_ids == e)
+            if tok.numel() == 0:
+                continue
+            y = self._expert(x[tok], e) * topk_weights[tok, slot, None]
+            out.index_add_(0, tok, y.to(x.dtype))
+        return out
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor):
+        """x [T, H]; topk_weights [T, k]; topk_ids int64 [T, k] -> [T, H] (x.dtype).
+
+        Small batches (decode; always under CUDA-graph capture) take a static-shape, sync-free
+        path, so an eager decode step and its graph replay run the same arithmetic: gathered
+        experts when T*k < E (fewer weight bytes), else dense. Larger eager batches group tokens
+        per expert.
+        """
+        T, k = topk_ids.shape
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if capturing or T <= self.dense_max_tokens:
+            if T * k < self.num_experts:
+                out = self._forward_gathered(x, topk_weights, topk_ids)
+            else:
+                out = self._forward_dense(x, topk_weights, topk_ids)
+        else:
+            out = self._forward_grouped(x, topk_weights, topk_ids)
+        if self.tp_size > 1 and self.reduce_results:
+            out = tensor_model_parallel_all_reduce(out)  # partial sums over I -> [T, H]
+        return out

@@ -1,0 +1,36 @@
+"""MXFP4 (OCP microscaling FP4) dequantisation, for gpt-oss checkpoints loaded as bf16/fp32.
+
+A block of 32 values shares one E8M0 scale (2 ** (s - 127)); each value is an E2M1 nibble, two
+per byte, low nibble first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)  # fmt: skip
+
+
+def dequantize_mxfp4(
+    blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """blocks uint8 [..., G, 16] and scales uint8 [..., G] -> dtype [..., G * 32].
+
+    Parameters
+    ----------
+    blocks : packed nibbles; byte j of group g holds values 2j (low) and 2j+1 (high).
+    scales : E8M0 exponents (biased by 127), one per group of 32 values.
+    """
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise TypeError(f"MXFP4 blocks/scales must be uint8, got {blocks.dtype}/{scales.dtype}")
+    if blocks.shape[:-1] != scales.shape:
+        raise ValueError(
+            f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} disagree"
+        )
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=blocks.device)
+    lo = lut[(blocks & 0x0F).long()]  # [..., G, 16]
+    hi = lut[(blocks >> 4).long()]  # [..., G, 16]
+    vals = torch.stack([lo, hi], dim=-1).flatten(-2)  # [..., G, 32]: lo0 hi0 lo1 hi1 ...
+    vals = torch.ldexp(vals, scales.to(torch.int32)[..., None] - 127)
+    return vals.flatten(-2).to(dtype)  # [..., G * 32]

@@ -1,0 +1,222 @@
+"""RotaryEmbedding: the rotary position embedding layer, optionally fused with the KV-cache write.
+
+Follows SGLang's `srt/layers/rotary_embedding.py`: the layer owns a float32 `cos_sin_cache`
+[max_position, rotary_dim] (cos in the first half of each row, sin in the second) and
+`forward(positions, query, key, offsets=None, fused_set_kv_buffer_arg=None)` rotates query and
+key in place and returns them. With a `FusedSetKVBufferArg`, the rotated K and the V are also
+stored into the layer's KV cache by the same `sgl_ext` kernel: every forward of every variant
+honours the argument (none drops it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import sgl_ext
+from sgl_ext import FusedSetKVBufferArg
+from sgl_ext.rope import _check_kv as check_fused_arg  # metadata-only checks, no launch
+
+
+def _check_dims(head_size: int, rotary_dim: int, max_position_embeddings: int) -> None:
+    for name, x in (("head_size", head_size), ("rotary_dim", rotary_dim),
+                    ("max_position_embeddings", max_position_embeddings)):  # fmt: skip
+        if not isinstance(x, int) or isinstance(x, bool) or x <= 0:
+            raise ValueError(f"{name} must be a positive int, got {x!r}")
+    if rotary_dim % 2 or rotary_dim > head_size:
+        raise ValueError(f"rotary_dim {rotary_dim} must be even and <= head_size {head_size}")
+
+
+def rotate_native(
+    x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int,
+    is_neox_style: bool,
+) -> None:  # fmt: skip
+    """Rotate the first rotary_dim dims of every head of x ([T, H*D] or [T, H, D]) in place."""
+    rot = cos_sin_cache.shape[1]
+    xs = x.unflatten(-1, (-1, head_size)) if x.ndim == 2 else x  # [T, H, D] view
+    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rot/2] each
+    xr = xs[..., :rot].float()  # [T, H, rot]
+    if is_neox_style:
+        x1, x2 = xr.chunk(2, dim=-1)  # [T, H, rot/2]: first and second half
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]  # [T, H, rot/2]: even and odd dims
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    xs[..., :rot] = out.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE), neox (rotate halves) or GPT-J (interleaved) style.
+
+    Parameters
+    ----------
+    head_size : int
+        D, the size of each query/key head.
+    rotary_dim : int
+        Leading dims of each head that are rotated (even, <= head_size); the rest pass through
+        (partial rotary).
+    max_position_embeddings : int
+        Positions covered by the cache.
+    base : float
+        RoPE theta.
+    is_neox_style : bool
+        True: rotate the two halves of the rotary dims; False: rotate interleaved pairs (GPT-J).
+    dtype : torch.dtype
+        The activation dtype (kept for SGLang compatibility; the cache itself is float32).
+    """
+
+    def __init__(
+        self,
+        head_size: int,
+        rotary_dim: int,
+        max_position_embeddings: int,
+        base: float,
+        is_neox_style: bool,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        _check_dims(head_size, rotary_dim, max_position_embeddings)
+        if not base > 0:
+            raise ValueError(f"base must be positive, got {base!r}")
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.base = float(base)
+        self.is_neox_style = bool(is_neox_style)
+        self.dtype = dtype
+        self._device_caches: dict[torch.device, torch.Tensor] = {}
+        self.register_buffer("cos_sin_cache", self._build_cache(), persistent=False)
+
+    # ------------------------------------------------------------------ cache
+    def _compute_inv_freq(self, base: float) -> torch.Tensor:
+        """float64 [rotary_dim / 2] inverse frequencies base^(-2i / rotary_dim)."""
+        exps = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64) / self.rotary_dim
+        return 1.0 / (base**exps)
+
+    def _compute_cos_sin_cache(self) -> torch.Tensor:
+        """float64 [max_position_embeddings, rotary_dim]: cos | sin of position * inv_freq."""
+        inv_freq = self._compute_inv_freq(self.base)  # [rot/2]
+        t = torch.arange(self.max_position_embeddings, dtype=torch.float64)  # [max_pos]
+        freqs = torch.outer(t, inv_freq)  # [max_pos, rot/2]
+        return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+    def _build_cache(self) -> torch.Tensor:
+        # Computed in float64 on the CPU, stored as float32 on the default device.
+        with torch.device("cpu"):
+            cache = self._compute_cos_sin_cache()
+        return cache.to(torch.float32).to(torch.get_default_device()).contiguous()
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        """Keep the cache float32 when the module is cast (model.to(torch.bfloat16))."""
+        super()._apply(fn, recurse)
+        if self.cos_sin_cache.dtype != torch.float32:
+            device = self.cos_sin_cache.device
+            self.cos_sin_cache = self._build_cache().to(device)
+        self._device_caches.clear()
+        return self
+
+    def _cache_for(self, device: torch.device) -> torch.Tensor:
+        """The float32 cache on `device` (a memoised copy if the module lives elsewhere)."""
+        if self.cos_sin_cache.device == device:
+            return self.cos_sin_cache
+        cache = self._device_caches.get(device)
+        if cache is None:
+            cache = self._device_caches[device] = self.cos_sin_cache.to(device)
+        return cache
+
+    # ------------------------------------------------------------------ forward
+    @staticmethod
+    def _positions(positions: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+        if not isinstance(positions, torch.Tensor):
+            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+        if offsets is not None:
+            positions = positions + offsets
+        return positions.reshape(-1)  # [T]
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate query and key in place (and store K/V into the cache if asked).
+
+        Parameters
+        ----------
+        positions : int32/int64 [T]
+        query : bf16/fp16/fp32 [T, Hq*D] or [T, Hq, D], may be a strided view (last dim
+            contiguous) of a fused qkv output.
+        key : [T, Hkv*D] or [T, Hkv, D], dtype of query.
+        offsets : int [T], optional
+            Added to positions.
+        fused_set_kv_buffer_arg : FusedSetKVBufferArg, optional
+            The rotated K and `value` are written to `k_buffer`/`v_buffer` at `cache_loc`.
+
+        Returns
+        -------
+        (query, key), the same tensors, rotated.
+
+        The `sgl_ext` op picks its backend by device (Triton on CUDA, torch-native on CPU;
+        `SGL_EXT_BACKEND` forces one), so this path serves every device.
+        """
+        return self.forward_cuda(positions, query, key, offsets, fused_set_kv_buffer_arg)
+
+    def forward_cuda(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel path: one sgl_ext launch rotates q/k and (fused) writes the KV cache."""
+        pos = self._positions(positions, offsets)
+        sgl_ext.apply_rope_with_cos_sin_cache_inplace(
+            pos, query, key, self.head_size, self._cache_for(query.device),
+            is_neox=self.is_neox_style, fused_set_kv_buffer_arg=fused_set_kv_buffer_arg,
+        )  # fmt: skip
+        return query, key
+
+    def forward_native(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Plain-torch rotation (in place, computed in fp32), then the cache write if asked.
+
+        The fused argument is honoured with `sgl_ext.set_kv_buffer` (same stored bits as the
+        fused kernel), never dropped.
+        """
+        pos = self._positions(positions, offsets)
+        if pos.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"positions must be int32/int64, got {pos.dtype}")
+        cache = self._cache_for(query.device)
+        for name, x in (("query", query), ("key", key)):
+            if not isinstance(x, torch.Tensor) or x.ndim not in (2, 3):
+                raise ValueError(f"{name} must be a 2-D [T, H*D] or 3-D [T, H, D] tensor")
+            if x.shape[-1] % self.head_size or (x.ndim == 3 and x.shape[-1] != self.head_size):
+                raise ValueError(f"{name} last dim {x.shape[-1]} does not fit head_size "
+                                 f"{self.head_size}")  # fmt: skip
+            if x.shape[0] != pos.shape[0]:
+                raise ValueError(f"{name} has {x.shape[0]} tokens, positions {pos.shape[0]}")
+        a = fused_set_kv_buffer_arg
+        if a is not None:  # reject a bad cache argument before touching query/key
+            check_fused_arg(key, a, self.head_size)
+        rotate_native(query, pos, cache, self.head_size, self.is_neox_style)
+        rotate_native(key, pos, cache, self.head_size, self.is_neox_style)
+        if a is not None:
+            sgl_ext.set_kv_buffer(key, a.value, a.k_buffer, a.v_buffer, a.cache_loc,
+                                  a.k_scale, a.v_scale, head_size=self.head_size)  # fmt: skip
+        return query, key
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+            f"max_position_embeddings={self.max_position_embeddings}, base={self.base}, "
+            f"is_neox_style={self.is_neox_style}"
+        )

@@ -1,0 +1,1 @@
+"""Request scheduling for the offline engine: Req, ScheduleBatch, Scheduler."""

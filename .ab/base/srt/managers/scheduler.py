@@ -1,0 +1,163 @@
+"""Scheduler: continuous batching with admission control over one ModelRunner.
+
+Each step either prefills newly admitted requests (prefill first, as in SGLang) or runs one
+decode step for every running request. Requests join the running batch between decode steps and
+leave it as soon as they finish, freeing their KV slots for the requests still waiting.
+
+Admission is conservative: a request is admitted only if the KV pool can hold its whole future
+(prompt + max_new_tokens, rounded up to pages) on top of what the running requests may still
+need, so a decode step never runs out of memory and no request is ever retracted or lost.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+
+from srt.distributed import tensor_model_parallel_broadcast
+from srt.managers.schedule_batch import Req, ScheduleBatch, pages_needed
+from srt.sampling.sampler import sample
+
+
+class Scheduler:
+    """Runs requests to completion on a ModelRunner.
+
+    Parameters
+    ----------
+    model_runner : ModelRunner (pools, allocator, attention backend, `forward`).
+    max_prefill_tokens : most prompt tokens in one prefill batch (a longer single prompt still
+        runs alone).
+    """
+
+    def __init__(self, model_runner: Any, max_prefill_tokens: int = 16384) -> None:
+        self.runner = model_runner
+        self.page_size = model_runner.page_size
+        self.max_running_requests = model_runner.max_running_requests
+        self.max_prefill_tokens = max_prefill_tokens
+        self.batch = ScheduleBatch.from_runner(model_runner)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.finished_early: list[Req] = []
+        self.num_prefill_steps = 0
+        self.num_decode_steps = 0
+
+    # ---- admission ----
+    def _slots_for(self, num_tokens: int) -> int:
+        return pages_needed(num_tokens, self.page_size) * self.page_size
+
+    def check_fits(self, req: Req) -> None:
+        """Raise ValueError if the request could never fit in the KV pool or the context."""
+        need = self._slots_for(req.target_len())
+        total = self.runner.max_total_num_tokens
+        if need > total:
+            raise ValueError(
+                f"request {req.rid} needs {need} KV slots (prompt {len(req.origin_input_ids)}"
+                f" + max_new_tokens {req.sampling_params.max_new_tokens}) but the KV pool holds"
+                f" {total}; raise max_total_tokens or lower max_new_tokens"
+            )
+
+    def add_request(self, req: Req) -> None:
+        self.check_fits(req)
+        if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
+            req.check_finished()
+            self.finished_early.append(req)
+        else:
+            self.waiting.append(req)
+
+    def _reserved_slots(self) -> int:
+        """Slots the running requests may still allocate before they finish."""
+        return sum(
+            self._slots_for(r.target_len()) - self._slots_for(r.kv_len) for r in self.running
+        )
+
+    def _admit(self) -> list[Req]:
+        free = self.runner.token_to_kv_pool_allocator.available_size() - self._reserved_slots()
+        rows = self.max_running_requests - len(self.running)
+        admitted: list[Req] = []
+        prefill_tokens = 0
+        while self.waiting and len(admitted) < rows:
+            req = self.waiting[0]
+            need = self._slots_for(req.target_len())
+            n = len(req.origin_input_ids)
+            if need > free or (admitted and prefill_tokens + n > self.max_prefill_tokens):
+                break  # FIFO: later requests wait too, so none starves
+            self.waiting.popleft()
+            admitted.append(req)
+            free -= need
+            prefill_tokens += n
+        return admitted
+
+    # ---- steps ----
+    def _finish(self, req: Req, finished: list[Req]) -> None:
+        self.batch.free_req(req)
+        finished.append(req)
+
+    def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        want_lp = any(r.return_logprob for r in reqs)
+        next_ids, logprobs = sample(
+            logits, [r.sampling_params for r in reqs], [r.generator for r in reqs], want_lp
+        )
+        if getattr(self.runner, "tp_size", 1) > 1:
+            # Every rank samples the same logits; rank 0's ids make that exact (same schedule).
+            tensor_model_parallel_broadcast(next_ids, src=0)
+        ids = next_ids.tolist()
+        lps = logprobs.tolist() if logprobs is not None else [None] * len(reqs)
+        for req, tok, lp in zip(reqs, ids, lps, strict=True):
+            req.output_ids.append(int(tok))
+            if req.return_logprob:
+                req.output_token_logprobs.append(float(lp))
+            req.check_finished()
+
+    def step(self) -> list[Req]:
+        """One prefill or decode step. Returns the requests that finished in it."""
+        finished, self.finished_early = self.finished_early, []
+        new = self._admit()
+        if new:
+            self.running.extend(new)  # from here on they hold memory (abort_all frees it)
+            fb = self.batch.prepare_for_extend(new, any(r.return_logprob for r in new))
+            logits = self.runner.forward(fb)  # [B, V] last-position logits
+            self.num_prefill_steps += 1
+            self._sample_and_append(new, logits)
+        elif self.running:
+            reqs = self.running
+            fb = self.batch.prepare_for_decode(reqs, any(r.return_logprob for r in reqs))
+            logits = self.runner.forward(fb)  # [B, V]
+            self.num_decode_steps += 1
+            self._sample_and_append(reqs, logits)
+        elif self.waiting:
+            raise RuntimeError("no running request and the first waiting one cannot be admitted")
+        else:
+            return finished
+        still = []
+        for req in self.running:
+            if req.finished:
+                self._finish(req, finished)
+            else:
+                still.append(req)
+        self.running = still
+        return finished
+
+    def abort_all(self) -> list[Req]:
+        """Drop every waiting and running request, freeing their KV memory (after an error)."""
+        dropped = list(self.waiting) + self.running + self.finished_early
+        self.finished_early = []
+        for req in self.running:
+            self.batch.free_req(req)
+            req.finished_reason = {"type": "abort"}
+        for req in self.waiting:
+            req.finished_reason = {"type": "abort"}
+        self.waiting.clear()
+        self.running = []
+        return dropped
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.finished_early)
+
+    def run_until_idle(self, progress: Any = None) -> None:
+        """Step until no request is waiting or running; `progress.update(n)` per finished."""
+        while self.has_work():
+            done = self.step()
+            if progress is not None and done:
+                progress.update(len(done))

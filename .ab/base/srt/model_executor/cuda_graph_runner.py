@@ -1,0 +1,183 @@
+"""CudaGraphRunner: decode forwards captured as CUDA graphs, one per batch-size bucket.
+
+Follows SGLang's `cuda_graph_runner.py`. Graphs are captured largest batch first and share one
+memory pool. A decode batch of B requests replays the graph of the smallest bucket >= B; the
+padding rows (B .. bucket-1) get token 0, position 0, the backend's seq-len fill value, request
+row 0 and KV slot 0 (the pool's padding slot, which no request ever reads), so they never touch
+a real request's cache.
+
+The capture-mode flag (`is_capturing`) lives on this runner and is reset in `try/finally`; the
+KV pool's stream overlap (V written on an alternate stream) is switched on only while capturing.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from srt.model_executor.model_runner import ModelRunner
+
+
+def get_batch_sizes_to_capture(max_bs: int, bs_list: tuple[int, ...] | None = None) -> list[int]:
+    """Buckets 1, 2, 4, 8, then steps of 8 up to max_bs (max_bs itself always included).
+
+    `bs_list` overrides the list (still clipped to max_bs). Returned ascending, unique.
+    """
+    if max_bs < 1:
+        raise ValueError(f"cuda_graph_max_bs must be >= 1, got {max_bs}")
+    if bs_list is not None:
+        sizes = {int(b) for b in bs_list if 1 <= int(b) <= max_bs}
+        if not sizes:
+            raise ValueError(f"cuda_graph_bs {bs_list} has no batch size in [1, {max_bs}]")
+    else:
+        sizes = {b for b in (1, 2, 4) if b <= max_bs} | set(range(8, max_bs + 1, 8))
+    sizes.add(max(sizes) if bs_list is not None else max_bs)
+    return sorted(sizes)
+
+
+class CudaGraphRunner:
+    """Captures and replays decode graphs for a ModelRunner.
+
+    Parameters
+    ----------
+    model_runner : the ModelRunner; its `model_forward(forward_batch)` is what gets captured,
+        its pools and attention backend are shared.
+    """
+
+    def __init__(self, model_runner: ModelRunner) -> None:
+        self.model_runner = model_runner
+        args = model_runner.server_args
+        self.device = model_runner.device
+        max_bs = min(args.cuda_graph_max_bs, model_runner.max_running_requests)
+        self.capture_bs = get_batch_sizes_to_capture(max_bs, args.cuda_graph_bs)
+        self.max_bs = self.capture_bs[-1]
+        self.enable_fused_rope_kv = args.enable_fused_rope_kv
+        self.is_capturing = False
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.graph_memory_pool: Any = None
+        backend = model_runner.attn_backend
+        self.seq_len_fill_value = int(backend.get_cuda_graph_seq_len_fill_value())
+        # Static inputs, [max_bs] each; replays copy the real batch into their first rows.
+        with torch.device(self.device):
+            self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64)
+            self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64)
+            self.seq_lens = torch.full((self.max_bs,), self.seq_len_fill_value, dtype=torch.int64)
+            self.out_cache_loc = torch.zeros(self.max_bs, dtype=torch.int64)  # 0: padding slot
+            self.positions = torch.zeros(self.max_bs, dtype=torch.int64)
+        self.seq_lens_cpu = torch.full((self.max_bs,), self.seq_len_fill_value, dtype=torch.int64)
+        backend.init_cuda_graph_state(self.max_bs, self.max_bs)
+        self.capture()
+
+    # ---- capture ----
+    def _forward_batch(self, bs: int, seq_lens_sum: int) -> ForwardBatch:
+        r = self.model_runner
+        return ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=bs,
+            input_ids=self.input_ids[:bs],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            seq_lens_sum=seq_lens_sum,
+            positions=self.positions[:bs],
+            seq_lens_cpu=self.seq_lens_cpu[:bs],
+            req_to_token_pool=r.req_to_token_pool,
+            token_to_kv_pool=r.token_to_kv_pool,
+            attn_backend=r.attn_backend,
+            enable_fused_rope_kv=self.enable_fused_rope_kv,
+        )
+
+    def capture(self) -> None:
+        """Capture every bucket, largest first, into one shared memory pool."""
+        pool = self.model_runner.token_to_kv_pool
+        self.is_capturing = True
+        pool.set_stream_overlap(True)
+        try:
+            stream = torch.cuda.Stream(device=self.device)
+            for bs in reversed(self.capture_bs):
+                self.graphs[bs], self.outputs[bs] = self._capture_one(bs, stream)
+        finally:
+            self.is_capturing = False
+            pool.set_stream_overlap(False)
+        torch.cuda.synchronize(self.device)
+
+    def _capture_one(
+        self, bs: int, stream: torch.cuda.Stream
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        fb = self._forward_batch(bs, bs * self.seq_len_fill_value)
+        self.model_runner.attn_backend.init_forward_metadata_capture_cuda_graph(
+            bs, bs, fb.req_pool_indices, fb.seq_lens, ForwardMode.DECODE
+        )
+        # Warm up on the capture stream (lazy inits, Triton compiles) before capturing.
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.model_runner.model_forward(fb)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graph_memory_pool, stream=stream):
+            out = self.model_runner.model_forward(fb)  # [bs, V] logits
+        if self.graph_memory_pool is None:
+            self.graph_memory_pool = graph.pool()
+        return graph, out
+
+    # ---- replay ----
+    def can_run(self, forward_batch: ForwardBatch) -> bool:
+        """Whether a captured graph can run this batch (decode, fits a bucket, same fusion)."""
+        return (
+            not self.is_capturing
+            and bool(self.graphs)
+            and forward_batch.forward_mode.is_cuda_graph()
+            and forward_batch.batch_size <= self.max_bs
+            and forward_batch.enable_fused_rope_kv == self.enable_fused_rope_kv
+        )
+
+    def bucket(self, raw_bs: int) -> int:
+        """The captured batch size a batch of raw_bs replays."""
+        return self.capture_bs[bisect.bisect_left(self.capture_bs, raw_bs)]
+
+    def replay(self, forward_batch: ForwardBatch) -> torch.Tensor:
+        """Run a decode batch through its graph.
+
+        Returns
+        -------
+        float [B, V] logits: a view of the graph's static output, valid until the next replay.
+        """
+        raw_bs = forward_batch.batch_size
+        bs = self.bucket(raw_bs)
+        fill = self.seq_len_fill_value
+        if bs != raw_bs:  # padding rows: harmless inputs, KV write to the padding slot 0
+            self.input_ids[raw_bs:bs].zero_()
+            self.req_pool_indices[raw_bs:bs].zero_()
+            self.seq_lens[raw_bs:bs].fill_(fill)
+            self.out_cache_loc[raw_bs:bs].zero_()
+            self.positions[raw_bs:bs].zero_()
+            self.seq_lens_cpu[raw_bs:bs].fill_(fill)
+        self.input_ids[:raw_bs].copy_(forward_batch.input_ids)
+        self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
+        self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
+        self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
+        self.positions[:raw_bs].copy_(forward_batch.positions)
+        if forward_batch.seq_lens_cpu is not None:
+            self.seq_lens_cpu[:raw_bs].copy_(forward_batch.seq_lens_cpu)
+            seq_lens_cpu = self.seq_lens_cpu[:bs]
+        else:
+            seq_lens_cpu = None
+        seq_lens_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * fill
+        self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
+            bs,
+            self.req_pool_indices[:bs],
+            self.seq_lens[:bs],
+            seq_lens_sum,
+            ForwardMode.DECODE,
+            seq_lens_cpu,
+        )
+        self.graphs[bs].replay()
+        return self.outputs[bs][:raw_bs]

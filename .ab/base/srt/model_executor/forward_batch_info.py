@@ -1,0 +1,161 @@
+"""ForwardMode and ForwardBatch: everything one forward pass needs, passed explicitly.
+
+Follows SGLang's `sglang/srt/model_executor/forward_batch_info.py` names. There is no global
+batch state: the model runner builds a `ForwardBatch`, the attention backend fills its own
+metadata from it (`attn_backend.init_forward_metadata(forward_batch)`), and the model's
+`forward(input_ids, positions, forward_batch)` hands it down to every layer.
+
+Token-level tensors are laid out request after request (request 0's new tokens, then request
+1's, ...). In DECODE mode every request has exactly one new token, so num_tokens == batch_size.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from srt.layers.attention.base_attn_backend import AttentionBackend
+
+
+class ForwardMode(enum.IntEnum):
+    """What kind of forward pass a batch runs."""
+
+    # Prefill, or the continuation of a prefix-cached prompt: several new tokens per request.
+    EXTEND = enum.auto()
+    # One new token per request.
+    DECODE = enum.auto()
+    # No tokens on this rank (kept for data-parallel attention compatibility).
+    IDLE = enum.auto()
+
+    def is_extend(self) -> bool:
+        return self == ForwardMode.EXTEND
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+    def is_idle(self) -> bool:
+        return self == ForwardMode.IDLE
+
+    def is_cuda_graph(self) -> bool:
+        """Modes the CUDA-graph runner captures (decode only here)."""
+        return self == ForwardMode.DECODE
+
+
+@dataclass
+class ForwardBatch:
+    """The inputs of one forward pass (SGLang field names).
+
+    Shapes use B = batch_size (number of requests) and T = number of new tokens in the batch
+    (T == B in DECODE mode). "device" means the model's device; "cpu" tensors and Python lists
+    are host-side copies that backends may read without a device sync.
+    """
+
+    # The kind of pass.
+    forward_mode: ForwardMode
+    # B: number of requests (int, host).
+    batch_size: int
+    # int64 [T], device: token ids of the new tokens.
+    input_ids: torch.Tensor
+    # int64 [B], device: row of each request in req_to_token_pool.req_to_token.
+    req_pool_indices: torch.Tensor
+    # int64 [B], device: total length of each request *including* the new tokens.
+    seq_lens: torch.Tensor
+    # int64 [T], device: KV-cache slot each new token's K/V is written to (< 0: do not write).
+    out_cache_loc: torch.Tensor
+    # int: sum(seq_lens) (host).
+    seq_lens_sum: int
+    # int64 [T], device: position of each new token (prefix_len + i within its request).
+    positions: torch.Tensor | None = None
+    # int64 [B], cpu: host copy of seq_lens (optional; lets backends avoid a device sync).
+    seq_lens_cpu: torch.Tensor | None = None
+
+    # ---- EXTEND only ----
+    # int32 [B], device: number of new tokens per request.
+    extend_seq_lens: torch.Tensor | None = None
+    # int32 [B], device: number of already-cached tokens per request (seq_lens - extend_seq_lens).
+    extend_prefix_lens: torch.Tensor | None = None
+    # int32 [B], device: offset of each request's first new token in the token-level tensors.
+    extend_start_loc: torch.Tensor | None = None
+    # list[int] of length B, host: extend_seq_lens.
+    extend_seq_lens_cpu: list[int] | None = None
+    # list[int] of length B, host: extend_prefix_lens.
+    extend_prefix_lens_cpu: list[int] | None = None
+
+    # ---- Pools and backend (objects, not tensors) ----
+    # ReqToTokenPool: .req_to_token is int32 [max_reqs, max_context_len] of KV slots, device.
+    req_to_token_pool: Any = None
+    # MHATokenToKVPool: per-layer K/V buffers (get_key_buffer / get_value_buffer / set_kv_buffer).
+    token_to_kv_pool: Any = None
+    # The AttentionBackend that runs RadixAttention for this batch.
+    attn_backend: AttentionBackend | None = None
+
+    # ---- Options ----
+    # Whether attention layers may fuse the K/V cache write into the RoPE kernel
+    # (see srt/models/utils.py: enable_fused_set_kv_buffer).
+    enable_fused_rope_kv: bool = True
+    # Whether the logits processor should return log-probs of the chosen tokens (host flag).
+    return_logprob: bool = False
+    # Whether the logits processor should also return logits of every new token (EXTEND).
+    return_all_logits: bool = False
+
+    def __post_init__(self) -> None:
+        if self.positions is None and self.forward_mode.is_decode():
+            # int64 [B]: the single new token sits at the last position of its request.
+            self.positions = (self.seq_lens - 1).to(torch.int64)
+
+    @property
+    def num_tokens(self) -> int:
+        """T, the number of new tokens (host int, from a shape: no sync)."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+
+def compute_extend_metadata(
+    prefix_lens: list[int], extend_lens: list[int], device: torch.device | str
+) -> dict[str, Any]:
+    """Host-side helper: positions and extend_* fields for an EXTEND batch.
+
+    Parameters
+    ----------
+    prefix_lens, extend_lens : list[int] of length B
+        Cached and new tokens of each request.
+    device : device of the returned tensors.
+
+    Returns
+    -------
+    dict with `positions` (int64 [T]), `extend_seq_lens`, `extend_prefix_lens`,
+    `extend_start_loc` (int32 [B]), their `*_cpu` lists, `seq_lens` (int64 [B]), `seq_lens_cpu`
+    and `seq_lens_sum`, ready to be splatted into `ForwardBatch(...)`.
+    """
+    if len(prefix_lens) != len(extend_lens):
+        raise ValueError(
+            f"prefix_lens has {len(prefix_lens)} entries, extend_lens has {len(extend_lens)}"
+        )
+    if any(n <= 0 for n in extend_lens) or any(p < 0 for p in prefix_lens):
+        raise ValueError("extend_lens must be positive and prefix_lens non-negative")
+    seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens, strict=True)]
+    starts = [0]
+    for n in extend_lens[:-1]:
+        starts.append(starts[-1] + n)
+    # int64 [T]: prefix_len .. seq_len - 1 of each request, concatenated.
+    positions = torch.cat(
+        [torch.arange(p, s, dtype=torch.int64) for p, s in zip(prefix_lens, seq_lens, strict=True)]
+    )
+    return dict(
+        positions=positions.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
+        seq_lens_sum=sum(seq_lens),
+        extend_seq_lens=torch.tensor(extend_lens, dtype=torch.int32, device=device),
+        extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32, device=device),
+        extend_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        extend_seq_lens_cpu=list(extend_lens),
+        extend_prefix_lens_cpu=list(prefix_lens),
+    )

@@ -1,0 +1,268 @@
+"""ModelRunner: builds the model, KV pools, allocator and attention backend; runs forwards.
+
+Follows SGLang's `model_runner.py`: `ModelRunner(server_args)` loads the model through the
+registry and the loader, sizes the KV pool (explicit `max_total_tokens`, or the free GPU memory
+times `mem_fraction_static`), builds the ReqToTokenPool / MHATokenToKVPool / allocator and the
+attention backend, captures the decode CUDA graphs, and `forward(forward_batch)` returns the
+next-token logits of every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import torch
+
+from srt.configs.model_config import resolve_dtype as config_dtype_by_name
+from srt.distributed import (
+    get_tp_local_rank,
+    get_tp_rank,
+    get_tp_size,
+    model_parallel_is_initialized,
+    tensor_model_parallel_min_int,
+)
+from srt.model_executor.forward_batch_info import ForwardBatch
+from srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def resolve_dtype(name: str, device: torch.device, config_dtype: torch.dtype | None) -> torch.dtype:
+    """ "auto": the checkpoint's half dtype on CUDA (bf16 if it is fp32), float32 on CPU."""
+    if name != "auto":
+        return config_dtype_by_name(name)
+    if device.type != "cuda":
+        return torch.float32
+    if config_dtype in (torch.float16, torch.bfloat16):
+        return config_dtype
+    return torch.bfloat16
+
+
+def kv_cache_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The KV-cache dtype for ServerArgs.kv_cache_dtype ("auto" follows the model dtype)."""
+    return dtype if name == "auto" else _KV_DTYPES[name]
+
+
+class ModelRunner:
+    """Owns the model and its KV cache; runs EXTEND and DECODE forwards.
+
+    Parameters
+    ----------
+    server_args : ServerArgs (device-dependent defaults are resolved here).
+    model_config : optional pre-built ModelConfig (else built from model_path / the tiny config).
+    model : optional already-loaded model to reuse (with its model_config), e.g. to compare the
+        fused and unfused paths on the same weights without loading them twice.
+
+    Attributes
+    ----------
+    model, model_config, device, dtype, kv_dtype, page_size, max_total_num_tokens,
+    max_running_requests, req_to_token_pool, token_to_kv_pool, token_to_kv_pool_allocator,
+    attn_backend, cuda_graph_runner (None when disabled or capture failed).
+    """
+
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        model_config: Any = None,
+        model: torch.nn.Module | None = None,
+    ) -> None:
+        self.server_args = args = server_args.resolved()
+        self.tp_size = args.tp_size
+        self.tp_rank = self._check_tp()
+        self.device = torch.device(args.device)
+        if self.device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError("device='cuda' but no CUDA device is available")
+            if self.device.index is None:
+                idx = get_tp_local_rank() if self.tp_size > 1 else torch.cuda.current_device()
+                self.device = torch.device("cuda", idx)
+            torch.cuda.set_device(self.device)
+        self.page_size = args.page_size
+        torch.manual_seed(args.random_seed)
+        self.model_config = model_config if model_config is not None else self._model_config()
+        self.dtype = resolve_dtype(
+            args.dtype, self.device, getattr(self.model_config, "dtype", None)
+        )
+        self.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, self.dtype)
+        if model is None:
+            model = self._load_model()
+        elif model_config is None:
+            raise ValueError("passing model needs its model_config too")
+        self.model = model.requires_grad_(False).eval()
+        self._init_memory_pool()
+        self.attn_backend = self._init_attention_backend()
+        self.cuda_graph_runner = None
+        if not args.disable_cuda_graph and self.device.type == "cuda":
+            self._init_cuda_graphs()
+
+    # ---- construction ----
+    def _check_tp(self) -> int:
+        """This process's TP rank; TP > 1 needs the TP group (init_distributed_environment)."""
+        if self.tp_size == 1:
+            return 0
+        if not model_parallel_is_initialized() or get_tp_size() != self.tp_size:
+            raise RuntimeError(
+                f"tp_size={self.tp_size} needs a TP group of that size: run under torchrun or "
+                "through srt.Engine, or call srt.distributed.init_distributed_environment first"
+            )
+        return get_tp_rank()
+
+    def _model_config(self) -> Any:
+        from srt.model_executor.model_builder import build_model_config
+
+        return build_model_config(self.server_args)
+
+    def _load_model(self) -> torch.nn.Module:
+        from srt.model_executor.model_builder import load_model
+
+        return load_model(self.model_config, self.server_args, self.dtype, self.device)
+
+    def _kv_shape(self) -> tuple[int, int, int, int]:
+        """(layers, kv_heads, head_dim, v_head_dim) of the KV cache."""
+        from srt.model_executor.model_builder import kv_cache_shape
+
+        return kv_cache_shape(self.model_config, self.tp_size)
+
+    def _profile_max_num_token(self, cell_size: int) -> int:
+        """Tokens that fit in mem_fraction_static of the GPU after the weights are loaded."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        rest = free - total * (1.0 - self.server_args.mem_fraction_static)
+        if rest <= 0:
+            raise RuntimeError(
+                f"not enough GPU memory for the KV cache: {free / 2**30:.1f} GiB free of "
+                f"{total / 2**30:.1f} GiB; raise mem_fraction_static or set max_total_tokens"
+            )
+        return int(rest // cell_size)
+
+    def _init_memory_pool(self) -> None:
+        from srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+        from srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+        args, ps = self.server_args, self.page_size
+        layers, heads, head_dim, v_head_dim = self._kv_shape()
+        elem = torch.empty((), dtype=self.kv_dtype).element_size()
+        cell_size = layers * heads * (head_dim + v_head_dim) * elem
+        if args.max_total_tokens is not None:
+            tokens = args.max_total_tokens
+        elif self.device.type == "cuda":
+            tokens = self._profile_max_num_token(cell_size)
+        else:
+            tokens = args.cpu_max_total_tokens
+        self.context_len = args.context_length or int(
+            getattr(self.model_config, "context_len", None)
+            or self.model_config.max_position_embeddings
+        )
+        rows = args.max_running_requests or 256
+        if args.max_total_tokens is None:
+            # More than every request row at full context can never be used.
+            tokens = min(tokens, rows * (self.context_len + ps))
+        tokens = tensor_model_parallel_min_int(tokens, self.device)  # same pool on every rank
+        tokens = tokens // ps * ps
+        if tokens < ps:
+            raise ValueError(f"KV pool of {tokens} tokens is smaller than one page ({ps})")
+        self.max_total_num_tokens = tokens
+        self.max_running_requests = args.max_running_requests or max(1, min(rows, tokens // ps))
+        alt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.req_to_token_pool = ReqToTokenPool(
+            self.max_running_requests, self.context_len + 4, self.device
+        )
+        self.token_to_kv_pool = MHATokenToKVPool(
+            tokens, ps, self.kv_dtype, heads, head_dim, layers, self.device,
+            v_head_dim=v_head_dim, alt_stream=alt_stream,
+        )  # fmt: skip
+        scrub = dict(kvcache=self.token_to_kv_pool, scrub_on_alloc=True)
+        if ps == 1:
+            self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, self.device, **scrub)
+        else:
+            self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
+                tokens, ps, self.device, **scrub
+            )
+        logger.info(
+            "KV pool: %d tokens (%.2f GiB, %s), %d request rows",
+            tokens, tokens * cell_size / 2**30, self.kv_dtype, self.max_running_requests,
+        )  # fmt: skip
+
+    def _init_attention_backend(self) -> Any:
+        name = self.server_args.attention_backend
+        if name == "torch_native":
+            from srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+            return TorchNativeAttnBackend(self.req_to_token_pool, self.device)
+        if name == "triton":
+            try:
+                from srt.layers.attention.triton_backend import TritonAttnBackend
+            except ImportError as e:
+                warnings.warn(
+                    f"Triton attention backend unavailable ({e}); using torch_native",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            else:
+                return TritonAttnBackend(self.req_to_token_pool, self.device)
+            from srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+            return TorchNativeAttnBackend(self.req_to_token_pool, self.device)
+        raise ValueError(f"unknown attention_backend {name!r}")
+
+    def _init_cuda_graphs(self) -> None:
+        from srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+        try:
+            self.cuda_graph_runner = CudaGraphRunner(self)
+        except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager
+            warnings.warn(
+                f"CUDA graph capture failed ({type(e).__name__}: {e}); decoding runs eagerly. "
+                "Pass disable_cuda_graph=True to silence this.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.cuda_graph_runner = None
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+    # ---- forward ----
+    @property
+    def is_capturing(self) -> bool:
+        """True while the CUDA-graph runner captures (the flag lives on that runner)."""
+        return self.cuda_graph_runner is not None and self.cuda_graph_runner.is_capturing
+
+    def model_forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
+        """The model on an already-initialised batch (what CUDA graphs capture).
+
+        Returns
+        -------
+        float [B, V]: logits of each request's last new token.
+        """
+        fb = forward_batch
+        with torch.inference_mode():
+            out = self.model(fb.input_ids, fb.positions, fb)
+            logits = getattr(out, "next_token_logits", out)  # LogitsProcessorOutput or tensor
+            if fb.forward_mode.is_extend() and logits.shape[0] != fb.batch_size:
+                # [T, V] per-token logits: keep each request's last token.
+                last = fb.extend_start_loc.long() + fb.extend_seq_lens.long() - 1  # [B]
+                logits = logits.index_select(0, last)
+        return logits
+
+    def forward(self, forward_batch: ForwardBatch, use_cuda_graph: bool = True) -> torch.Tensor:
+        """Run one EXTEND or DECODE batch; decode replays a CUDA graph when one fits.
+
+        Parameters
+        ----------
+        forward_batch : the batch.
+        use_cuda_graph : False forces the eager path (benchmarks and tests compare the two).
+
+        Returns
+        -------
+        float [B, V] next-token logits (for a graph replay: a view valid until the next one).
+        """
+        fb = forward_batch
+        graphs = self.cuda_graph_runner if use_cuda_graph else None
+        if graphs is not None and graphs.can_run(fb):
+            return graphs.replay(fb)
+        with torch.inference_mode():
+            self.attn_backend.init_forward_metadata(fb)
+        return self.model_forward(fb)

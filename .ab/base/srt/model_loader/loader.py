@@ -1,0 +1,217 @@
+"""Build a model from a ModelConfig and fill its weights (safetensors or dummy), plus tokenizer.
+
+- `load_format="auto"` / `"safetensors"`: `model.safetensors`, or shards listed in
+  `model.safetensors.index.json` (every listed file must exist), or every `*.safetensors` file.
+- `"pt"`: `pytorch_model*.bin` (loaded with `weights_only=True`).
+- `"dummy"`: seeded random weights with a small std (norm weights near 1), no files read.
+Tensors are routed through the model's `load_weights` (which packs q/k/v, gate/up, ...); every
+model parameter must be covered. Missing or malformed files raise errors naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from srt.configs.model_config import ModelConfig
+from srt.distributed import get_tp_size
+from srt.models.registry import get_model_class
+
+SAFE_INDEX = "model.safetensors.index.json"
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def safetensors_files(path: str) -> list[str]:
+    """The safetensors files of a checkpoint directory (sharded via the index, or all)."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    index = os.path.join(path, SAFE_INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"malformed safetensors index {index}: {e!r}") from e
+        out = [os.path.join(path, f) for f in files]
+        for f in out:
+            if not os.path.isfile(f):
+                raise FileNotFoundError(f"shard {f} listed in {index} is missing")
+        return out
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights (or {SAFE_INDEX}) in {path}")
+    return files
+
+
+def iterate_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for every tensor of every file."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in files:
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"cannot read safetensors file {file}: {e}") from e
+
+
+def iterate_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    files = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+    if not files:
+        raise FileNotFoundError(f"no pytorch_model*.bin weights in {path}")
+    for file in files:
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 (torch raises many types for bad pickles)
+            raise ValueError(f"cannot read weights file {file}: {e}") from e
+        yield from state.items()
+
+
+def full_parameter_shapes(cls: type[nn.Module], config: ModelConfig) -> list[tuple[str, tuple]]:
+    """(name, shape) of every parameter of the TP-1 model (a meta-device build: no memory)."""
+    from srt.distributed import tensor_parallel_override
+
+    with tensor_parallel_override(0, 1), torch.device("meta"):
+        ref = cls(config)
+    return [(n, tuple(p.shape)) for n, p in ref.named_parameters()]
+
+
+def load_full_weights(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load TP-1-shaped tensors named like the model's parameters through their weight loaders
+    (shard_id None), each keeping its TP rank's part."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, w in named:
+            p = params[name]
+            loader = getattr(p, "weight_loader", None)
+            if loader is None:
+                if p.shape != w.shape:
+                    raise ValueError(f"{name}: shape {tuple(w.shape)} != {tuple(p.shape)}")
+                p.copy_(w)
+            else:
+                loader(p, w)
+
+
+def dummy_tensor(name: str, shape: tuple, generator: torch.Generator, std: float) -> torch.Tensor:
+    """N(0, std) float32 on the generator's device (norm weights 1 + N(0, std))."""
+    w = torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float32)
+    w *= std
+    if len(shape) == 1 and name.endswith("norm.weight"):
+        w += 1.0
+    return w
+
+
+def init_dummy_weights(
+    model: nn.Module,
+    seed: int = 0,
+    std: float = 0.02,
+    full_shapes: list[tuple[str, tuple]] | None = None,
+) -> None:
+    """Seeded N(0, std) weights (norm weights 1 + N(0, std)); identical on every device.
+
+    With `full_shapes` (a TP > 1 model: `full_parameter_shapes`), the full TP-1 tensors are drawn
+    in the same order and each rank keeps its shard, so every TP size gets the same model.
+    """
+    g = torch.Generator().manual_seed(seed)
+    if full_shapes is not None:
+        named = ((n, dummy_tensor(n, shape, g, std)) for n, shape in full_shapes)
+        load_full_weights(model, named)
+        return
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(dummy_tensor(name, tuple(p.shape), g, std))
+
+
+def get_model(
+    config: ModelConfig,
+    load_format: str = "auto",
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> nn.Module:
+    """Instantiate the registry's class for `config` on `device` in `config.dtype`, load weights.
+
+    Parameters
+    ----------
+    config : ModelConfig (its `path` is the checkpoint directory unless load_format="dummy").
+    load_format : "auto", "safetensors", "pt" or "dummy".
+    device : where parameters live.
+    seed : seed of the dummy weights.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
+    cls = get_model_class(config.architecture)
+    with _default_dtype(config.dtype), torch.device(device):
+        model = cls(config)
+    if load_format == "dummy":
+        # TP > 1: draw the full tensors and shard them (the same model at every TP size).
+        full = full_parameter_shapes(cls, config) if get_tp_size() > 1 else None
+        init_dummy_weights(model, seed, full_shapes=full)
+    else:
+        if config.path is None:
+            raise ValueError("config has no checkpoint path; use load_format='dummy'")
+        if load_format == "pt":
+            weights = iterate_pt(config.path)
+        else:
+            weights = iterate_safetensors(safetensors_files(config.path))
+        loaded = model.load_weights(weights)
+        missing = sorted(n for n, _ in model.named_parameters() if n not in loaded)
+        if missing:
+            raise ValueError(
+                f"checkpoint {config.path} lacks {len(missing)} parameter(s), e.g. {missing[:5]}"
+            )
+    if hasattr(model, "post_load_weights"):
+        model.post_load_weights()
+    return model.eval()
+
+
+def load_model(
+    path: str | None = None,
+    load_format: str = "auto",
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    config: ModelConfig | None = None,
+) -> tuple[nn.Module, ModelConfig]:
+    """Convenience: ModelConfig.from_hf(path) (or the tiny config) + get_model."""
+    if config is None:
+        if path is None:
+            from srt.configs.tiny import tiny_llama_config
+
+            config = ModelConfig.from_hf(tiny_llama_config(), dtype=dtype)
+            load_format = "dummy"
+        else:
+            config = ModelConfig.from_hf(path, dtype=dtype)
+    return get_model(config, load_format, device, seed), config
+
+
+def load_tokenizer(path: str | None):
+    """transformers.AutoTokenizer from a local checkpoint directory, or None if it has none."""
+    if path is None or not os.path.isdir(path):
+        return None
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any(os.path.isfile(os.path.join(path, n)) for n in names):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot load the tokenizer in {path}: {e}") from e

@@ -1,0 +1,84 @@
+"""Model-side helpers for fusing the KV-cache write into the RoPE kernel.
+
+An attention layer does::
+
+    if enable_fused_set_kv_buffer(forward_batch):
+        q, k = self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=
+                               create_fused_set_kv_buffer_arg(v, self.attn, forward_batch))
+        out = self.attn(q, k, v, forward_batch, save_kv_cache=False)
+    else:
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v, forward_batch)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from sgl_ext import FP8_DTYPES, INPUT_DTYPES, FusedSetKVBufferArg
+
+if TYPE_CHECKING:
+    from srt.layers.radix_attention import RadixAttention
+    from srt.model_executor.forward_batch_info import ForwardBatch
+
+# KV-cache dtypes the fused kernel can store (fp8 pools pass fp8 views of their uint8 storage).
+FUSED_KV_DTYPES = (*INPUT_DTYPES, *FP8_DTYPES)
+
+
+def _supported_buffer(buf: object) -> bool:
+    """Layout check on metadata only: [slots, H, D] or [pages, page_size, H, D], last dim dense."""
+    return (
+        isinstance(buf, torch.Tensor)
+        and buf.ndim in (3, 4)
+        and buf.dtype in FUSED_KV_DTYPES
+        and (buf.stride(-1) == 1 or buf.shape[-1] == 1)
+    )
+
+
+def enable_fused_set_kv_buffer(forward_batch: ForwardBatch) -> bool:
+    """Whether attention layers should let RoPE write K/V into the cache.
+
+    True when the batch allows fusion (`forward_batch.enable_fused_rope_kv`), the pool is an
+    MHA-style pool (get_key_buffer / get_value_buffer) whose dtype the kernel stores (bf16,
+    fp16, fp32, fp8 e4m3 / e5m2), and its buffers have a supported strided layout. Looks at
+    metadata only (no device sync), so it is safe under CUDA-graph capture.
+    """
+    if not getattr(forward_batch, "enable_fused_rope_kv", False):
+        return False
+    pool = forward_batch.token_to_kv_pool
+    if pool is None or not hasattr(pool, "get_key_buffer") or not hasattr(pool, "get_value_buffer"):
+        return False
+    if getattr(pool, "dtype", None) not in FUSED_KV_DTYPES:
+        return False
+    layer0 = getattr(pool, "start_layer", 0)
+    return _supported_buffer(pool.get_key_buffer(layer0)) and _supported_buffer(
+        pool.get_value_buffer(layer0)
+    )
+
+
+def create_fused_set_kv_buffer_arg(
+    value: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
+) -> FusedSetKVBufferArg:
+    """The FusedSetKVBufferArg that makes RoPE store this layer's K and V.
+
+    Parameters
+    ----------
+    value : [T, Hkv*Dv] or [T, Hkv, Dv], the model dtype (a strided view of qkv is fine).
+    layer : the RadixAttention (its layer_id selects the buffers; k_scale / v_scale are used
+        for fp8 pools and ignored otherwise, matching the pool's unfused set_kv_buffer).
+    forward_batch : gives the pool and out_cache_loc (int64 [T], < 0 = skip).
+    """
+    pool = forward_batch.token_to_kv_pool
+    k_buffer = pool.get_key_buffer(layer.layer_id)  # [slots, H, D] or [pages, ps, H, D]
+    v_buffer = pool.get_value_buffer(layer.layer_id)
+    fp8 = k_buffer.dtype in FP8_DTYPES
+    return FusedSetKVBufferArg(
+        value=value,
+        k_buffer=k_buffer,
+        v_buffer=v_buffer,
+        k_scale=layer.k_scale if fp8 else None,
+        v_scale=layer.v_scale if fp8 else None,
+        cache_loc=forward_batch.out_cache_loc,
+    )

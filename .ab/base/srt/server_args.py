@@ -1,0 +1,132 @@
+"""ServerArgs: the frozen configuration of one model runner / offline engine (SGLang's names)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+ATTENTION_BACKENDS = ("torch_native", "triton")
+LOAD_FORMATS = ("auto", "dummy", "safetensors", "pt")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16")
+
+
+def default_device() -> str:
+    """ "cuda" when a GPU is visible, else "cpu"."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Everything the model runner and the engine are built from.
+
+    Names follow SGLang's `ServerArgs`. `None` means "pick a default for this device/model"
+    (resolved by `resolved()`), so a `ServerArgs()` with no arguments runs the embedded tiny
+    model on whatever device is present.
+
+    Attributes
+    ----------
+    model_path : HF checkpoint directory; None builds the embedded tiny config (random weights).
+    load_format : "auto" (read the checkpoint), "dummy" (random weights, seeded), ...
+    device : "cuda" or "cpu" (None: cuda if available).
+    dtype : activation/weight dtype, "auto" takes the checkpoint's (float32 on CPU).
+    kv_cache_dtype : "auto" (= dtype), "fp8_e4m3" or "fp8_e5m2".
+    page_size : KV-cache page size in tokens (>= 1).
+    attention_backend : "torch_native" or "triton" (None: triton on CUDA, torch_native on CPU).
+    enable_fused_rope_kv : write K/V to the cache inside the RoPE kernel (the point of sgl_ext).
+    disable_cuda_graph : run decode eagerly (always true on CPU).
+    cuda_graph_max_bs : largest captured decode batch; cuda_graph_bs overrides the bucket list.
+    max_total_tokens : KV-pool size in tokens; None sizes it from mem_fraction_static (CUDA) or
+        cpu_max_total_tokens (CPU).
+    max_running_requests : concurrent requests (rows of the req-to-token pool).
+    json_model_override_args : JSON dict merged into the HF config (used by the bench presets).
+    tp_size : tensor-parallel ranks (one process each; NCCL on CUDA, gloo on CPU).
+    dist_init_addr : "host:port" of the TP rendezvous for Engine-spawned ranks (None: a free
+        local port); torchrun-launched ranks use its env:// instead.
+    dist_timeout : seconds a rank waits for the others (collectives, start-up, each request)
+        before the engine fails instead of hanging.
+    """
+
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    skip_tokenizer_init: bool = False
+    load_format: str = "auto"
+    device: str | None = None
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    page_size: int = 1
+    attention_backend: str | None = None
+    enable_fused_rope_kv: bool = True
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 64
+    cuda_graph_bs: tuple[int, ...] | None = None
+    max_total_tokens: int | None = None
+    mem_fraction_static: float = 0.85
+    cpu_max_total_tokens: int = 16384
+    max_running_requests: int | None = None
+    context_length: int | None = None
+    random_seed: int = 0
+    tp_size: int = 1
+    dist_init_addr: str | None = None
+    dist_timeout: float = 600.0
+    json_model_override_args: str = "{}"
+
+    def __post_init__(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device must be 'cuda' or 'cpu', got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
+        if not isinstance(self.page_size, int) or self.page_size < 1:
+            raise ValueError(f"page_size must be an int >= 1, got {self.page_size!r}")
+        if self.attention_backend not in (None, *ATTENTION_BACKENDS):
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, "
+                f"got {self.attention_backend!r}"
+            )
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
+        if not 0.0 < self.mem_fraction_static <= 1.0:
+            raise ValueError(
+                f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
+            )
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if not isinstance(self.tp_size, int) or self.tp_size < 1:
+            raise ValueError(f"tp_size must be an int >= 1, got {self.tp_size!r}")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
+        try:
+            overrides = json.loads(self.json_model_override_args)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_model_override_args is not valid JSON: {e}") from e
+        if not isinstance(overrides, dict):
+            raise ValueError("json_model_override_args must encode a JSON object")
+
+    @property
+    def model_overrides(self) -> dict[str, Any]:
+        """json_model_override_args decoded."""
+        return json.loads(self.json_model_override_args)
+
+    def resolved(self) -> ServerArgs:
+        """A copy with the device-dependent defaults (device, attention backend, graphs) filled."""
+        device = self.device or default_device()
+        on_cuda = device.startswith("cuda")
+        backend = self.attention_backend or ("triton" if on_cuda else "torch_native")
+        return dataclasses.replace(
+            self,
+            device=device,
+            attention_backend=backend,
+            disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
+        )

@@ -1,0 +1,38 @@
+"""A sweep of fused-op calls on CUDA for `compute-sanitizer --tool memcheck` (exit 1 on mismatch).
+
+python tests/sgl_ext/gpu_memcheck_sweep.py   (also runs without the sanitizer)
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_rope import run_case  # noqa: E402
+
+
+def main() -> int:
+    os.environ["SGL_EXT_BACKEND"] = os.environ.get("SGL_EXT_BACKEND", "triton")
+    n = 0
+    for layout, kv, neox, rot, t in itertools.product(
+        ["token", "flat", "nhd", "hnd", "cross"],
+        [None, torch.float8_e4m3fn],
+        [True, False],
+        [1.0, 0.5],
+        [1, 33],
+    ):
+        run_case(device="cuda", dtype=torch.bfloat16, kv_dtype=kv, layout=layout, neox=neox,
+                 rot_frac=rot, num_tokens=t, hq=8, hkv=2, d=64, scale="tensor" if kv else "none",
+                 num_slots=64, page_size=16, seed=n)  # fmt: skip
+        n += 1
+    torch.cuda.synchronize()
+    print(f"memcheck sweep: {n} cases OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

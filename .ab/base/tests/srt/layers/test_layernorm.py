@@ -1,0 +1,35 @@
+"""RMSNorm (with fused residual add) and SiluAndMul against float64 references."""
+
+import pytest
+import torch
+
+from srt.layers.activation import SiluAndMul
+from srt.layers.layernorm import RMSNorm
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("fp32_weight", [False, True])
+def test_rmsnorm_with_and_without_residual(dtype, tol, fp32_weight):
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(33, eps=1e-5, weight_in_fp32=fp32_weight)
+    norm.weight.copy_(torch.randn(33, generator=g))
+    norm = norm.to(dtype)
+    x = torch.randn(7, 33, generator=g).to(dtype)
+    r = torch.randn(7, 33, generator=g).to(dtype)
+
+    def ref(t):
+        t = t.double()
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight.double()
+
+    out = norm(x)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref(x), atol=tol, rtol=tol)
+    out, res = norm(x, r)
+    torch.testing.assert_close(res, x + r)
+    torch.testing.assert_close(out.double(), ref(x + r), atol=tol, rtol=tol)
+
+
+def test_silu_and_mul():
+    x = torch.randn(7, 2 * 9)
+    ref = torch.nn.functional.silu(x[:, :9].double()) * x[:, 9:].double()
+    torch.testing.assert_close(SiluAndMul()(x).double(), ref, atol=1e-6, rtol=1e-6)

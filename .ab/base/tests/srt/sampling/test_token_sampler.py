@@ -1,0 +1,38 @@
+"""The per-request seeded sampler (srt/sampling/sampler.py)."""
+
+import torch
+
+from srt.sampling.sampler import sample
+from srt.sampling.sampling_params import SamplingParams
+
+
+def _gens(n, seed=0):
+    return [torch.Generator().manual_seed(seed + i) for i in range(n)]
+
+
+def test_greedy_and_degenerate_filters_pick_argmax():
+    logits = torch.randn(7, 33, generator=torch.Generator().manual_seed(1))
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=1, temperature=2.0),
+        SamplingParams(top_p=1e-6, temperature=1.5),
+        SamplingParams(min_p=1.0),
+    ] * 2
+    params = params[:7]
+    ids, lp = sample(logits, params, _gens(7), return_logprob=True)
+    assert torch.equal(ids, logits.argmax(-1))
+    ref = torch.log_softmax(logits.double(), -1).gather(1, ids[:, None]).squeeze(1)
+    torch.testing.assert_close(lp.double(), ref, rtol=0, atol=1e-5)
+
+
+def test_top_k_restricts_support_and_seed_reproduces():
+    logits = torch.randn(1, 33, generator=torch.Generator().manual_seed(2))
+    top3 = set(logits[0].topk(3).indices.tolist())
+    p = SamplingParams(top_k=3, temperature=5.0)
+    seen = set()
+    for s in range(200):
+        ids, _ = sample(logits, [p], _gens(1, s))
+        seen.add(int(ids[0]))
+    assert seen <= top3 and len(seen) == 3
+    a = [int(sample(logits, [p], _gens(1, 5))[0][0]) for _ in range(3)]
+    assert len(set(a)) == 1
