@@ -19,18 +19,7 @@ PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32", "e4m3": "*fp8e4nv", "e
 
 
 def compile_one(
-    dtype,
-    kv,
-    rotate,
-    write_kv,
-    pair_mode,
-    kbuf_mode,
-    ks,
-    tail,
-    pdl,
-    bh=4,
-    merged=False,
-    fence=None,
+    dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl, bh=4, merged=False
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -60,7 +49,7 @@ def compile_one(
         KBUF_PAIR_MODE=kbuf_mode, IS_BF16=dtype == "bf16", ROTATE=rotate, WRITE_KV=write_kv,
         K_SCALE_MODE=ks, V_SCALE_MODE=ks, K_FP8_MAX=fp8, V_FP8_MAX=fp8, EMULATE_FP8=False,
         USE_PDL=pdl, NUM_Q_BLOCKS=32 // bh, NUM_KV_BLOCKS=max(1, 8 // bh), TOKEN_MAJOR=merged,
-        MERGED=merged, FENCE_LOADS=(not merged and write_kv and rotate) if fence is None else fence,
+        MERGED=merged,
     )  # fmt: skip
     for k in consts:
         sig[k] = "constexpr"

@@ -140,10 +140,6 @@ __global__ void __launch_bounds__(512) rope_kv_kernel(const RopeKVParams p) {
   // the dependency wait (it overlaps that kernel's tail). Rotation lanes take pair chunk c of H
   // consecutive heads of [query heads | key heads] (one cos/sin load for all H); copy lanes take
   // H consecutive 8-dim pieces of [key tails | values].
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(SGL_EXT_WAIT_FIRST)
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // experiment: wait before the plan
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
   constexpr int kCacheBytes = CACHE == kSame ? sizeof(T) : 1;
   const int nr = p.rot_dim >> 4;
   const int num_heads = p.num_q_heads + p.num_kv_heads;
@@ -223,13 +219,11 @@ __global__ void __launch_bounds__(512) rope_kv_kernel(const RopeKVParams p) {
                         reinterpret_cast<uint64_t>(cache_loc) |
                         reinterpret_cast<uint64_t>(p.k_scale) | reinterpret_cast<uint64_t>(p.v_scale);
   const bool active = lane < lanes && token < num_tokens;
-#ifndef SGL_EXT_NO_GUARD
   if (active && ((bad16 & 15) | (bad8 & 7) | (bad4 & 3) || max_pos <= 0 || page_size <= 0 ||
                  k_host_inv != k_host_inv || v_host_inv != v_host_inv)) {
     __trap();
   }
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(SGL_EXT_WAIT_FIRST)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Programmatic dependent launch: wait for the previous kernel's results before the first
   // load, and let the next kernel start launching.
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -53,14 +53,10 @@ def _key_value(
     BLOCK_HKV: tl.constexpr, PAIR_MODE: tl.constexpr, KBUF_PAIR_MODE: tl.constexpr,
     IS_BF16: tl.constexpr, ROTATE: tl.constexpr, WRITE_KV: tl.constexpr,
     K_SCALE_MODE: tl.constexpr, V_SCALE_MODE: tl.constexpr, K_FP8_MAX: tl.constexpr,
-    V_FP8_MAX: tl.constexpr, EMULATE_FP8: tl.constexpr, FENCE_LOADS: tl.constexpr,
+    V_FP8_MAX: tl.constexpr, EMULATE_FP8: tl.constexpr,
 ):  # fmt: skip
     """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
-    Returns the token's (cos, sin), loaded after every other load of the block.
-
-    FENCE_LOADS (a program of its own, small T): a CTA barrier between the independent loads and
-    the cos/sin load. ptxas otherwise hoists the cos/sin load, which waits for the position, above
-    the value and scale loads, and they are issued one memory round trip late."""
+    Returns the token's (cos, sin), loaded after every other load of the block."""
     HALF: tl.constexpr = ROT_DIM // 2
     kh = kvb * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
     h_ok = kh < num_kv_heads
@@ -83,12 +79,7 @@ def _key_value(
         ka, kb = load_pairs(k_row, c, km, HALF, PAIR_MODE, IS_BF16)
     else:  # plain KV write: the whole head as one contiguous "pair" tile
         ka, kb = load_pairs(k_row, c, km, HALF, 0, IS_BF16)
-    if FENCE_LOADS:
-        tl.debug_barrier()
     cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
-    if WRITE_KV:  # the scales arrived with the first loads: invert them while cos/sin is in flight
-        k_inv = reciprocal(k_s, K_SCALE_MODE)  # after all loads (see reciprocal)
-        v_inv = reciprocal(v_s, V_SCALE_MODE)
     if ROTATE:
         KT: tl.constexpr = k_ptr.dtype.element_ty
         # Round to the key dtype: the cache stores exactly the key the op returns.
@@ -105,6 +96,8 @@ def _key_value(
         kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
         vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
         KS: tl.constexpr = K_SCALE_MODE > 0
+        k_inv = reciprocal(k_s, K_SCALE_MODE)  # after all loads (see reciprocal)
+        v_inv = reciprocal(v_s, V_SCALE_MODE)
         qa = quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
         qb = quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
         store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
@@ -151,7 +144,6 @@ def rope_kv_kernel(
     V_FP8_MAX: tl.constexpr,
     EMULATE_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
-    FENCE_LOADS: tl.constexpr = False,  # see _key_value (separate key/value programs only)
 ):  # fmt: skip
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
@@ -193,7 +185,7 @@ def rope_kv_kernel(
                 loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
                 PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV,
                 BLOCK_HKV, PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE,
-                V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, False,
+                V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8,
             )  # fmt: skip
         else:
             cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
@@ -211,7 +203,7 @@ def rope_kv_kernel(
             loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
             PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV,
             PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE,
-            K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, FENCE_LOADS,
+            K_FP8_MAX, V_FP8_MAX, EMULATE_FP8,
         )  # fmt: skip
 
 
@@ -353,11 +345,6 @@ def launch_rope_kv(
     if pair_mode == 2 and (kbuf.dtype != key.dtype or not _word_aligned(kbuf, *_strides(k_lay))):
         kbuf_mode = 1
     extra = {"launch_pdl": True} if use_pdl else {}
-    # Separate key/value programs (small T) fence their loads (_key_value); SGL_EXT_TRITON_FENCE
-    # = 0/1 overrides (A/B measurement).
-    fence = os.environ.get("SGL_EXT_TRITON_FENCE")
-    fence = (fence != "0") if fence is not None else True
-    fence = fence and not merged and kv is not None and rotate
     rope_kv_kernel[grid](
         positions if rotate else key,
         cos_sin_cache if rotate else key,
@@ -412,7 +399,6 @@ def launch_rope_kv(
         V_FP8_MAX=fp8_max(vbuf.dtype),
         EMULATE_FP8=interp,
         USE_PDL=use_pdl,
-        FENCE_LOADS=fence,
         num_warps=cfg.num_warps,
         **extra,
     )

@@ -1,7 +1,9 @@
 """Benchmark of the fused RoPE + KV-cache write on real model shapes.
 
 Variants (all inside CUDA graphs, median over replays, µs per call):
-  fused      ours: apply_rope_with_cos_sin_cache_inplace with FusedSetKVBufferArg
+  fused      ours: apply_rope_with_cos_sin_cache_inplace with FusedSetKVBufferArg (default
+             dispatch); with --compare also `triton` and `cuda`: the same call with the backend
+             forced (SGL_EXT_BACKEND)
   unfused    ours: RoPE op alone + sgl_ext.set_kv_buffer
   native     torch-native unfused: rotate in torch + two index copies into the cache
   compile    torch.compile(dynamic=False) of the native function
@@ -9,7 +11,7 @@ Variants (all inside CUDA graphs, median over replays, µs per call):
 
 Usage: python benchmarks/bench_rope_kv.py [--tokens 1 8 ...] [--shapes llama3-8b gpt-oss-20b]
            [--kv-dtype bf16|fp8_e4m3] [--rot-frac 0.5] [--gptj] [--no-compile] [--json-out F]
-           [--plot F.png]
+           [--plot F.png] [--compare] [--only-fused]
 """
 
 from __future__ import annotations
@@ -162,6 +164,19 @@ def run(args) -> list[dict]:
             reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
             r = {"shape": shape, "T": t, "bytes": c.bytes}
             r["fused"] = graph_time_us(c.fused, reps)
+            for name in ("triton", "cuda") if args.compare else ():
+                os.environ["SGL_EXT_BACKEND"] = name  # read when the graph is captured
+                try:
+                    r[name] = graph_time_us(c.fused, reps)
+                except RuntimeError as err:  # the CUDA kernel cannot take this call
+                    print(f"# {name} skipped: {err}")
+                os.environ.pop("SGL_EXT_BACKEND")
+            if args.only_fused:
+                r["floor"] = c.bytes / (bw * 1e9) * 1e6
+                rows.append(r)
+                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                                  for k, v in r.items()}), flush=True)  # fmt: skip
+                continue
             r["unfused"] = graph_time_us(c.unfused, reps)
 
             def nat(i, fn=native_unfused, c=c):
@@ -186,7 +201,8 @@ def run(args) -> list[dict]:
 
 
 def table(rows, bw, empty, args) -> str:
-    cols = ["fused", "unfused", "native", "compile", "floor", "sglang_ref"]
+    cols = ["fused", "triton", "cuda", "unfused", "native", "compile", "floor", "sglang_ref"]
+    cols = [c for c in cols if any(c in r for r in rows)]
     style = "gptj" if args.gptj else "neox"
     head = (
         f"device: {torch.cuda.get_device_name()}; copy bw {bw:.0f} GB/s; empty kernel "
@@ -199,7 +215,8 @@ def table(rows, bw, empty, args) -> str:
     for r in rows:
         vals = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
         ratio = f"{r['fused'] / r['sglang_ref']:.2f}" if "sglang_ref" in r else "-"
-        tail = f" | {r['fused_GBps']:.0f} | {r['pct_of_copy_bw']:.0f}% | {ratio} |"
+        gbps = r["bytes"] / (r["fused"] * 1e-6) / 1e9
+        tail = f" | {gbps:.0f} | {100 * gbps / bw:.0f}% | {ratio} |"
         out.append(f"| {r['shape']} | {r['T']} | " + " | ".join(vals) + tail)
     return "\n".join(out)
 
@@ -215,7 +232,8 @@ def plot(rows, path):
     for ax, shape in zip(axes[0], shapes, strict=True):
         rs = [r for r in rows if r["shape"] == shape]
         ts = [r["T"] for r in rs]
-        for col in ("fused", "unfused", "native", "compile", "floor", "sglang_ref"):
+        for col in ("fused", "triton", "cuda", "unfused", "native", "compile", "floor",
+                    "sglang_ref"):  # fmt: skip
             if all(col in r for r in rs):
                 ax.plot(ts, [r[col] for r in rs], marker="o", label=col)
         ax.set_xscale("log", base=2)
@@ -239,6 +257,8 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--json-out")
     p.add_argument("--plot")
+    p.add_argument("--compare", action="store_true", help="also time each backend forced")
+    p.add_argument("--only-fused", action="store_true", help="skip unfused/native/compile")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_rope_kv needs a CUDA GPU")
