@@ -29,6 +29,9 @@ def gpt_oss_ckpt(tmp_path_factory):
         g = torch.Generator().manual_seed(5)
         for layer in hf.model.layers:
             e = layer.mlp.experts
+            # transformers < 5.18 hard-codes the clamp (7.0) and ignores config.swiglu_limit;
+            # the oracle must compute what the config says.
+            e.limit = hf.config.swiglu_limit
             e.gate_up_proj_bias.copy_(torch.randn(e.gate_up_proj_bias.shape, generator=g) * 0.3)
             e.down_proj_bias.copy_(torch.randn(e.down_proj_bias.shape, generator=g) * 0.1)
             layer.self_attn.sinks.copy_(torch.randn(4, generator=g) * 2)
