@@ -11,6 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -35,6 +36,12 @@ def debug_checks_enabled() -> bool:
 def fp8_max(dtype: torch.dtype) -> float:
     """Largest finite value of an fp8 dtype; 0.0 for other dtypes (no clamping)."""
     return float(torch.finfo(dtype).max) if dtype in FP8_DTYPES else 0.0
+
+
+def host_inverse(scale: float) -> float:
+    """1 / scale as the reference computes it: fp32(scale), then one IEEE fp32 division."""
+    with np.errstate(over="ignore", divide="ignore"):
+        return float(np.float32(1.0) / np.float32(scale))
 
 
 def check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...] | None = None) -> None:

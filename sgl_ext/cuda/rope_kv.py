@@ -15,10 +15,9 @@ import subprocess
 import warnings
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
-from sgl_ext._common import KVLayout
+from sgl_ext._common import KVLayout, host_inverse
 from sgl_ext.cuda import jit
 
 # Token counts where the CUDA kernel is the default: none. Measured on the H100 (RESULTS.md,
@@ -173,8 +172,7 @@ def _scale(scale: float | torch.Tensor | None) -> tuple[int, int, float]:
         return 0, 0, 1.0
     if isinstance(scale, torch.Tensor):
         return 2, scale.data_ptr(), 1.0
-    with np.errstate(over="ignore", divide="ignore"):
-        return 1, 0, float(np.float32(1.0) / np.float32(scale))
+    return 1, 0, host_inverse(scale)
 
 
 def launch(

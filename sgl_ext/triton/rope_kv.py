@@ -18,13 +18,12 @@ import functools
 import os
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from sgl_ext._backend import interpreting
-from sgl_ext._common import KVLayout, fp8_max
+from sgl_ext._common import KVLayout, fp8_max, host_inverse
 from sgl_ext.triton.pairs import load_pairs, load_scale, quantize, reciprocal, store_pairs
 
 
@@ -234,8 +233,7 @@ def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tupl
         return 0, dummy, 1.0
     if isinstance(scale, torch.Tensor):
         return 2, scale, 1.0
-    with np.errstate(over="ignore", divide="ignore"):
-        return 1, dummy, float(np.float32(1.0) / np.float32(scale))
+    return 1, dummy, host_inverse(scale)
 
 
 def _word_aligned(t: torch.Tensor, *strides: int) -> bool:

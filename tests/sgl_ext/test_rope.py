@@ -216,6 +216,7 @@ def test_launch_config_heads_per_program_is_a_power_of_two():
 def test_float_scale_inverted_on_host_like_the_reference():
     """A python-float scale reaches the kernel as its fp32 reciprocal: bit-equal to what the
     native reference computes (fp32(scale), then one fp32 division)."""
+    from sgl_ext.cuda.rope_kv import _scale as cuda_scale
     from sgl_ext.triton.rope_kv import _scale_args
 
     gen = torch.Generator().manual_seed(1)
@@ -226,6 +227,7 @@ def test_float_scale_inverted_on_host_like_the_reference():
         mode, _, inv = _scale_args(s, dummy)
         want = torch.reciprocal(torch.tensor(s, dtype=torch.float32)).item()
         assert mode == 1 and inv == want, (s, inv, want)
+        assert cuda_scale(s) == (1, 0, want)  # the CUDA kernel's launcher: the same bits
 
 
 def test_fused_equals_rope_plus_set_kv_buffer(backend):

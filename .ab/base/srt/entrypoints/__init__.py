@@ -1,1 +1,0 @@
-"""User-facing entry points (the offline Engine)."""

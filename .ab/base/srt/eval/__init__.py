@@ -1,1 +1,0 @@
-"""Accuracy evals run through the offline Engine (``python -m srt.eval.gpqa``)."""

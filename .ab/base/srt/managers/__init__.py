@@ -1,1 +1,0 @@
-"""Request scheduling for the offline engine: Req, ScheduleBatch, Scheduler."""

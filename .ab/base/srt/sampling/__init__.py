@@ -1,1 +1,0 @@
-"""Sampling parameters and the token sampler."""
