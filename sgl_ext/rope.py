@@ -110,11 +110,13 @@ def _run(
     if query.is_cuda:
         from sgl_ext.cuda import rope_kv as cuda_rope_kv
 
-        cuda_ok = cuda_rope_kv.supports(query, key, head_size, cos_sin_cache, q_info, k_info, kv)
+        # Look at the call (and build/load the kernel: a few seconds, once) only when the CUDA
+        # kernel would be used: forced, or preferred at this size.
         cuda_preferred = cuda_rope_kv.preferred(key.shape[0])
-        # Build/load only when it would be used (the first call compiles it, a few seconds).
-        cuda_ok = cuda_ok and (cuda_preferred or forced_backend() == "cuda")
-        cuda_ok = cuda_ok and cuda_rope_kv.available(query.device)
+        if cuda_preferred or forced_backend() == "cuda":
+            cuda_ok = cuda_rope_kv.supports(
+                query, key, head_size, cos_sin_cache, q_info, k_info, kv
+            ) and cuda_rope_kv.available(query.device)
     backend = select_backend(query.device, cuda_ok, cuda_preferred)
     if backend == "cuda":
         cuda_rope_kv.launch(

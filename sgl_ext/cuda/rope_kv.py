@@ -4,6 +4,9 @@
 rotary dims a multiple of 16, head dims a multiple of 8, fp32 tensor scales); otherwise the
 dispatcher keeps the Triton kernel. `launch` fills the kernel's parameter struct and launches on
 the current stream with programmatic dependent launch (CUDA-graph capture records it as is).
+
+The kernel is opt-in (`preferred`): `SGL_EXT_BACKEND=cuda` forces it, `SGL_EXT_CUDA_TOKENS=lo,hi`
+makes it the default for that token range, `SGL_EXT_DISABLE_CUDA=1` never builds it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from sgl_ext._common import KVLayout, host_inverse
 from sgl_ext.cuda import jit
 
 # Token counts where the CUDA kernel is the default: none. Measured on the H100 (RESULTS.md,
-# NOTES.md) it is slower than the Triton kernel at every T, so it runs only when forced
-# (SGL_EXT_BACKEND=cuda) or opted into with SGL_EXT_CUDA_TOKENS.
+# NOTES.md) it is slower than the Triton kernel at nearly every T (equal or 3% faster at two
+# points), so it runs only when forced or opted into.
 _PREFERRED_TOKENS = (1, 0)
 _CACHE_KIND = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # else 0: the input dtype
 
