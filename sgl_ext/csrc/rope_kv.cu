@@ -341,15 +341,15 @@ __global__ void __launch_bounds__(512) rope_kv_kernel(const RopeKVParams p) {
 // ---------------------------------------------------------------- host side (called by ctypes)
 using KernelFn = void (*)(RopeKVParams);
 
-template <typename T, int U>
+template <typename T, int H>
 static KernelFn pick_cache(int cache, int neox) {
   switch (cache * 2 + (neox ? 1 : 0)) {
-    case 0: return rope_kv_kernel<T, kSame, false, U>;
-    case 1: return rope_kv_kernel<T, kSame, true, U>;
-    case 2: return rope_kv_kernel<T, kE4M3, false, U>;
-    case 3: return rope_kv_kernel<T, kE4M3, true, U>;
-    case 4: return rope_kv_kernel<T, kE5M2, false, U>;
-    case 5: return rope_kv_kernel<T, kE5M2, true, U>;
+    case 0: return rope_kv_kernel<T, kSame, false, H>;
+    case 1: return rope_kv_kernel<T, kSame, true, H>;
+    case 2: return rope_kv_kernel<T, kE4M3, false, H>;
+    case 3: return rope_kv_kernel<T, kE4M3, true, H>;
+    case 4: return rope_kv_kernel<T, kE5M2, false, H>;
+    case 5: return rope_kv_kernel<T, kE5M2, true, H>;
     default: return nullptr;
   }
 }
