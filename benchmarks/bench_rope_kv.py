@@ -164,6 +164,9 @@ def run(args) -> list[dict]:
             reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
             r = {"shape": shape, "T": t, "bytes": c.bytes}
             r["fused"] = graph_time_us(c.fused, reps)
+            r["floor"] = c.bytes / (bw * 1e9) * 1e6
+            r["fused_GBps"] = c.bytes / (r["fused"] * 1e-6) / 1e9
+            r["pct_of_copy_bw"] = 100 * r["fused_GBps"] / bw
             for name in ("triton", "cuda") if args.compare else ():
                 os.environ["SGL_EXT_BACKEND"] = name  # read when the graph is captured
                 try:
@@ -171,24 +174,16 @@ def run(args) -> list[dict]:
                 except RuntimeError as err:  # the CUDA kernel cannot take this call
                     print(f"# {name} skipped: {err}")
                 os.environ.pop("SGL_EXT_BACKEND")
-            if args.only_fused:
-                r["floor"] = c.bytes / (bw * 1e9) * 1e6
-                rows.append(r)
-                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                  for k, v in r.items()}), flush=True)  # fmt: skip
-                continue
-            r["unfused"] = graph_time_us(c.unfused, reps)
+            if not args.only_fused:
+                r["unfused"] = graph_time_us(c.unfused, reps)
 
-            def nat(i, fn=native_unfused, c=c):
-                pos, q, k, v, loc = c.split(i)
-                fn(pos, q, k, v, c.cs, c.kb, c.vb, loc, c.d, c.neox, c.k_scale)
+                def nat(i, fn=native_unfused, c=c):
+                    pos, q, k, v, loc = c.split(i)
+                    fn(pos, q, k, v, c.cs, c.kb, c.vb, loc, c.d, c.neox, c.k_scale)
 
-            r["native"] = graph_time_us(nat, reps)
-            if compiled is not None:
-                r["compile"] = graph_time_us(lambda i, c=c: nat(i, compiled, c), reps)
-            r["floor"] = c.bytes / (bw * 1e9) * 1e6
-            r["fused_GBps"] = c.bytes / (r["fused"] * 1e-6) / 1e9
-            r["pct_of_copy_bw"] = 100 * r["fused_GBps"] / bw
+                r["native"] = graph_time_us(nat, reps)
+                if compiled is not None:
+                    r["compile"] = graph_time_us(lambda i, c=c: nat(i, compiled, c), reps)
             ref = SGLANG_REF.get(shape, {}).get(t)
             if ref and args.kv_dtype == "bf16" and args.rot_frac == 1.0 and not args.gptj:
                 r["sglang_ref"] = ref
@@ -215,8 +210,7 @@ def table(rows, bw, empty, args) -> str:
     for r in rows:
         vals = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
         ratio = f"{r['fused'] / r['sglang_ref']:.2f}" if "sglang_ref" in r else "-"
-        gbps = r["bytes"] / (r["fused"] * 1e-6) / 1e9
-        tail = f" | {gbps:.0f} | {100 * gbps / bw:.0f}% | {ratio} |"
+        tail = f" | {r['fused_GBps']:.0f} | {r['pct_of_copy_bw']:.0f}% | {ratio} |"
         out.append(f"| {r['shape']} | {r['T']} | " + " | ".join(vals) + tail)
     return "\n".join(out)
 
