@@ -51,18 +51,16 @@ def arch_flags(capability: tuple[int, int]) -> list[str]:
     return ["-gencode", f"arch=compute_{cc},code=sm_{cc}"]
 
 
-def build(name: str, capability: tuple[int, int], out_dir: Path | None = None) -> Path:
-    """Compile `csrc/<name>.cu` for `capability` (cached); returns the shared library's path."""
+def build(
+    name: str, capability: tuple[int, int], out_dir: Path | None = None, extra_flags: str = ""
+) -> Path:
+    """Compile `csrc/<name>.cu` for `capability` (cached); returns the shared library's path.
+    extra_flags: more nvcc flags (e.g. -D switches of experiments), part of the cache key."""
     nvcc = find_nvcc()
     if nvcc is None:
         raise BuildError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
     src = CSRC / f"{name}.cu"
-    # SGL_EXT_NVCC_FLAGS: extra flags (e.g. -D switches of experiments); part of the cache key.
-    flags = [
-        *NVCC_FLAGS,
-        *arch_flags(capability),
-        *os.environ.get("SGL_EXT_NVCC_FLAGS", "").split(),
-    ]
+    flags = [*NVCC_FLAGS, *arch_flags(capability), *extra_flags.split()]
     key = hashlib.sha256(
         src.read_bytes() + " ".join(flags).encode() + _nvcc_version(nvcc).encode()
     ).hexdigest()[:16]
@@ -85,11 +83,7 @@ def build(name: str, capability: tuple[int, int], out_dir: Path | None = None) -
     return lib
 
 
-def load(name: str, capability: tuple[int, int]) -> ctypes.CDLL:
-    """Build (or find in the cache) and load `csrc/<name>.cu` for one GPU architecture."""
-    return _load(name, capability, os.environ.get("SGL_EXT_NVCC_FLAGS", ""))
-
-
-@functools.cache
-def _load(name: str, capability: tuple[int, int], extra_flags: str) -> ctypes.CDLL:
-    return ctypes.CDLL(str(build(name, capability)))
+def load(name: str, capability: tuple[int, int], extra_flags: str = "") -> ctypes.CDLL:
+    """Build (or find in the cache) and load `csrc/<name>.cu` for one GPU architecture (the
+    caller keeps the handle; loading the same file again returns the same library)."""
+    return ctypes.CDLL(str(build(name, capability, extra_flags=extra_flags)))

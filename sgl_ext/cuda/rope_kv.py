@@ -49,7 +49,8 @@ class _Params(ctypes.Structure):
 
 
 def _library(device_index: int) -> ctypes.CDLL | None:
-    """The built library with every kernel loaded on this device, or None (warned once)."""
+    """The built library with every kernel loaded on this device, or None (warned once).
+    `SGL_EXT_NVCC_FLAGS` adds nvcc flags (experiments); each set of flags is its own build."""
     return _library_for(device_index, os.environ.get("SGL_EXT_NVCC_FLAGS", ""))
 
 
@@ -57,7 +58,7 @@ def _library(device_index: int) -> ctypes.CDLL | None:
 def _library_for(device_index: int, extra_flags: str) -> ctypes.CDLL | None:
     capability = torch.cuda.get_device_capability(device_index)
     try:
-        lib = jit.load("rope_kv", capability)
+        lib = jit.load("rope_kv", capability, extra_flags)
     except (jit.BuildError, OSError, subprocess.SubprocessError) as err:
         warnings.warn(f"sgl_ext: CUDA kernel unavailable, using Triton ({err})", stacklevel=3)
         return None
