@@ -18,6 +18,7 @@ from srt.distributed.parallel_state import (
     init_distributed_environment,
     launched_by_torchrun,
     model_parallel_is_initialized,
+    resolve_tp,
     set_multicast_off_env,
     tensor_parallel_override,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "init_distributed_environment",
     "launched_by_torchrun",
     "model_parallel_is_initialized",
+    "resolve_tp",
     "set_multicast_off_env",
     "tensor_model_parallel_all_gather",
     "tensor_model_parallel_all_reduce",

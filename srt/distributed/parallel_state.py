@@ -154,6 +154,15 @@ def get_tp_size() -> int:
     return _TP.world_size if _TP is not None else 1
 
 
+def resolve_tp(tp_rank: int | None, tp_size: int | None) -> tuple[int, int]:
+    """A layer's (tp_rank, tp_size): the explicit values, else the TP group's; checked."""
+    rank = get_tp_rank() if tp_rank is None else tp_rank
+    size = get_tp_size() if tp_size is None else tp_size
+    if not 0 <= rank < size:
+        raise ValueError(f"tp_rank {rank} outside [0, tp_size={size})")
+    return rank, size
+
+
 def get_tp_local_rank() -> int:
     """CUDA device index of this rank (0 without a group)."""
     return _TP.local_rank if _TP is not None else 0

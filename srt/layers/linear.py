@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srt.distributed import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
+from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
 
 
 def _check_loaded(name: str, param: torch.Tensor, loaded: torch.Tensor) -> None:
@@ -45,10 +45,7 @@ class LinearBase(nn.Module):
         super().__init__()
         self.input_size, self.output_size = input_size, output_size
         self.skip_bias_add = skip_bias_add
-        self.tp_rank = get_tp_rank() if tp_rank is None else tp_rank
-        self.tp_size = get_tp_size() if tp_size is None else tp_size
-        if not 0 <= self.tp_rank < self.tp_size:
-            raise ValueError(f"tp_rank {self.tp_rank} outside [0, tp_size={self.tp_size})")
+        self.tp_rank, self.tp_size = resolve_tp(tp_rank, tp_size)
         self.params_dtype = params_dtype or torch.get_default_dtype()
         self.prefix = prefix
         self._has_bias = bias
@@ -194,8 +191,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         **kw,
     ) -> None:
         total_num_kv_heads = total_num_kv_heads or total_num_heads
-        tp_size = get_tp_size() if kw.get("tp_size") is None else kw["tp_size"]
-        kw["tp_size"] = tp_size
+        kw["tp_rank"], kw["tp_size"] = resolve_tp(kw.get("tp_rank"), kw.get("tp_size"))
+        tp_size = kw["tp_size"]
         if total_num_heads % tp_size:
             raise ValueError(f"tp_size {tp_size} must divide num_heads {total_num_heads}")
         if total_num_kv_heads % tp_size and tp_size % total_num_kv_heads:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srt.distributed import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
+from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
 
 
 def select_experts(
@@ -81,8 +81,7 @@ class TopKExperts(nn.Module):
         super().__init__()
         if activation not in ("swiglu_oai", "silu"):
             raise ValueError(f"activation must be 'swiglu_oai' or 'silu', got {activation!r}")
-        self.tp_rank = get_tp_rank() if tp_rank is None else tp_rank
-        self.tp_size = get_tp_size() if tp_size is None else tp_size
+        self.tp_rank, self.tp_size = resolve_tp(tp_rank, tp_size)
         if intermediate_size % self.tp_size:
             raise ValueError(
                 f"tp_size {self.tp_size} must divide intermediate_size {intermediate_size}"

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srt.distributed import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
+from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -34,10 +34,7 @@ class VocabParallelEmbedding(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
-        tp_rank = get_tp_rank() if tp_rank is None else tp_rank
-        tp_size = get_tp_size() if tp_size is None else tp_size
-        if not 0 <= tp_rank < tp_size:
-            raise ValueError(f"tp_rank {tp_rank} outside [0, tp_size={tp_size})")
+        tp_rank, tp_size = resolve_tp(tp_rank, tp_size)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.tp_rank, self.tp_size, self.prefix = tp_rank, tp_size, prefix
         self.num_embeddings_per_partition = -(-num_embeddings // tp_size)
