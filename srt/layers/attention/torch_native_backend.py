@@ -131,12 +131,9 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> None:
         if not forward_mode.is_decode():
             raise NotImplementedError("TorchNativeAttnBackend captures decode only")
-        g = self.cuda_graph_metadata
-        if g is None:
-            raise RuntimeError("call init_cuda_graph_state before capturing")
-        g.req_pool_indices[:bs].copy_(req_pool_indices[:bs])
-        g.seq_lens[:bs].copy_(seq_lens[:bs])
-        self.forward_metadata = _DecodeMetadata(g.req_pool_indices[:bs], g.seq_lens[:bs], g.max_len)
+        self.init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, 0, forward_mode, None
+        )
 
     def init_forward_metadata_replay_cuda_graph(
         self,
@@ -148,6 +145,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         seq_lens_cpu: torch.Tensor | None,
     ) -> None:
         g = self.cuda_graph_metadata
+        if g is None:
+            raise RuntimeError("call init_cuda_graph_state before capturing")
         g.req_pool_indices[:bs].copy_(req_pool_indices[:bs])
         g.seq_lens[:bs].copy_(seq_lens[:bs])
         self.forward_metadata = _DecodeMetadata(g.req_pool_indices[:bs], g.seq_lens[:bs], g.max_len)
