@@ -8,6 +8,9 @@ Variants (all inside CUDA graphs, median over replays, µs per call):
   native     torch-native unfused: rotate in torch + two index copies into the cache
   compile    torch.compile(dynamic=False) of the native function
   floor      bytes the fused op must move / device-copy bandwidth measured in this run
+  sglang     SGLang's own fused kernel (rope.cuh of the sglang wheel, built by peer_sglang.py)
+             when SGL_BENCH_SGLANG_DIR points at an unzipped wheel; checked against ours first
+  sglang_ref SGLang's kernel as quoted in issue #2 (another run), where `sglang` is absent
 
 Usage: python benchmarks/bench_rope_kv.py [--tokens 1 8 ...] [--shapes llama3-8b gpt-oss-20b]
            [--kv-dtype bf16|fp8_e4m3] [--rot-frac 0.5] [--gptj] [--no-compile] [--json-out F]
@@ -27,6 +30,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peer_sglang
 
 import sgl_ext  # noqa: E402
 from sgl_ext import FusedSetKVBufferArg  # noqa: E402
@@ -130,6 +134,19 @@ class Case:
         arg = FusedSetKVBufferArg(v, self.kb, self.vb, self.k_scale, self.k_scale, loc)
         sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, self.d, self.cs, self.neox, arg)
 
+    def sglang(self, fn):
+        """fn(i) running SGLang's kernel on input set i (same buffers as fused)."""
+        hkv, d = self.hkv, self.d
+        kc, vc = self.kb.view(-1, hkv * d), self.vb.view(-1, hkv * d)  # [slots, Hkv * D]
+
+        def call(i):
+            pos, q, k, v, loc = self.split(i)
+            t = q.shape[0]
+            # [T, H * D] -> [T, H, D] views of the packed qkv rows
+            fn(pos, q.view(t, -1, d), k.view(t, hkv, d), v.view(t, hkv, d), self.cs, kc, vc, loc)
+
+        return call
+
     def unfused(self, i):
         pos, q, k, v, loc = self.split(i)
         sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, self.d, self.cs, self.neox)
@@ -145,6 +162,34 @@ def native_unfused(pos, q, k, v, cs, kb, vb, loc, d, neox, scale):
         kk, vv = (kk.float() / scale).to(kb.dtype), (vv.float() / scale).to(vb.dtype)
     kb[loc] = kk
     vb[loc] = vv
+
+
+def sglang_peer(c: Case, args):
+    """SGLang's kernel for this case, checked against ours on one input set; None if absent."""
+    if args.kv_dtype != "bf16" or c.rot != c.d:
+        return None
+    try:
+        import peer_sglang
+
+        fn = c.sglang(peer_sglang.load(c.neox, c.rot, torch.bfloat16))
+    except Exception as err:  # PeerUnavailable, or a build/load failure of the peer
+        print(f"# sglang peer unavailable: {str(err).splitlines()[0][:200]}")
+        return None
+    outs = []
+    for call in (c.fused, fn):  # same input copy, poisoned caches: outputs must agree
+        saved = [x.clone() for x in c.sets[0]]
+        c.kb.fill_(float("nan"))
+        c.vb.fill_(float("nan"))
+        call(0)
+        pos, q, k, v, loc = c.split(0)
+        outs.append((q.float(), k.float(), c.kb[loc].float(), c.vb[loc].float()))
+        for x, y in zip(c.sets[0], saved, strict=True):
+            x.copy_(y)
+    diff = max((a - b).abs().max().item() for a, b in zip(*outs, strict=True))
+    if not diff <= 0.0625:  # bf16 outputs of |x| up to ~5: a few ulps
+        print(f"# sglang peer disagrees with ours (max diff {diff}); not timed")
+        return None
+    return fn
 
 
 def run(args) -> list[dict]:
@@ -174,6 +219,9 @@ def run(args) -> list[dict]:
                 except RuntimeError as err:  # the CUDA kernel cannot take this call
                     print(f"# {name} skipped: {err}")
                 os.environ.pop("SGL_EXT_BACKEND")
+            peer = sglang_peer(c, args)
+            if peer is not None:
+                r["sglang"] = graph_time_us(peer, reps)
             if not args.only_fused:
                 r["unfused"] = graph_time_us(c.unfused, reps)
 
@@ -184,7 +232,7 @@ def run(args) -> list[dict]:
                 r["native"] = graph_time_us(nat, reps)
                 if compiled is not None:
                     r["compile"] = graph_time_us(lambda i, c=c: nat(i, compiled, c), reps)
-            ref = SGLANG_REF.get(shape, {}).get(t)
+            ref = SGLANG_REF.get(shape, {}).get(t) if "sglang" not in r else None
             if ref and args.kv_dtype == "bf16" and args.rot_frac == 1.0 and not args.gptj:
                 r["sglang_ref"] = ref
             rows.append(r)
@@ -196,7 +244,8 @@ def run(args) -> list[dict]:
 
 
 def table(rows, bw, empty, args) -> str:
-    cols = ["fused", "triton", "cuda", "unfused", "native", "compile", "floor", "sglang_ref"]
+    cols = ["fused", "triton", "cuda", "sglang", "unfused", "native", "compile", "floor",
+            "sglang_ref"]  # fmt: skip
     cols = [c for c in cols if any(c in r for r in rows)]
     style = "gptj" if args.gptj else "neox"
     head = (
@@ -209,7 +258,8 @@ def table(rows, bw, empty, args) -> str:
     out.append("|" + "---|" * (len(cols) + 5))
     for r in rows:
         vals = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
-        ratio = f"{r['fused'] / r['sglang_ref']:.2f}" if "sglang_ref" in r else "-"
+        peer = r.get("sglang", r.get("sglang_ref"))
+        ratio = f"{r['fused'] / peer:.2f}" if peer else "-"
         tail = f" | {r['fused_GBps']:.0f} | {r['pct_of_copy_bw']:.0f}% | {ratio} |"
         out.append(f"| {r['shape']} | {r['T']} | " + " | ".join(vals) + tail)
     return "\n".join(out)
@@ -226,8 +276,8 @@ def plot(rows, path):
     for ax, shape in zip(axes[0], shapes, strict=True):
         rs = [r for r in rows if r["shape"] == shape]
         ts = [r["T"] for r in rs]
-        for col in ("fused", "triton", "cuda", "unfused", "native", "compile", "floor",
-                    "sglang_ref"):  # fmt: skip
+        for col in ("fused", "triton", "cuda", "sglang", "unfused", "native", "compile",
+                    "floor", "sglang_ref"):  # fmt: skip
             if all(col in r for r in rs):
                 ax.plot(ts, [r[col] for r in rs], marker="o", label=col)
         ax.set_xscale("log", base=2)
