@@ -2,7 +2,7 @@
 drift and noise hit every configuration alike).
 
 python benchmarks/ab_triton_config.py --shape gpt-oss-20b --tokens 1 --configs default 2,4,0
-    [--kv-dtype fp8_e4m3] [--rounds 5]
+    [--kv-dtype fp8_e4m3] [--gptj] [--rounds 5]
 A configuration is `default` or an SGL_EXT_TRITON_CONFIG value ("block_h,num_warps[,token_major
 [,merged]]"). Prints each round's medians and the median over rounds.
 """
@@ -27,10 +27,11 @@ def main() -> None:
     p.add_argument("--configs", nargs="+", default=["default"])
     p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--gptj", action="store_true")
     args = p.parse_args()
     copy_bandwidth()  # warm the GPU clocks as the benchmark does
     for t in args.tokens:
-        c = Case(args.shape, t, KV_DTYPES[args.kv_dtype], 1.0, True)
+        c = Case(args.shape, t, KV_DTYPES[args.kv_dtype], 1.0, not args.gptj)
         reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
         res = {cfg: [] for cfg in args.configs}
         for _ in range(args.rounds):
@@ -42,7 +43,8 @@ def main() -> None:
         for cfg, ts in res.items():
             med = statistics.median(ts)
             rounds = " ".join(f"{x:.2f}" for x in ts)
-            print(f"{args.shape} {args.kv_dtype} T={t} {cfg:>10}: median {med:.3f} µs, {rounds}")
+            point = f"{args.shape} {args.kv_dtype} {'gptj' if args.gptj else 'neox'} T={t}"
+            print(f"{point} {cfg:>10}: median {med:.3f} µs, {rounds}")
         del c
         torch.cuda.empty_cache()
 
