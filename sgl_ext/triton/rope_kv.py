@@ -261,15 +261,16 @@ class LaunchConfig(NamedTuple):
     token_major: bool = True  # 1-D grid, a token's programs neighbours; else 2-D (T, blocks)
     merged: bool = False  # program j does query block j and key/value block j
     spread: bool = False  # merged: key/value heads spread over all query blocks (GQA groups)
+    maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
 
 
 def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism."""
-    # "block_h,num_warps[,token_major[,merged[,spread]]]", for tuning only
+    # "block_h,num_warps[,token_major[,merged[,spread[,maxnreg]]]]", for tuning only
     override = os.environ.get("SGL_EXT_TRITON_CONFIG")
     if override:
         vals = [int(x) for x in override.split(",")]
-        return LaunchConfig(vals[0], vals[1], *(bool(x) for x in vals[2:5]))
+        return LaunchConfig(vals[0], vals[1], *(bool(x) for x in vals[2:5]), *vals[5:6])
     # Measured on the H100 (benchmarks/NOTES.md, sweeps of 2026-11-22). Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
     # program is the long one, and fp8 scales make it longer), 512 elements each up to 64.
@@ -343,6 +344,8 @@ def launch_rope_kv(
     if pair_mode == 2 and (kbuf.dtype != key.dtype or not _word_aligned(kbuf, *_strides(k_lay))):
         kbuf_mode = 1
     extra = {"launch_pdl": True} if use_pdl else {}
+    if cfg.maxnreg and not interp:
+        extra["maxnreg"] = cfg.maxnreg
     rope_kv_kernel[grid](
         positions if rotate else key,
         cos_sin_cache if rotate else key,
