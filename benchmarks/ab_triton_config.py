@@ -3,7 +3,7 @@ drift and noise hit every configuration alike).
 
 python benchmarks/ab_triton_config.py --shape gpt-oss-20b --tokens 1 --configs default 2,4,0
     [--kv-dtype fp8_e4m3] [--gptj] [--rounds 5]
-A configuration is `default` or an SGL_EXT_TRITON_CONFIG value ("block_h,num_warps[,token_major
+A configuration is `default` or an SGL_EXT_TRITON_CONFIG value ("block_h,num_warps[,order
 [,merged]]"). Prints each round's medians and the median over rounds.
 """
 

@@ -19,7 +19,7 @@ PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32", "e4m3": "*fp8e4nv", "e
 
 
 def compile_one(
-    dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl, bh=4, merged=False
+    dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl, bh=4, merged=False, order=None
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -48,8 +48,8 @@ def compile_one(
         BLOCK_TAIL=64 * tail, BLOCK_DV=128, BLOCK_H=bh, BLOCK_HKV=min(bh, 8), PAIR_MODE=pair_mode,
         KBUF_PAIR_MODE=kbuf_mode, IS_BF16=dtype == "bf16", ROTATE=rotate, WRITE_KV=write_kv,
         K_SCALE_MODE=ks, V_SCALE_MODE=ks, K_FP8_MAX=fp8, V_FP8_MAX=fp8, EMULATE_FP8=False,
-        USE_PDL=pdl, NUM_Q_BLOCKS=32 // bh, NUM_KV_BLOCKS=max(1, 8 // bh), TOKEN_MAJOR=merged,
-        MERGED=merged,
+        USE_PDL=pdl, NUM_Q_BLOCKS=32 // bh, NUM_KV_BLOCKS=max(1, 8 // bh), MERGED=merged,
+        GRID_ORDER=int(merged) if order is None else order,
     )  # fmt: skip
     for k in consts:
         sig[k] = "constexpr"
@@ -106,7 +106,8 @@ def main() -> int:
     for bh, merged in ((1, False), (32, False), (8, True), (32, True)):
         compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh, merged)
     compile_one("bf16", "e4m3", True, True, 2, 1, 2, 1, True, 8, True)
-    print(f"compiled {n + 5} kernel variants for sm_90")
+    compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, 8, True, order=2)  # k/v first
+    print(f"compiled {n + 6} kernel variants for sm_90")
     after, before = sass_loads_before_division()
     print(f"fp8 tensor-scale SASS: {before} loads before the first reciprocal, {after} after it")
     return 0 if after == 0 and before > 0 else 1

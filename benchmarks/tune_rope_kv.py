@@ -30,7 +30,7 @@ def main() -> None:
     p.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--kv-dtype", default="bf16")
     p.add_argument("--pdl", type=int, nargs="+", default=[1, 0])
-    p.add_argument("--order", type=int, nargs="+", default=[1], help="1 token-major, 0 head-major")
+    p.add_argument("--order", type=int, nargs="+", default=[1], help="grid order 0-2")
     p.add_argument("--merged", type=int, nargs="+", default=[0], help="1: q and k/v in one program")
     p.add_argument("--spread", type=int, nargs="+", default=[0], help="1: k/v heads spread")
     p.add_argument("--gptj", action="store_true")

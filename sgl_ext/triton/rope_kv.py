@@ -4,7 +4,8 @@ One program handles one token and a block of heads. Separate layout: the first N
 programs of a token rotate query heads, the rest rotate key heads and (WRITE_KV) store K and V
 into the cache slot of the token. Merged layout (more tokens): program j rotates query block j
 and, if j < NUM_KV_BLOCKS, also does key/value block j, sharing the position and cos/sin row.
-Programs sit on a 2-D (tokens, blocks) grid or, token-major, on a 1-D grid (launch_config).
+Programs sit on a 2-D (tokens, blocks) grid or on a 1-D grid, token-major or with every
+token's key/value program first (GRID_ORDER, chosen by launch_config).
 The same kernel with ROTATE=False is the standalone KV write.
 
 The rotary dims of a head are addressed as a [HALF, 2] grid of pairs (i, j): neox pairs dim i
@@ -122,7 +123,7 @@ def rope_kv_kernel(
     NUM_Q_BLOCKS: tl.constexpr,  # query head blocks per token
     NUM_KV_BLOCKS: tl.constexpr,  # key/value head blocks per token
     MERGED: tl.constexpr,  # program j does query block j and key/value block j (if any)
-    TOKEN_MAJOR: tl.constexpr,  # 1-D token-major grid (1) or 2-D (tokens, blocks) grid (0)
+    GRID_ORDER: tl.constexpr,  # ORDER_2D, ORDER_TOKEN or ORDER_KV_FIRST (see LaunchConfig)
     PAGE_SIZE: tl.constexpr,  # constexpr: a power of two becomes a shift, no 64-bit division
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
@@ -147,10 +148,20 @@ def rope_kv_kernel(
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
     )
-    if TOKEN_MAJOR:  # 1-D grid: a token's programs are neighbours (cos/sin row in L1/L2)
+    if GRID_ORDER == 1:  # 1-D grid: a token's programs are neighbours (cos/sin row in L1/L2)
         pid = tl.program_id(0)
         t = (pid // NUM_BLOCKS).to(tl.int64)
         hb = pid % NUM_BLOCKS
+    elif GRID_ORDER == 2:  # 1-D grid, merged: the longer key/value programs of every token
+        # first (token-major), then the query-only ones (token-major): no long program is
+        # left to start in the last wave.
+        QO_BLOCKS: tl.constexpr = NUM_BLOCKS - NUM_KV_BLOCKS
+        pid = tl.program_id(0)
+        n_kv = tl.num_programs(0) // NUM_BLOCKS * NUM_KV_BLOCKS
+        kv = pid < n_kv
+        j = pid - n_kv
+        t = tl.where(kv, pid // NUM_KV_BLOCKS, j // QO_BLOCKS).to(tl.int64)
+        hb = tl.where(kv, pid % NUM_KV_BLOCKS, NUM_KV_BLOCKS + j % QO_BLOCKS)
     else:  # 2-D grid (tokens, blocks): no division; measured faster at small T (NOTES.md)
         t = tl.program_id(0).to(tl.int64)
         hb = tl.program_id(1)
@@ -255,10 +266,15 @@ def _gptj_mode(rows: list[tuple[torch.Tensor, int, int]]) -> int:
     return 2 if all(_word_aligned(t, ts, hs) for t, ts, hs in rows) else 1
 
 
+ORDER_2D = 0  # 2-D (tokens, blocks) grid; the hardware runs block 0 of every token first
+ORDER_TOKEN = 1  # 1-D grid, token-major: a token's programs are neighbours
+ORDER_KV_FIRST = 2  # 1-D grid, merged only: every token's key/value program, then the others
+
+
 class LaunchConfig(NamedTuple):
     block_h: int  # query heads per program (key/value heads: at most this many)
     num_warps: int
-    token_major: bool = True  # 1-D grid, a token's programs neighbours; else 2-D (T, blocks)
+    order: int = ORDER_TOKEN  # program order on the grid (ORDER_*)
     merged: bool = False  # program j does query block j and key/value block j
     spread: bool = False  # merged: key/value heads spread over all query blocks (GQA groups)
     maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
@@ -266,11 +282,11 @@ class LaunchConfig(NamedTuple):
 
 def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism."""
-    # "block_h,num_warps[,token_major[,merged[,spread[,maxnreg]]]]", for tuning only
+    # "block_h,num_warps[,order[,merged[,spread[,maxnreg]]]]", for tuning only
     override = os.environ.get("SGL_EXT_TRITON_CONFIG")
     if override:
         vals = [int(x) for x in override.split(",")]
-        return LaunchConfig(vals[0], vals[1], *(bool(x) for x in vals[2:5]), *vals[5:6])
+        return LaunchConfig(*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6])
     # Measured on the H100 (benchmarks/NOTES.md, sweeps of 2026-11-22). Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
     # program is the long one, and fp8 scales make it longer), 512 elements each up to 64.
@@ -279,16 +295,16 @@ def launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfi
     # elements of each half tile per thread.
     # The 2-D grid (no index division) measured 0.1-0.2 µs faster than the 1-D grid at T <= 8.
     if num_tokens <= 8:
-        return LaunchConfig(1, 4, token_major=False)
+        return LaunchConfig(1, 4, ORDER_2D)
     if num_tokens <= 64:
         bh = min(_pow2_floor(512 // head_dim), 32, _pow2(max_heads))
-        return LaunchConfig(bh, 4, token_major=False)
+        return LaunchConfig(bh, 4, ORDER_2D)
     if num_tokens <= 256 or head_dim > 64:
         block_h, num_warps = _pow2_floor(1024 // head_dim), 4
     else:
         block_h, num_warps = _pow2_floor(2048 // head_dim), 8
     block_h = min(block_h, 32, _pow2(max_heads))
-    return LaunchConfig(block_h, num_warps, token_major=True, merged=True)
+    return LaunchConfig(block_h, num_warps, ORDER_TOKEN, merged=True)
 
 
 def launch_rope_kv(
@@ -322,7 +338,10 @@ def launch_rope_kv(
     num_kv_blocks = _cdiv(num_kv_heads, block_hkv)
     per_token = max(num_q_blocks, num_kv_blocks) if merged else num_q_blocks + num_kv_blocks
     # The 2-D grid's second axis holds at most 65535 blocks per token (never reached: heads).
-    grid = (num_tokens * per_token,) if cfg.token_major else (num_tokens, per_token)
+    order = cfg.order
+    if order == ORDER_KV_FIRST and not (merged and per_token > num_kv_blocks):
+        order = ORDER_TOKEN  # nothing to put first
+    grid = (num_tokens * per_token,) if order != ORDER_2D else (num_tokens, per_token)
     if kv is not None:
         value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
     else:
@@ -379,7 +398,7 @@ def launch_rope_kv(
         NUM_Q_BLOCKS=num_q_blocks,
         NUM_KV_BLOCKS=num_kv_blocks,
         MERGED=merged,
-        TOKEN_MAJOR=cfg.token_major,
+        GRID_ORDER=order,
         PAGE_SIZE=k_lay.page_size,
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,

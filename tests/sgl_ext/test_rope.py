@@ -168,9 +168,10 @@ def test_triton_rope_kv(backend, case):
     run_case(device=device, num_tokens=case.pop("num_tokens", 5), **case)
 
 
-# "heads per program, warps, token-major, merged, spread": every program layout the launcher
-# can pick.
-LAUNCH_CONFIGS = ["1,4,1,0", "2,2,0,0", "2,1,1,1", "4,2,1,1", "8,4,0,1", "2,4,1,1,1"]
+# "heads per program, warps, grid order, merged, spread": every program layout the launcher
+# can pick (order 0: 2-D grid, 1: token-major, 2: key/value programs first).
+LAUNCH_CONFIGS = ["1,4,1,0", "2,2,0,0", "2,1,1,1", "4,2,1,1", "8,4,0,1", "2,4,1,1,1", "1,2,2,1",
+                  "2,4,2,1", "8,4,2,1"]  # fmt: skip
 
 
 @pytest.mark.parametrize("config", LAUNCH_CONFIGS)
