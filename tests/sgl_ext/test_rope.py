@@ -202,6 +202,21 @@ def test_triton_default_config_odd_head_dim(backend, num_tokens):
              num_tokens=num_tokens, num_slots=320, layout="nhd", page_size=16)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "kv_dtype,scale,num_tokens", [(torch.bfloat16, None, 449), (torch.float8_e4m3fn, "tensor", 401)]
+)
+def test_triton_default_config_key_value_first(backend, kv_dtype, scale, num_tokens):
+    """The default heuristic's key/value-first grid order (D = 128, a few hundred tokens): every
+    token's key/value program runs before the query-only ones and each program still finds
+    its token and head block."""
+    from sgl_ext.triton.rope_kv import ORDER_KV_FIRST, launch_config
+
+    assert launch_config(num_tokens, 16, 128, kv_dtype != torch.bfloat16).order == ORDER_KV_FIRST
+    backend("triton")
+    run_case(device="cuda" if HAS_CUDA else "cpu", dtype=torch.bfloat16, d=128, hq=16, hkv=2,
+             num_tokens=num_tokens, num_slots=1024, kv_dtype=kv_dtype, scale=scale)  # fmt: skip
+
+
 def test_launch_config_heads_per_program_is_a_power_of_two():
     """tl.arange needs a power of two; the interpreter would not notice, the GPU compile would."""
     from sgl_ext.triton.rope_kv import launch_config
