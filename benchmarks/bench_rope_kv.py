@@ -9,8 +9,10 @@ Variants (all inside CUDA graphs, median over replays, µs per call):
   compile    torch.compile(dynamic=False) of the native function
   floor      bytes the fused op must move / device-copy bandwidth measured in this run
   copy       a device copy moving the same bytes (T >= 2048), timed like the variants
-  sglang     SGLang's own fused kernel (rope.cuh of the sglang wheel, built by peer_sglang.py)
-             when SGL_BENCH_SGLANG_DIR points at an unzipped wheel; checked against ours first
+  sglang     SGLang's own fused kernel (rope.cuh of the sglang wheel); fi_rope: FlashInfer's
+  fi_rope    RoPE alone (no cache write); fi_fp8: FlashInfer's RoPE + fp8 quantise + paged
+  fi_fp8     append. Built from the wheels by peers.py when SGL_BENCH_SGLANG_DIR /
+             SGL_BENCH_FLASHINFER_DIR are set; checked against ours first (peer_columns.py)
   sglang_ref SGLang's kernel as quoted in issue #2 (another run), where `sglang` is absent
 
 Usage: python benchmarks/bench_rope_kv.py [--tokens 1 8 ...] [--shapes llama3-8b gpt-oss-20b]
@@ -31,7 +33,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peer_sglang
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peers, peer_columns
+
+from peer_columns import peer_columns  # noqa: E402  (benchmarks/)
 
 import sgl_ext  # noqa: E402
 from sgl_ext import FusedSetKVBufferArg  # noqa: E402
@@ -145,19 +149,6 @@ class Case:
         arg = FusedSetKVBufferArg(v, self.kb, self.vb, self.k_scale, self.k_scale, loc)
         sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, self.d, self.cs, self.neox, arg)
 
-    def sglang(self, fn):
-        """fn(i) running SGLang's kernel on input set i (same buffers as fused)."""
-        hkv, d = self.hkv, self.d
-        kc, vc = self.kb.view(-1, hkv * d), self.vb.view(-1, hkv * d)  # [slots, Hkv * D]
-
-        def call(i):
-            pos, q, k, v, loc = self.split(i)
-            t = q.shape[0]
-            # [T, H * D] -> [T, H, D] views of the packed qkv rows
-            fn(pos, q.view(t, -1, d), k.view(t, hkv, d), v.view(t, hkv, d), self.cs, kc, vc, loc)
-
-        return call
-
     def unfused(self, i):
         pos, q, k, v, loc = self.split(i)
         sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, self.d, self.cs, self.neox)
@@ -173,38 +164,6 @@ def native_unfused(pos, q, k, v, cs, kb, vb, loc, d, neox, scale):
         kk, vv = (kk.float() / scale).to(kb.dtype), (vv.float() / scale).to(vb.dtype)
     kb[loc] = kk
     vb[loc] = vv
-
-
-def sglang_peer(c: Case, args):
-    """SGLang's kernel for this case, checked against ours on one input set; None if absent."""
-    if args.kv_dtype != "bf16" or c.rot != c.d:
-        return None
-    try:
-        import peer_sglang
-
-        fn = c.sglang(peer_sglang.load(c.neox, c.rot, torch.bfloat16))
-    except Exception as err:  # PeerUnavailable, or a build/load failure of the peer
-        print(f"# sglang peer unavailable: {str(err).splitlines()[0][:200]}")
-        return None
-    # Fresh inputs (timed replays rotate q/k in place with random cos/sin rows, so values grow
-    # to inf), the same for both, and poisoned caches: the outputs must agree.
-    qkv = c.sets[0][0]
-    fresh = torch.randn_like(qkv)
-    outs = []
-    for call in (c.fused, fn):
-        qkv.copy_(fresh)
-        c.kb.fill_(float("nan"))
-        c.vb.fill_(float("nan"))
-        call(0)
-        pos, q, k, v, loc = c.split(0)
-        outs.append((q.float(), k.float(), c.kb[loc].float(), c.vb[loc].float()))
-    # bf16 outputs: a rounding step apart at most (fp32 operation order differs); NaN = unwritten
-    err = max(((a - b).abs() / (1e-2 + b.abs())).max().item() for a, b in zip(*outs, strict=True))
-    if not err <= 1e-2:
-        print(f"# sglang peer disagrees with ours (max relative error {err:.3g}); not timed")
-        return None
-    print(f"# sglang peer agrees with ours (max relative error {err:.3g})")
-    return fn
 
 
 def run(args) -> list[dict]:
@@ -236,9 +195,8 @@ def run(args) -> list[dict]:
                 os.environ.pop("SGL_EXT_BACKEND")
             if t >= 2048:  # where the bandwidth goal applies
                 r["copy"] = same_size_copy_us(c.bytes, reps)
-            peer = sglang_peer(c, args)
-            if peer is not None:
-                r["sglang"] = graph_time_us(peer, reps)
+            for name, fn in peer_columns(c, args.kv_dtype).items():
+                r[name] = graph_time_us(fn, reps)
             if not args.only_fused:
                 r["unfused"] = graph_time_us(c.unfused, reps)
 
@@ -261,8 +219,8 @@ def run(args) -> list[dict]:
 
 
 def table(rows, bw, empty, args) -> str:
-    cols = ["fused", "triton", "cuda", "sglang", "unfused", "native", "compile", "floor",
-            "copy", "sglang_ref"]  # fmt: skip
+    cols = ["fused", "triton", "cuda", "sglang", "fi_rope", "fi_fp8", "unfused", "native",
+            "compile", "floor", "copy", "sglang_ref"]  # fmt: skip
     cols = [c for c in cols if any(c in r for r in rows)]
     style = "gptj" if args.gptj else "neox"
     head = (
@@ -293,8 +251,8 @@ def plot(rows, path):
     for ax, shape in zip(axes[0], shapes, strict=True):
         rs = [r for r in rows if r["shape"] == shape]
         ts = [r["T"] for r in rs]
-        for col in ("fused", "triton", "cuda", "sglang", "unfused", "native", "compile",
-                    "floor", "sglang_ref"):  # fmt: skip
+        for col in ("fused", "triton", "cuda", "sglang", "fi_rope", "fi_fp8", "unfused",
+                    "native", "compile", "floor", "sglang_ref"):  # fmt: skip
             if all(col in r for r in rs):
                 ax.plot(ts, [r[col] for r in rs], marker="o", label=col)
         ax.set_xscale("log", base=2)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One H100 call: ours vs SGLang's kernel (measured, peer_sglang.py) at every T, twice; GPT-J;
+# One H100 call: ours vs SGLang's kernel (measured, peers.py) at every T, twice; GPT-J;
 # same-size copies for the bandwidth goal; A/B rounds of T=1 launch configurations.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.:$PWD/.ab/peers/py312 PYTHONUNBUFFERED=1 SGL_BENCH_SGLANG_DIR=$PWD/.ab/peers/sg
 export SGL_EXT_CACHE_DIR=/tmp/sgl_ext_cache
-timeout 120 python benchmarks/peer_sglang.py > /dev/null 2>&1
+timeout 120 python benchmarks/peers.py > /dev/null 2>&1
 B="python benchmarks/bench_rope_kv.py --only-fused"
 for i in 1 2; do
   timeout 80 $B --json-out "$OUT/peer_bf16_$i.json" 2>&1 | grep -v '^{' | tail -40 | tee "$OUT/peer_bf16_$i.txt"

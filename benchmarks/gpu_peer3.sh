@@ -5,7 +5,7 @@ set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.:$PWD/.ab/peers/py312 PYTHONUNBUFFERED=1 SGL_BENCH_SGLANG_DIR=$PWD/.ab/peers/sg
 export SGL_EXT_CACHE_DIR=/tmp/sgl_ext_cache
-timeout 120 python benchmarks/peer_sglang.py > /dev/null 2>&1
+timeout 120 python benchmarks/peers.py > /dev/null 2>&1
 B="python benchmarks/bench_rope_kv.py --only-fused --tokens 1 8 32 128 512 2048"
 for i in 1 2; do
   timeout 60 $B --json-out "$OUT/peer_bf16_$i.json" 2>&1 | grep -v '^{' | tail -32 | tee "$OUT/peer_bf16_$i.txt"
