@@ -301,18 +301,25 @@ def launch_config(
     if num_tokens <= 64:
         bh = min(_pow2_floor(512 // head_dim), 32, _pow2(max_heads))
         return LaunchConfig(bh, 4, ORDER_2D)
-    if num_tokens <= 256 or head_dim > 64:
+    maxnreg = 0
+    if fp8_cache and num_tokens > 896 and head_dim in (64, 128):
+        # fp8 caches from ~1K tokens: 16 heads x 4 warps, so each thread stores 8-byte pieces
+        # of K and V rather than 4-byte ones; measured -1 to -4% (T 1024..32768), D = 64 with
+        # a 40-register cap (without it, 16 x 4 is slower than 32 x 8).
+        block_h, num_warps, maxnreg = 16, 4, 40 if head_dim == 64 else 0
+    elif num_tokens <= 256 or head_dim > 64:
         block_h, num_warps = _pow2_floor(1024 // head_dim), 4
     else:
         block_h, num_warps = _pow2_floor(2048 // head_dim), 8
     block_h = min(block_h, 32, _pow2(max_heads))
     # At D = 128 the program with the key/value block moves ~3.5x the bytes of a query-only
     # one. Where the grid is a little over one wave, starting those first shortens the tail:
-    # measured -1 to -3% (bf16 cache, T 448..640) and -2 to -5% (fp8, T 384..1024), +1 to +7%
-    # outside those windows (Llama-3-8B shape, H100, NOTES.md). D = 64 (gpt-oss): no gain.
-    lo, hi = (352, 1536) if fp8_cache else (416, 704)
+    # measured -1 to -3% (bf16 cache, T 448..640) and -2 to -5% (fp8, T 384..896 with 8
+    # heads), +1 to +7% outside those windows (Llama-3-8B shape, H100, NOTES.md). D = 64
+    # (gpt-oss): no gain.
+    lo, hi = (352, 896) if fp8_cache else (416, 704)
     order = ORDER_KV_FIRST if head_dim == 128 and lo < num_tokens <= hi else ORDER_TOKEN
-    return LaunchConfig(block_h, num_warps, order, merged=True)
+    return LaunchConfig(block_h, num_warps, order, merged=True, maxnreg=maxnreg)
 
 
 def launch_rope_kv(

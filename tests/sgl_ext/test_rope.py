@@ -217,6 +217,20 @@ def test_triton_default_config_key_value_first(backend, kv_dtype, scale, num_tok
              num_tokens=num_tokens, num_slots=1024, kv_dtype=kv_dtype, scale=scale)  # fmt: skip
 
 
+@pytest.mark.parametrize("d,hq,hkv", [(128, 16, 2), (64, 16, 2)])
+def test_triton_default_config_fp8_large_batch(backend, d, hq, hkv):
+    """The default heuristic's fp8 block shape past ~1K tokens (16 heads per program; at D = 64
+    with a register cap, which only the GPU compile applies)."""
+    from sgl_ext.triton.rope_kv import launch_config
+
+    cfg = launch_config(897, hq, d, fp8_cache=True)
+    assert (cfg.block_h, cfg.num_warps, cfg.maxnreg) == (16, 4, 40 if d == 64 else 0)
+    backend("triton")
+    run_case(device="cuda" if HAS_CUDA else "cpu", dtype=torch.bfloat16, d=d, hq=hq, hkv=hkv,
+             num_tokens=897, num_slots=1024, kv_dtype=torch.float8_e4m3fn,
+             scale="tensor")  # fmt: skip
+
+
 def test_launch_config_heads_per_program_is_a_power_of_two():
     """tl.arange needs a power of two; the interpreter would not notice, the GPU compile would."""
     from sgl_ext.triton.rope_kv import launch_config
