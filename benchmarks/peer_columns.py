@@ -86,6 +86,9 @@ def _ours_outputs(c, name):
     return q, k, c.kb[loc], c.vb[loc]
 
 
+_UNAVAILABLE: set[str] = set()  # peers that failed to build or load: reported once
+
+
 def peer_columns(c, kv_dtype: str) -> dict:
     """{column: fn(i)} for the peers that cover this case, load here, and agree with ours."""
     wanted = []
@@ -96,10 +99,13 @@ def peer_columns(c, kv_dtype: str) -> dict:
         wanted.append(("fi_fp8", _fi_fp8))
     cols = {}
     for name, make in wanted:
+        if name in _UNAVAILABLE:
+            continue
         try:
             call, outputs, rel = make(c)
         except Exception as err:  # PeerUnavailable, or a build/load failure of the peer
             print(f"# {name} unavailable: {str(err).splitlines()[0][:200]}")
+            _UNAVAILABLE.add(name)
             continue
         # Fresh inputs (timed replays rotate q/k in place with random cos/sin rows until they
         # overflow), the same for ours and the peer, and poisoned caches.
