@@ -17,7 +17,7 @@ Variants (all inside CUDA graphs, median over replays, µs per call):
 
 Usage: python benchmarks/bench_rope_kv.py [--tokens 1 8 ...] [--shapes llama3-8b gpt-oss-20b]
            [--kv-dtype bf16|fp8_e4m3] [--rot-frac 0.5] [--gptj] [--no-compile] [--json-out F]
-           [--plot F.png] [--compare] [--only-fused]
+           [--plot F.png] [--compare] [--only-fused] [--pos-range N]
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def empty_kernel_us() -> float:
 class Case:
     """Input sets for one (shape, T) point, rotated across graph calls to defeat the L2 cache."""
 
-    def __init__(self, shape, t, kv_dtype, rot_frac, neox, dtype=torch.bfloat16):
+    def __init__(self, shape, t, kv_dtype, rot_frac, neox, dtype=torch.bfloat16, pos_range=None):
         hq, hkv, d = SHAPES[shape]
         self.hq, self.hkv, self.d, self.t, self.neox = hq, hkv, d, t, neox
         self.rot = int(d * rot_frac)
@@ -134,7 +134,8 @@ class Case:
         perm = torch.randperm(slots, device="cuda")
         for i in range(self.nsets):
             qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda", dtype=dtype)
-            pos = torch.randint(0, max_pos, (t,), device="cuda")
+            # positions over the whole table by default: cos/sin rows mostly miss in L2
+            pos = torch.randint(0, pos_range or max_pos, (t,), device="cuda")
             loc = perm[i * t : (i + 1) * t].clone() if (i + 1) * t <= slots else perm[:t].clone()
             self.sets.append((qkv, pos, loc))
         self.k_scale = torch.tensor(0.5, device="cuda") if kv_dtype != torch.bfloat16 else None
@@ -179,7 +180,7 @@ def run(args) -> list[dict]:
     rows = []
     for shape in args.shapes:
         for t in args.tokens:
-            c = Case(shape, t, kv_dtype, args.rot_frac, not args.gptj)
+            c = Case(shape, t, kv_dtype, args.rot_frac, not args.gptj, pos_range=args.pos_range)
             reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
             r = {"shape": shape, "T": t, "bytes": c.bytes}
             r["fused"] = graph_time_us(c.fused, reps)
@@ -226,6 +227,7 @@ def table(rows, bw, empty, args) -> str:
     head = (
         f"device: {torch.cuda.get_device_name()}; copy bw {bw:.0f} GB/s; empty kernel "
         f"{empty:.2f} µs; kv {args.kv_dtype}; rot_frac {args.rot_frac}; {style}; "
+        f"positions {'< ' + str(args.pos_range) if args.pos_range else 'over the whole table'}; "
         "µs per call in CUDA graph (median)"
     )
     out = [head, ""]
@@ -278,6 +280,7 @@ def main() -> None:
     p.add_argument("--plot")
     p.add_argument("--compare", action="store_true", help="also time each backend forced")
     p.add_argument("--only-fused", action="store_true", help="skip unfused/native/compile")
+    p.add_argument("--pos-range", type=int, help="draw positions from [0, N) (default: all)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_rope_kv needs a CUDA GPU")
