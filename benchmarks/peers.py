@@ -67,7 +67,8 @@ def _build(name: str, sources: list[pathlib.Path], headers: list[pathlib.Path], 
     """nvcc sources + wrapper (a generated translation unit) into a shared library, cached by
     the text of the wrapper, sources and headers (the peer's own files) and the flags."""
     tvm_ffi, libinfo = _tvm_ffi()
-    target = f"-gencode=arch=compute_{arch}a,code=sm_{arch}a"
+    sm = f"{arch}a" if arch >= 90 else str(arch)  # the peers' loaders: "a" targets from sm_90
+    target = f"-gencode=arch=compute_{sm},code=sm_{sm}"
     key_text = "\n".join([wrapper, *flags, target, tvm_ffi.__version__])
     key_text += "".join(p.read_text() for p in sources + headers)
     key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
