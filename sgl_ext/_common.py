@@ -44,6 +44,16 @@ def host_inverse(scale: float) -> float:
         return float(np.float32(1.0) / np.float32(scale))
 
 
+def scale_args(scale: float | torch.Tensor | None) -> tuple[int, torch.Tensor | None, float]:
+    """How a kernel receives a cache scale: (mode, device tensor, float). Mode 0: no scale;
+    1: a python float, passed as its host_inverse; 2: a device tensor, inverted in the kernel."""
+    if scale is None:
+        return 0, None, 1.0
+    if isinstance(scale, torch.Tensor):
+        return 2, scale, 1.0
+    return 1, None, host_inverse(scale)
+
+
 def check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...] | None = None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

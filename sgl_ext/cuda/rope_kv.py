@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from sgl_ext._common import KVLayout, host_inverse
+from sgl_ext._common import KVLayout, scale_args
 from sgl_ext.cuda import jit
 
 # Token counts where the CUDA kernel is the default: none. Measured on the H100 (RESULTS.md,
@@ -170,13 +170,9 @@ def num_lanes(num_heads: int, pieces: int, rot_chunks: int, heads: int) -> int:
 
 
 def _scale(scale: float | torch.Tensor | None) -> tuple[int, int, float]:
-    """(mode, pointer, inverse): 0 none; 1 float, inverted here in fp32 as the reference does;
-    2 device tensor, inverted in the kernel."""
-    if scale is None:
-        return 0, 0, 1.0
-    if isinstance(scale, torch.Tensor):
-        return 2, scale.data_ptr(), 1.0
-    return 1, 0, host_inverse(scale)
+    """scale_args with the device tensor as its address (0 without one)."""
+    mode, t, inv = scale_args(scale)
+    return mode, t.data_ptr() if t is not None else 0, inv
 
 
 def launch(

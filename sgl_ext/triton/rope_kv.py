@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext._backend import interpreting
-from sgl_ext._common import KVLayout, fp8_max, host_inverse
+from sgl_ext._common import KVLayout, fp8_max, scale_args
 from sgl_ext.triton.pairs import load_pairs, load_scale, quantize, reciprocal, store_pairs
 
 
@@ -237,16 +237,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _scale_args(scale: float | torch.Tensor | None, dummy: torch.Tensor) -> tuple:
-    """(mode, pointer, float): 0 no scale, 1 python float (passed as its fp32 reciprocal, one
-    IEEE fp32 division on the host), 2 device tensor (inverted in the kernel)."""
-    if scale is None:
-        return 0, dummy, 1.0
-    if isinstance(scale, torch.Tensor):
-        return 2, scale, 1.0
-    return 1, dummy, host_inverse(scale)
-
-
 def _word_aligned(t: torch.Tensor, *strides: int) -> bool:
     """Every head row of t starts on a 4-byte boundary (16-bit pairs load as int32 words)."""
     return t.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in strides)
@@ -365,8 +355,8 @@ def launch_rope_kv(
         order = ORDER_TOKEN  # nothing to put first
     # The 2-D grid's second axis holds at most 65535 blocks per token (never reached: heads).
     grid = (num_tokens * per_token,) if order != ORDER_2D else (num_tokens, per_token)
-    k_mode, k_sptr, k_sf = _scale_args(ks, key)
-    v_mode, v_sptr, v_sf = _scale_args(vs, key)
+    k_mode, k_st, k_sf = scale_args(ks)
+    v_mode, v_st, v_sf = scale_args(vs)
     interp = interpreting()
     if enable_pdl is None:
         enable_pdl = key.is_cuda and _pdl_capable(key.device.index)
@@ -404,8 +394,8 @@ def launch_rope_kv(
         v_lay.head_stride,
         loc,
         k_lay.num_slots,
-        k_sptr,
-        v_sptr,
+        k_st if k_st is not None else key,  # unused pointer without a tensor scale
+        v_st if v_st is not None else key,
         k_sf,
         v_sf,
         num_q_heads,
