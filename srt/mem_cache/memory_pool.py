@@ -16,11 +16,11 @@ from typing import Protocol
 import torch
 
 import sgl_ext
-from sgl_ext import FP8_DTYPES
+from sgl_ext import FP8_DTYPES, INPUT_DTYPES
 from sgl_ext._common import check_kv_write, kv_layout
 from sgl_ext.native import quantize_native, scatter_native
 
-KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
+KV_DTYPES = (*INPUT_DTYPES, *FP8_DTYPES)  # bf16, fp16, fp32, fp8 e4m3 / e5m2
 Scale = float | torch.Tensor | None
 
 
