@@ -39,11 +39,11 @@ def _sglang(c):
         pos, q, k, v, loc = _views(c, i)
         fn(pos, q, k, v, c.cs, kc, vc, loc)
 
-    def outputs():
+    def outputs():  # written in place, into the same buffers as ours
         pos, q, k, v, loc = _views(c, 0)
         return q, k, c.kb[loc], c.vb[loc]
 
-    return call, outputs, 1e-2
+    return call, outputs, outputs, 1e-2
 
 
 def _fi_rope(c):
@@ -53,11 +53,11 @@ def _fi_rope(c):
         pos, q, k, v, loc = _views(c, i)
         fn(pos, q, k, c.cs)
 
-    def outputs():
+    def outputs():  # in place, as ours
         pos, q, k, v, loc = _views(c, 0)
         return q, k
 
-    return call, outputs, 1e-2
+    return call, outputs, outputs, 1e-2
 
 
 def _fi_fp8(c):
@@ -69,21 +69,16 @@ def _fi_fp8(c):
         pos, q, k, v, loc = _views(c, i)
         fn(pos, q, k, v, c.cs, locs[i % c.nsets], q_out)
 
+    # FlashInfer: q to fp8 in q_out, k untouched; ours: q and k rotated in place (bf16)
     def outputs():
         pos, q, k, v, loc = _views(c, 0)
-        # ours: q and k rotated in place (bf16); FlashInfer: q to fp8 in q_out, k untouched
         return q_out, c.kb[loc], c.vb[loc]
 
-    return call, outputs, 0.13  # one e4m3 step is 2^-3 relative
-
-
-def _ours_outputs(c, name):
-    pos, q, k, v, loc = _views(c, 0)
-    if name == "fi_rope":
-        return q, k
-    if name == "fi_fp8":
+    def ours():
+        pos, q, k, v, loc = _views(c, 0)
         return q, c.kb[loc], c.vb[loc]
-    return q, k, c.kb[loc], c.vb[loc]
+
+    return call, outputs, ours, 0.13  # one e4m3 step is 2^-3 relative
 
 
 _UNAVAILABLE: set[str] = set()  # peers that failed to build or load: reported once
@@ -102,7 +97,7 @@ def peer_columns(c, kv_dtype: str) -> dict:
         if name in _UNAVAILABLE:
             continue
         try:
-            call, outputs, rel = make(c)
+            call, outputs, ours, rel = make(c)
         except Exception as err:  # PeerUnavailable, or a build/load failure of the peer
             print(f"# {name} unavailable: {str(err).splitlines()[0][:200]}")
             _UNAVAILABLE.add(name)
@@ -112,7 +107,7 @@ def peer_columns(c, kv_dtype: str) -> dict:
         qkv = c.sets[0][0]
         fresh = torch.randn_like(qkv)
         got = []
-        for run, read in ((c.fused, lambda n=name: _ours_outputs(c, n)), (call, outputs)):
+        for run, read in ((c.fused, ours), (call, outputs)):
             qkv.copy_(fresh)
             _poison(c.kb, c.vb)
             run(0)
