@@ -54,6 +54,9 @@ SGLANG_REF = {
     "gpt-oss-20b": {1: 1.65, 8: 1.36, 32: 1.66, 128: 3.02, 512: 6.07, 2048: 17.1, 8192: 64.7,
                     32768: 256},
 }  # fmt: skip
+# Timed columns in table order (each present where it applies).
+COLUMNS = ["fused", "triton", "cuda", "sglang", "fi_rope", "fi_fp8", "unfused", "native",
+           "compile", "floor", "copy", "sglang_ref"]  # fmt: skip
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
@@ -134,7 +137,8 @@ class Case:
         perm = torch.randperm(slots, device="cuda")
         for i in range(self.nsets):
             qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda", dtype=dtype)
-            # positions over the whole table by default: cos/sin rows mostly miss in L2
+            # positions over the whole table by default (at small T the rows the sets touch
+            # still stay in L2: NOTES.md, gpu_pos_range.sh)
             pos = torch.randint(0, pos_range or max_pos, (t,), device="cuda")
             loc = perm[i * t : (i + 1) * t].clone() if (i + 1) * t <= slots else perm[:t].clone()
             self.sets.append((qkv, pos, loc))
@@ -220,9 +224,7 @@ def run(args) -> list[dict]:
 
 
 def table(rows, bw, empty, args) -> str:
-    cols = ["fused", "triton", "cuda", "sglang", "fi_rope", "fi_fp8", "unfused", "native",
-            "compile", "floor", "copy", "sglang_ref"]  # fmt: skip
-    cols = [c for c in cols if any(c in r for r in rows)]
+    cols = [c for c in COLUMNS if any(c in r for r in rows)]
     style = "gptj" if args.gptj else "neox"
     head = (
         f"device: {torch.cuda.get_device_name()}; copy bw {bw:.0f} GB/s; empty kernel "
@@ -253,9 +255,8 @@ def plot(rows, path):
     for ax, shape in zip(axes[0], shapes, strict=True):
         rs = [r for r in rows if r["shape"] == shape]
         ts = [r["T"] for r in rs]
-        for col in ("fused", "triton", "cuda", "sglang", "fi_rope", "fi_fp8", "unfused",
-                    "native", "compile", "floor", "sglang_ref"):  # fmt: skip
-            if all(col in r for r in rs):
+        for col in COLUMNS:
+            if all(col in r for r in rs):  # a curve for the columns every point has
                 ax.plot(ts, [r[col] for r in rs], marker="o", label=col)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -59,8 +59,7 @@ def compile_one(
 
 def sass_loads_before_division() -> tuple[int, int]:
     """(LDGs issued after the first MUFU.RCP on the key/value path, LDGs before it) in the SASS
-    of the fp8 tensor-scale variant, for the small-T default (one head per program) and the
-    merged programs of larger T (8 heads, summed). Every
+    of the fp8 tensor-scale variant with merged programs (4 heads). Every
     load must be issued before the scale reciprocal, whose slow-path CALL would otherwise hold
     back the loads after it: one more memory round trip at small T. The key/value path runs from
     its first instruction to the first unpredicated BRA or EXIT after the reciprocal."""
