@@ -86,9 +86,10 @@ def _build(name: str, sources: list[pathlib.Path], headers: list[pathlib.Path], 
     with tempfile.TemporaryDirectory() as tmp:
         cu = pathlib.Path(tmp) / "wrapper.cu"
         cu.write_text(wrapper)
+        units = [str(cu)] if wrapper else []  # FlashInfer's binding exports its own entries
         so = pathlib.Path(tmp) / "m.so"
         cmd = [nvcc, *flags, target, "-Xcompiler", "-fPIC", "-shared",
-               *(f"-I{p}" for p in dict.fromkeys(inc)), str(cu), *map(str, sources),
+               *(f"-I{p}" for p in dict.fromkeys(inc)), *units, *map(str, sources),
                f"-L{lib.parent}", f"-l{lib.stem.removeprefix('lib')}", "-o", str(so)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -148,12 +148,12 @@ def rope_kv_kernel(
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
     )
-    if GRID_ORDER == 1:  # 1-D grid: a token's programs are neighbours (cos/sin row in L1/L2)
+    if GRID_ORDER == 1:  # ORDER_TOKEN, 1-D grid: a token's programs are neighbours (cos/sin)
         pid = tl.program_id(0)
         t = (pid // NUM_BLOCKS).to(tl.int64)
         hb = pid % NUM_BLOCKS
-    elif GRID_ORDER == 2:  # 1-D grid, merged: the longer key/value programs of every token
-        # first (token-major), then the query-only ones (token-major): no long program is
+    elif GRID_ORDER == 2:  # ORDER_KV_FIRST, 1-D, merged: the longer key/value programs of all
+        # tokens first (token-major), then the query-only ones (token-major): no long program is
         # left to start in the last wave.
         QO_BLOCKS: tl.constexpr = NUM_BLOCKS - NUM_KV_BLOCKS
         pid = tl.program_id(0)
@@ -162,7 +162,7 @@ def rope_kv_kernel(
         j = pid - n_kv
         t = tl.where(kv, pid // NUM_KV_BLOCKS, j // QO_BLOCKS).to(tl.int64)
         hb = tl.where(kv, pid % NUM_KV_BLOCKS, NUM_KV_BLOCKS + j % QO_BLOCKS)
-    else:  # 2-D grid (tokens, blocks): no division; measured faster at small T (NOTES.md)
+    else:  # ORDER_2D, grid (tokens, blocks): no division; measured faster at small T (NOTES.md)
         t = tl.program_id(0).to(tl.int64)
         hb = tl.program_id(1)
     HALF: tl.constexpr = ROT_DIM // 2
