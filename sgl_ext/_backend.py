@@ -20,6 +20,12 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+@functools.cache
+def pdl_capable(device_index: int | None) -> bool:
+    """Programmatic dependent launch needs Hopper (sm_90) or newer."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 

@@ -115,6 +115,11 @@ class KVLayout:
     num_heads: int
     head_dim: int
 
+    @property
+    def strides(self) -> tuple[int, int, int]:
+        """(page_stride, offset_stride, head_stride)."""
+        return self.page_stride, self.offset_stride, self.head_stride
+
 
 def kv_layout(
     name: str, buf: torch.Tensor, num_heads: int, head_dim: int | None, dim_of: str = "head_size"

@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 import torch
 
-from sgl_ext._common import KVLayout, scale_args
+from sgl_ext._backend import pdl_capable
+from sgl_ext._common import scale_args
 from sgl_ext.cuda import jit
 
 # Token counts where the CUDA kernel is the default: none. Measured on the H100 (RESULTS.md,
@@ -85,11 +86,6 @@ def available(device: torch.device) -> bool:
     return _library(_index(device)) is not None
 
 
-@functools.cache
-def _pdl_capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
@@ -97,10 +93,6 @@ def _index(device: torch.device) -> int:
 def _aligned(t: torch.Tensor, *strides: int, elems: int = 8) -> bool:
     """Rows of t start on 16-byte boundaries: pointer % 16 and every stride % elems."""
     return t.data_ptr() % 16 == 0 and all(s % elems == 0 for s in strides)
-
-
-def _layout_strides(lay: KVLayout) -> tuple[int, int, int]:
-    return lay.page_stride, lay.offset_stride, lay.head_stride
 
 
 def supports(
@@ -129,7 +121,7 @@ def supports(
         if kbuf.dtype != vbuf.dtype:  # one cache kind per kernel instance
             return False
         for buf, lay in ((kbuf, k_lay), (vbuf, v_lay)):
-            if not _aligned(buf, *_layout_strides(lay)):
+            if not _aligned(buf, *lay.strides):
                 return False
         for s in (ks, vs):
             if isinstance(s, torch.Tensor) and s.dtype != torch.float32:
@@ -232,7 +224,7 @@ def launch(
     grid_x = -(-num_tokens // cfg.tokens_per_block)
     grid_y = -(-num_lanes(num_heads, pieces, rot // 16, cfg.heads) // cfg.block_x)
     if enable_pdl is None:
-        enable_pdl = _pdl_capable(index)
+        enable_pdl = pdl_capable(index)
     stream = torch.cuda.current_stream(query.device).cuda_stream
     err = lib.sgl_ext_rope_kv_launch(
         ctypes.byref(params), key.dtype == torch.bfloat16, cache, bool(is_neox), cfg.heads,

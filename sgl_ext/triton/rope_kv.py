@@ -15,7 +15,6 @@ in registers, so neither needs a gather.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import NamedTuple
 
@@ -23,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting
+from sgl_ext._backend import interpreting, pdl_capable
 from sgl_ext._common import KVLayout, fp8_max, scale_args
 from sgl_ext.triton.pairs import load_pairs, load_scale, quantize, reciprocal, store_pairs
 
@@ -217,12 +216,6 @@ def rope_kv_kernel(
         )  # fmt: skip
 
 
-@functools.cache
-def _pdl_capable(device_index: int | None) -> bool:
-    """Programmatic dependent launch needs Hopper (sm_90) or newer."""
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
 def _pow2(n: int) -> int:
     """Smallest power of two >= n (plain Python: triton.next_power_of_2 costs ~7 µs a call)."""
     return 1 << max(0, n - 1).bit_length()
@@ -240,10 +233,6 @@ def _cdiv(a: int, b: int) -> int:
 def _word_aligned(t: torch.Tensor, *strides: int) -> bool:
     """Every head row of t starts on a 4-byte boundary (16-bit pairs load as int32 words)."""
     return t.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in strides)
-
-
-def _strides(lay: KVLayout) -> tuple[int, int, int]:
-    return lay.page_stride, lay.offset_stride, lay.head_stride
 
 
 def _gptj_mode(rows: list[tuple[torch.Tensor, int, int]]) -> int:
@@ -359,14 +348,14 @@ def launch_rope_kv(
     v_mode, v_st, v_sf = scale_args(vs)
     interp = interpreting()
     if enable_pdl is None:
-        enable_pdl = key.is_cuda and _pdl_capable(key.device.index)
+        enable_pdl = key.is_cuda and pdl_capable(key.device.index)
     use_pdl = bool(enable_pdl) and not interp
     tail = head_size - rot
     pair_mode = 0
     if rotate and not is_neox:
         pair_mode = _gptj_mode([(query, q_tok, q_head), (key, k_tok, k_head)])
     kbuf_mode = pair_mode
-    if pair_mode == 2 and (kbuf.dtype != key.dtype or not _word_aligned(kbuf, *_strides(k_lay))):
+    if pair_mode == 2 and (kbuf.dtype != key.dtype or not _word_aligned(kbuf, *k_lay.strides)):
         kbuf_mode = 1
     extra = {"launch_pdl": True} if use_pdl else {}
     if cfg.maxnreg and not interp:
