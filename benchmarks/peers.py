@@ -26,12 +26,12 @@ import functools
 import hashlib
 import os
 import pathlib
-import shutil
-import subprocess
 import sys
 import tempfile
 
 import torch
+
+from sgl_ext.cuda import jit  # the package's nvcc lookup, cache directory and atomic build
 
 _FFI_INCLUDES = "".join(
     f"#include <tvm/ffi/{h}>\n"
@@ -72,29 +72,25 @@ def _build(name: str, sources: list[pathlib.Path], headers: list[pathlib.Path], 
     key_text = "\n".join([wrapper, *flags, target, tvm_ffi.__version__])
     key_text += "".join(p.read_text() for p in sources + headers)
     key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
-    cache = pathlib.Path(os.environ.get("SGL_EXT_CACHE_DIR", "~/.cache/sgl_ext")).expanduser()
-    out = cache / "peers" / f"{name}_{key}.so"
+    out = jit.cache_dir() / "peers" / f"{name}_{key}.so"
     if out.is_file():
         return out
-    cands = (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc")
-    nvcc = next((c for c in cands if c and os.path.isfile(c)), None)
+    nvcc = jit.find_nvcc()
     if nvcc is None:
         raise PeerUnavailable("nvcc not found")
     lib = pathlib.Path(libinfo.find_libtvm_ffi())
     inc = [libinfo.find_include_path(), libinfo.find_dlpack_include_path(), *map(str, includes)]
-    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cu = pathlib.Path(tmp) / "wrapper.cu"
         cu.write_text(wrapper)
         units = [str(cu)] if wrapper else []  # FlashInfer's binding exports its own entries
-        so = pathlib.Path(tmp) / "m.so"
-        cmd = [nvcc, *flags, target, "-Xcompiler", "-fPIC", "-shared",
-               *(f"-I{p}" for p in dict.fromkeys(inc)), *units, *map(str, sources),
-               f"-L{lib.parent}", f"-l{lib.stem.removeprefix('lib')}", "-o", str(so)]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise PeerUnavailable(f"nvcc failed for {name}:\n{proc.stderr[-3000:]}")
-        os.replace(so, out)
+        args = [*flags, target, "-Xcompiler", "-fPIC", "-shared",
+                *(f"-I{p}" for p in dict.fromkeys(inc)), *units, *map(str, sources),
+                f"-L{lib.parent}", f"-l{lib.stem.removeprefix('lib')}"]  # fmt: skip
+        try:
+            jit.run_nvcc(nvcc, args, out)
+        except jit.BuildError as err:
+            raise PeerUnavailable(f"nvcc failed for {name}:\n{str(err)[-3000:]}") from err
     return out
 
 

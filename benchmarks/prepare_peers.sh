@@ -20,5 +20,5 @@ unzip -q -o "$W"/flashinfer_python-0.7.2.post1-*.whl 'flashinfer/data/csrc/rope.
 unzip -q -o "$W"/apache_tvm_ffi-0.1.15.post2-cp${PYV/./}-*.whl -d "$P/py312"
 unzip -q -o "$W"/local/apache_tvm_ffi-*.whl -d "$W/local_site"
 SGL_BENCH_SGLANG_DIR=$P/sg SGL_BENCH_FLASHINFER_DIR=$P/fi SGL_EXT_CACHE_DIR=$P/cache \
-  PYTHONPATH=$W/local_site PATH=/usr/local/cuda/bin:$PATH python benchmarks/peers.py --arch "$ARCH"
+  PYTHONPATH=$PWD:$W/local_site PATH=/usr/local/cuda/bin:$PATH python benchmarks/peers.py --arch "$ARCH"
 du -sh "$P"

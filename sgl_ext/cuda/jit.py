@@ -66,12 +66,18 @@ def build(
     ).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     lib = out_dir / f"{name}-sm{capability[0]}{capability[1]}-{key}.so"
-    if lib.exists():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    if not lib.exists():
+        run_nvcc(nvcc, [*flags, str(src)], lib)
+    return lib
+
+
+def run_nvcc(nvcc: str, args: list[str], lib: Path) -> None:
+    """nvcc args -o lib, written beside lib and moved into place only when complete (so
+    concurrent processes never load a half-written file); BuildError on failure."""
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
-    cmd = [nvcc, *flags, "-o", tmp, str(src)]
+    cmd = [nvcc, *args, "-o", tmp]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if res.returncode != 0:
@@ -80,7 +86,6 @@ def build(
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return lib
 
 
 def load(name: str, capability: tuple[int, int], extra_flags: str = "") -> ctypes.CDLL:
