@@ -24,8 +24,9 @@ from srt.model_executor.model_builder import PRESETS  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", nargs="+", default=["llama3-8b", "gpt-oss-20b"],
-                   choices=sorted(PRESETS))  # fmt: skip
+    p.add_argument(
+        "--preset", nargs="+", default=["llama3-8b", "gpt-oss-20b"], choices=sorted(PRESETS)
+    )
     p.add_argument("--batch-size", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
@@ -61,10 +62,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     results: list[dict] = []
     for preset in args.preset:
-        flags = ["--model-preset", preset, "--batch-size", *map(str, args.batch_size),
-                 "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                 "--page-size", str(args.page_size), "--kv-cache-dtype", args.kv_cache_dtype,
-                 "--device", "cuda", "--no-eager"]  # fmt: skip
+        flags = [
+            "--model-preset",
+            preset,
+            "--batch-size",
+            *map(str, args.batch_size),
+            "--input-len",
+            str(args.input_len),
+            "--output-len",
+            str(args.output_len),
+            "--page-size",
+            str(args.page_size),
+            "--kv-cache-dtype",
+            args.kv_cache_dtype,
+            "--device",
+            "cuda",
+            "--no-eager",
+        ]
         if args.disable_cuda_graph:
             flags.append("--disable-cuda-graph")
         print(f"## {preset}", flush=True)
@@ -73,8 +87,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("\n" + md)
     if args.json_out:
         slim = [{k: v for k, v in r.items() if k != "output_ids"} for r in results]
-        Path(args.json_out).write_text(json.dumps({"args": vars(args), "results": slim,
-                                                   "markdown": md}, indent=1))  # fmt: skip
+        Path(args.json_out).write_text(
+            json.dumps({"args": vars(args), "results": slim, "markdown": md}, indent=1)
+        )
     return results
 
 

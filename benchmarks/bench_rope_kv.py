@@ -49,14 +49,42 @@ SHAPES = {  # name: (Hq, Hkv, D)
 TOKENS = [1, 8, 32, 128, 512, 2048, 8192, 32768]
 # SGLang 0.5.23 JIT rope.cuh fused kernel, H100, CUDA graph (from issue #2; not measured here).
 SGLANG_REF = {
-    "llama3-8b": {1: 1.10, 8: 1.72, 32: 1.90, 128: 3.47, 512: 6.89, 2048: 20.7, 8192: 80.2,
-                  32768: 322},
-    "gpt-oss-20b": {1: 1.65, 8: 1.36, 32: 1.66, 128: 3.02, 512: 6.07, 2048: 17.1, 8192: 64.7,
-                    32768: 256},
-}  # fmt: skip
+    "llama3-8b": {
+        1: 1.10,
+        8: 1.72,
+        32: 1.90,
+        128: 3.47,
+        512: 6.89,
+        2048: 20.7,
+        8192: 80.2,
+        32768: 322,
+    },
+    "gpt-oss-20b": {
+        1: 1.65,
+        8: 1.36,
+        32: 1.66,
+        128: 3.02,
+        512: 6.07,
+        2048: 17.1,
+        8192: 64.7,
+        32768: 256,
+    },
+}
 # Timed columns in table order (each present where it applies).
-COLUMNS = ["fused", "triton", "cuda", "sglang", "fi_rope", "fi_fp8", "unfused", "native",
-           "compile", "floor", "copy", "sglang_ref"]  # fmt: skip
+COLUMNS = [
+    "fused",
+    "triton",
+    "cuda",
+    "sglang",
+    "fi_rope",
+    "fi_fp8",
+    "unfused",
+    "native",
+    "compile",
+    "floor",
+    "copy",
+    "sglang_ref",
+]
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
@@ -101,8 +129,13 @@ def same_size_copy_us(nbytes: int, reps: int) -> float:
     and rotated over buffers like the input sets: the floor's bandwidth at this size."""
     n = max(2, math.ceil(256e6 / nbytes))
     half = nbytes // 2
-    bufs = [(torch.empty(half, dtype=torch.uint8, device="cuda"),
-             torch.empty(half, dtype=torch.uint8, device="cuda")) for _ in range(n)]  # fmt: skip
+    bufs = [
+        (
+            torch.empty(half, dtype=torch.uint8, device="cuda"),
+            torch.empty(half, dtype=torch.uint8, device="cuda"),
+        )
+        for _ in range(n)
+    ]
     return graph_time_us(lambda i: bufs[i % n][1].copy_(bufs[i % n][0]), reps)
 
 
@@ -175,9 +208,11 @@ def run(args) -> list[dict]:
     kv_dtype = KV_DTYPES[args.kv_dtype]
     bw = copy_bandwidth()
     empty = empty_kernel_us()
-    print(f"# device {torch.cuda.get_device_name()}, copy bandwidth {bw:.0f} GB/s (read+write), "
-          f"empty kernel in graph {empty:.2f} µs, kv {args.kv_dtype}, rot_frac {args.rot_frac}, "
-          f"{'neox' if not args.gptj else 'gptj'}")  # fmt: skip
+    print(
+        f"# device {torch.cuda.get_device_name()}, copy bandwidth {bw:.0f} GB/s (read+write), "
+        f"empty kernel in graph {empty:.2f} µs, kv {args.kv_dtype}, rot_frac {args.rot_frac}, "
+        f"{'neox' if not args.gptj else 'gptj'}"
+    )
     # One static compile per (shape, T): lift dynamo's recompile limit (default 8) above that.
     torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
     compiled = torch.compile(native_unfused, dynamic=False) if not args.no_compile else None
@@ -216,8 +251,10 @@ def run(args) -> list[dict]:
             if ref and args.kv_dtype == "bf16" and args.rot_frac == 1.0 and not args.gptj:
                 r["sglang_ref"] = ref
             rows.append(r)
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
-                  flush=True)  # fmt: skip
+            print(
+                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
+                flush=True,
+            )
             del c
             torch.cuda.empty_cache()
     return rows, bw, empty
@@ -292,8 +329,17 @@ def main() -> None:
     print(f"# {time.time() - t0:.0f} s")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"rows": rows, "copy_bw": bw, "empty_us": empty, "args": vars(args),
-                       "device": torch.cuda.get_device_name()}, f, indent=1)  # fmt: skip
+            json.dump(
+                {
+                    "rows": rows,
+                    "copy_bw": bw,
+                    "empty_us": empty,
+                    "args": vars(args),
+                    "device": torch.cuda.get_device_name(),
+                },
+                f,
+                indent=1,
+            )
     if args.plot:
         plot(rows, args.plot)
 

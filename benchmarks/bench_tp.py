@@ -49,12 +49,17 @@ def bench_tp(args: argparse.Namespace, tp: int) -> list[dict]:
     max_bs = max(args.batch_size)
     ctx = args.input_len + args.output_len + 16
     engine = srt.Engine(
-        device="cuda", load_format="dummy", tp_size=tp, skip_tokenizer_init=True,
+        device="cuda",
+        load_format="dummy",
+        tp_size=tp,
+        skip_tokenizer_init=True,
         json_model_override_args=preset_overrides(args.preset),
         cuda_graph=not args.disable_cuda_graph,
-        cuda_graph_max_bs=max_bs, max_running_requests=max_bs, context_length=ctx,
+        cuda_graph_max_bs=max_bs,
+        max_running_requests=max_bs,
+        context_length=ctx,
         max_total_tokens=max_bs * ctx,
-    )  # fmt: skip
+    )
     g = torch.Generator().manual_seed(0)
     rows = []
     try:
@@ -64,12 +69,16 @@ def bench_tp(args: argparse.Namespace, tp: int) -> list[dict]:
             t_prefill = min(_timed(engine, ids, 1) for _ in range(2))
             t_full = min(_timed(engine, ids, 1 + args.output_len) for _ in range(2))
             decode_s = max(t_full - t_prefill, 1e-9)
-            rows.append({
-                "preset": args.preset, "tp": tp, "batch_size": bs,
-                "decode_tokens_per_s": bs * args.output_len / decode_s,
-                "decode_step_ms": decode_s / args.output_len * 1e3,
-                "prefill_s": t_prefill,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "preset": args.preset,
+                    "tp": tp,
+                    "batch_size": bs,
+                    "decode_tokens_per_s": bs * args.output_len / decode_s,
+                    "decode_step_ms": decode_s / args.output_len * 1e3,
+                    "prefill_s": t_prefill,
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     finally:
         engine.shutdown()
@@ -84,14 +93,16 @@ def table(rows: list[dict]) -> str:
     for bs in sorted({r["batch_size"] for r in rows}):
         cells = [
             f"{by[t, bs]['decode_tokens_per_s']:.1f} | {by[t, bs]['decode_step_ms']:.2f}"
-            if (t, bs) in by else "- | -"
+            if (t, bs) in by
+            else "- | -"
             for t in tps
-        ]  # fmt: skip
+        ]
         base, last = by.get((tps[0], bs)), by.get((tps[-1], bs))
         gain = (
             f"{last['decode_tokens_per_s'] / base['decode_tokens_per_s']:.2f}x"
-            if base and last else "-"
-        )  # fmt: skip
+            if base and last
+            else "-"
+        )
         out.append(f"| {bs} | " + " | ".join(cells) + f" | {gain} |")
     return "\n".join(out)
 
@@ -101,8 +112,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not torch.cuda.is_available() or torch.cuda.device_count() < max(args.tp):
         sys.exit(f"needs {max(args.tp)} CUDA devices")
     rows = [r for tp in args.tp for r in bench_tp(args, tp)]
-    print(f"\n{args.preset}, input {args.input_len}, output {args.output_len}, "
-          f"{torch.cuda.get_device_name()}, decode tokens/s\n")  # fmt: skip
+    print(
+        f"\n{args.preset}, input {args.input_len}, output {args.output_len}, "
+        f"{torch.cuda.get_device_name()}, decode tokens/s\n"
+    )
     print(table(rows))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1))

@@ -43,14 +43,31 @@ def compile_one(
             sig[n] = "i64" if "stride" in n else "i32"
     fp8 = {"e4m3": 448.0, "e5m2": 57344.0}.get(kv, 0.0)
     consts.update(
-        PAGE_SIZE=16, HEAD_DIM=128, V_HEAD_DIM=128, ROT_DIM=128 - 64 * tail,
+        PAGE_SIZE=16,
+        HEAD_DIM=128,
+        V_HEAD_DIM=128,
+        ROT_DIM=128 - 64 * tail,
         BLOCK_HALF=64 - 32 * tail,
-        BLOCK_TAIL=64 * tail, BLOCK_DV=128, BLOCK_H=bh, BLOCK_HKV=min(bh, 8), PAIR_MODE=pair_mode,
-        KBUF_PAIR_MODE=kbuf_mode, IS_BF16=dtype == "bf16", ROTATE=rotate, WRITE_KV=write_kv,
-        K_SCALE_MODE=ks, V_SCALE_MODE=ks, K_FP8_MAX=fp8, V_FP8_MAX=fp8, EMULATE_FP8=False,
-        USE_PDL=pdl, NUM_Q_BLOCKS=32 // bh, NUM_KV_BLOCKS=max(1, 8 // bh), MERGED=merged,
+        BLOCK_TAIL=64 * tail,
+        BLOCK_DV=128,
+        BLOCK_H=bh,
+        BLOCK_HKV=min(bh, 8),
+        PAIR_MODE=pair_mode,
+        KBUF_PAIR_MODE=kbuf_mode,
+        IS_BF16=dtype == "bf16",
+        ROTATE=rotate,
+        WRITE_KV=write_kv,
+        K_SCALE_MODE=ks,
+        V_SCALE_MODE=ks,
+        K_FP8_MAX=fp8,
+        V_FP8_MAX=fp8,
+        EMULATE_FP8=False,
+        USE_PDL=pdl,
+        NUM_Q_BLOCKS=32 // bh,
+        NUM_KV_BLOCKS=max(1, 8 // bh),
+        MERGED=merged,
         GRID_ORDER=int(merged) if order is None else order,
-    )  # fmt: skip
+    )
     for k in consts:
         sig[k] = "constexpr"
     src = ASTSource(rope_kv_kernel, sig, consts, attrs)
@@ -74,8 +91,9 @@ def sass_loads_before_division() -> tuple[int, int]:
     cubin = Path("/tmp") / f"sgl_ext_check_{os.getpid()}.cubin"
     cubin.write_bytes(kernel.asm["cubin"])
     try:
-        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
-                              text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run(
+            [str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True
+        ).stdout
     finally:
         cubin.unlink()
     ops = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]

@@ -62,8 +62,15 @@ def _tvm_ffi():
     return tvm_ffi, libinfo
 
 
-def _build(name: str, sources: list[pathlib.Path], headers: list[pathlib.Path], wrapper: str,
-           includes: list[pathlib.Path], flags: list[str], arch: int) -> pathlib.Path:  # fmt: skip
+def _build(
+    name: str,
+    sources: list[pathlib.Path],
+    headers: list[pathlib.Path],
+    wrapper: str,
+    includes: list[pathlib.Path],
+    flags: list[str],
+    arch: int,
+) -> pathlib.Path:
     """nvcc sources + wrapper (a generated translation unit) into a shared library, cached by
     the text of the wrapper, sources and headers (the peer's own files) and the flags."""
     tvm_ffi, libinfo = _tvm_ffi()
@@ -84,9 +91,18 @@ def _build(name: str, sources: list[pathlib.Path], headers: list[pathlib.Path], 
         cu = pathlib.Path(tmp) / "wrapper.cu"
         cu.write_text(wrapper)
         units = [str(cu)] if wrapper else []  # FlashInfer's binding exports its own entries
-        args = [*flags, target, "-Xcompiler", "-fPIC", "-shared",
-                *(f"-I{p}" for p in dict.fromkeys(inc)), *units, *map(str, sources),
-                f"-L{lib.parent}", f"-l{lib.stem.removeprefix('lib')}"]  # fmt: skip
+        args = [
+            *flags,
+            target,
+            "-Xcompiler",
+            "-fPIC",
+            "-shared",
+            *(f"-I{p}" for p in dict.fromkeys(inc)),
+            *units,
+            *map(str, sources),
+            f"-L{lib.parent}",
+            f"-l{lib.stem.removeprefix('lib')}",
+        ]
         try:
             jit.run_nvcc(nvcc, args, out)
         except jit.BuildError as err:
@@ -109,14 +125,28 @@ def _arch() -> int:
 def build_sglang(is_neox: bool, rope_dim: int, pdl: bool, dtype: torch.dtype, arch: int):
     jit = _root("SGL_BENCH_SGLANG_DIR", "sglang/kernels/jit/csrc/elementwise/rope.cuh")
     jit = jit / "sglang" / "kernels" / "jit"
-    args = ", ".join(["true" if is_neox else "false", str(rope_dim), "true" if pdl else "false",
-                      _CPP_DTYPE[dtype], _CPP_DTYPE[dtype]])  # fmt: skip
+    args = ", ".join(
+        [
+            "true" if is_neox else "false",
+            str(rope_dim),
+            "true" if pdl else "false",
+            _CPP_DTYPE[dtype],
+            _CPP_DTYPE[dtype],
+        ]
+    )
     entry = f"FusedRopeKernel<{args}>::run_fused"
     wrapper = _FFI_INCLUDES + '#include "elementwise/rope.cuh"\nnamespace sglang {\n'
     wrapper += f"TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_rope_store, ({entry}));\n}}\n"
     flags = [f"-DSGL_CUDA_ARCH={arch * 10}", "-std=c++20", "-O3", "--expt-relaxed-constexpr"]
-    return _build("sglang_rope", [], [jit / "csrc/elementwise/rope.cuh"], wrapper,
-                  [jit / "include", jit / "csrc"], flags, arch)  # fmt: skip
+    return _build(
+        "sglang_rope",
+        [],
+        [jit / "csrc/elementwise/rope.cuh"],
+        wrapper,
+        [jit / "include", jit / "csrc"],
+        flags,
+        arch,
+    )
 
 
 def sglang_fused(is_neox: bool, rope_dim: int, dtype: torch.dtype):
@@ -143,8 +173,13 @@ def build_flashinfer(arch: int):
         "-DNDEBUG",
         "-O3",
     ]
-    includes = [cccl / "cub", cccl / "libcudacxx/include", cccl / "thrust", data / "include",
-                data / "csrc"]  # fmt: skip
+    includes = [
+        cccl / "cub",
+        cccl / "libcudacxx/include",
+        cccl / "thrust",
+        data / "include",
+        data / "csrc",
+    ]
     sources = [data / "csrc/rope.cu", data / "csrc/flashinfer_rope_binding.cu"]
     headers = [data / "include/flashinfer/pos_enc.cuh"]
     return _build("flashinfer_rope", sources, headers, "", includes, flags, arch)
@@ -156,8 +191,9 @@ def flashinfer_rope(is_neox: bool):
     return lambda pos, q, k, cs: run(q, k, q, k, cs, pos, not is_neox)
 
 
-def flashinfer_fp8_append(is_neox: bool, kv_scale: float, k_cache: torch.Tensor,
-                          v_cache: torch.Tensor, num_tokens: int):  # fmt: skip
+def flashinfer_fp8_append(
+    is_neox: bool, kv_scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor, num_tokens: int
+):
     """fn(pos, q, k, v, cos_sin, loc32, q_out): RoPE, q to fp8 into q_out [T, Hq, D], K and V
     times 1/kv_scale into the fp8 caches [slots, Hkv, D] at slots loc32 (int32; pages of one
     slot, NHD); PDL on. q, k, v: [T, H, D] views."""
@@ -170,9 +206,31 @@ def flashinfer_fp8_append(is_neox: bool, kv_scale: float, k_cache: torch.Tensor,
 
     def fn(pos, q, k, v, cs, loc32, q_out):
         # [T, H, 0] views: no pass-through dims
-        run(q, k, q[:, :, :0], k[:, :, :0], v, q_out, q_out[:, :, :0], cs, pos, kc4, vc4,
-            unused, unused, loc32, indptr, batch, in_page, 0, 1, 1.0, 1.0 / kv_scale,
-            not is_neox, True)  # fmt: skip
+        run(
+            q,
+            k,
+            q[:, :, :0],
+            k[:, :, :0],
+            v,
+            q_out,
+            q_out[:, :, :0],
+            cs,
+            pos,
+            kc4,
+            vc4,
+            unused,
+            unused,
+            loc32,
+            indptr,
+            batch,
+            in_page,
+            0,
+            1,
+            1.0,
+            1.0 / kv_scale,
+            not is_neox,
+            True,
+        )
 
     return fn
 

@@ -91,8 +91,14 @@ def main() -> None:
             default = [r for r in results if r["shape"] == shape and r["T"] == t]
             print(f"BEST {shape} T={t}: {best}", flush=True)
             line = sorted(default, key=lambda r: r["us"])[:5]
-            top = [(r.get("cuda") or (r["bh"], r["nw"], r["merged"], r["spread"]),
-                    f"pdl{int(r['pdl'])}", round(r["us"], 2)) for r in line]  # fmt: skip
+            top = [
+                (
+                    r.get("cuda") or (r["bh"], r["nw"], r["merged"], r["spread"]),
+                    f"pdl{int(r['pdl'])}",
+                    round(r["us"], 2),
+                )
+                for r in line
+            ]
             print("   top5:", top)
             del c
             torch.cuda.empty_cache()

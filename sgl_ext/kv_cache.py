@@ -14,9 +14,15 @@ from sgl_ext.native import Scale, kv_write_native
 
 
 def _check(
-    key: object, value: object, k_buffer: object, v_buffer: object, cache_loc: object,
-    k_scale: object, v_scale: object, head_size: int | None,
-) -> tuple:  # fmt: skip
+    key: object,
+    value: object,
+    k_buffer: object,
+    v_buffer: object,
+    cache_loc: object,
+    k_scale: object,
+    v_scale: object,
+    head_size: int | None,
+) -> tuple:
     C.check_tensor("key", key, C.INPUT_DTYPES)
     assert isinstance(key, torch.Tensor)
     if head_size is None:

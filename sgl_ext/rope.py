@@ -85,9 +85,16 @@ def _check_kv(key: torch.Tensor, arg: object, head_size: int, debug: bool | None
             f"fused_set_kv_buffer_arg must be a FusedSetKVBufferArg or None, got {type(arg)}"
         )
     k_lay, v_lay, v_dim, v_tok, v_head = C.check_kv_write(
-        key, arg.value, arg.k_buffer, arg.v_buffer, arg.cache_loc, arg.k_scale, arg.v_scale,
-        key.shape[0], head_size,
-    )  # fmt: skip
+        key,
+        arg.value,
+        arg.k_buffer,
+        arg.v_buffer,
+        arg.cache_loc,
+        arg.k_scale,
+        arg.v_scale,
+        key.shape[0],
+        head_size,
+    )
     if C.debug_checks_enabled() if debug is None else debug:
         C.debug_check_slots(arg.cache_loc, k_lay.num_slots)
     kv = (arg.value, v_tok, v_head, v_dim, arg.k_buffer, arg.v_buffer, arg.cache_loc)
@@ -120,9 +127,17 @@ def _run(
     backend = select_backend(query.device, cuda_ok, cuda_preferred)
     if backend == "cuda":
         cuda_rope_kv.launch(
-            positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv,
+            positions,
+            query,
+            key,
+            head_size,
+            cos_sin_cache,
+            is_neox,
+            q_info,
+            k_info,
+            kv,
             enable_pdl,
-        )  # fmt: skip
+        )
         return
     if backend == "native":
         rotate_native(positions, query, head_size, cos_sin_cache, is_neox)
@@ -180,16 +195,29 @@ def apply_rope_with_cos_sin_cache_inplace(
         kv = _check_kv(key, fused_set_kv_buffer_arg, head_size, debug)
     if torch.compiler.is_compiling():
         a = fused_set_kv_buffer_arg
-        torch.ops.sgl_ext.rope_kv(positions, query, key, head_size, cos_sin_cache, is_neox,
-                   *(_op_kv_args(a) if a is not None else (None,) * 6))  # fmt: skip
+        torch.ops.sgl_ext.rope_kv(
+            positions,
+            query,
+            key,
+            head_size,
+            cos_sin_cache,
+            is_neox,
+            *(_op_kv_args(a) if a is not None else (None,) * 6),
+        )
         return
     _run(positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv, enable_pdl)
 
 
 def _op_kv_args(a: FusedSetKVBufferArg) -> tuple:
     """Flatten the dataclass for the registered op (a float scale travels as a tensor)."""
-    return (a.value, a.k_buffer, a.v_buffer, _scale_tensor(a.k_scale, a.value),
-            _scale_tensor(a.v_scale, a.value), a.cache_loc)  # fmt: skip
+    return (
+        a.value,
+        a.k_buffer,
+        a.v_buffer,
+        _scale_tensor(a.k_scale, a.value),
+        _scale_tensor(a.v_scale, a.value),
+        a.cache_loc,
+    )
 
 
 def _scale_tensor(scale: Scale, like: torch.Tensor) -> torch.Tensor | None:

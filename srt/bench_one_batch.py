@@ -32,8 +32,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model-path", default=None, help="HF checkpoint dir (default: tiny config)")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy", "safetensors", "pt"])
-    p.add_argument("--model-preset", default=None, choices=sorted(PRESETS),
-                   help="dummy model of a real model's shape (implies dummy weights)")  # fmt: skip
+    p.add_argument(
+        "--model-preset",
+        default=None,
+        choices=sorted(PRESETS),
+        help="dummy model of a real model's shape (implies dummy weights)",
+    )
     p.add_argument("--batch-size", type=int, nargs="+", default=[1, 8])
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=32)
@@ -43,10 +47,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--attention-backend", default=None, choices=["torch_native", "triton"])
     p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--no-eager", action="store_true",
-                   help="with CUDA graphs, skip the eager decode variant")  # fmt: skip
-    p.add_argument("--disable-fused-rope-kv", action="store_true",
-                   help="run only the unfused path (RoPE op + set_kv_buffer)")  # fmt: skip
+    p.add_argument(
+        "--no-eager", action="store_true", help="with CUDA graphs, skip the eager decode variant"
+    )
+    p.add_argument(
+        "--disable-fused-rope-kv",
+        action="store_true",
+        help="run only the unfused path (RoPE op + set_kv_buffer)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None, help="write the results as JSON to this file")
     args = p.parse_args(argv)
@@ -60,8 +68,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_batch(runner: Any, bs: int, input_len: int, output_len: int, use_graph: bool,
-              seed: int) -> dict[str, Any]:  # fmt: skip
+def run_batch(
+    runner: Any, bs: int, input_len: int, output_len: int, use_graph: bool, seed: int
+) -> dict[str, Any]:
     """Prefill bs random prompts, then greedy-decode output_len tokens; time both phases."""
     from srt.managers.schedule_batch import Req, ScheduleBatch
     from srt.sampling.sampling_params import SamplingParams
@@ -146,20 +155,30 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if args.no_eager and len(graph_modes) > 1:
             graph_modes = [True]
         name = "fused" if fused else "unfused"
-        print(f"# {name}: device={runner.device} dtype={runner.dtype} kv={runner.kv_dtype} "
-              f"backend={sargs.attention_backend} page_size={sargs.page_size} "
-              f"graphs={runner.cuda_graph_runner is not None}", flush=True)  # fmt: skip
+        print(
+            f"# {name}: device={runner.device} dtype={runner.dtype} kv={runner.kv_dtype} "
+            f"backend={sargs.attention_backend} page_size={sargs.page_size} "
+            f"graphs={runner.cuda_graph_runner is not None}",
+            flush=True,
+        )
         run_batch(runner, 1, min(args.input_len, 16), 3, graph_modes[-1], args.seed)  # warm-up
         for use_graph in graph_modes:
             for bs in args.batch_size:
                 r = run_batch(runner, bs, args.input_len, args.output_len, use_graph, args.seed)
-                r.update(variant=name, cuda_graph=use_graph, device=str(runner.device),
-                         model=args.model_preset or args.model_path or "tiny")  # fmt: skip
+                r.update(
+                    variant=name,
+                    cuda_graph=use_graph,
+                    device=str(runner.device),
+                    model=args.model_preset or args.model_path or "tiny",
+                )
                 results.append(r)
-                print(f"{name:8s} graph={int(use_graph)} bs={bs:4d} | prefill "
-                      f"{r['prefill_latency_s'] * 1e3:9.2f} ms | decode step "
-                      f"{r['decode_step_latency_s'] * 1e3:8.3f} ms | decode "
-                      f"{r['decode_tokens_per_s']:10.1f} tok/s", flush=True)  # fmt: skip
+                print(
+                    f"{name:8s} graph={int(use_graph)} bs={bs:4d} | prefill "
+                    f"{r['prefill_latency_s'] * 1e3:9.2f} ms | decode step "
+                    f"{r['decode_step_latency_s'] * 1e3:8.3f} ms | decode "
+                    f"{r['decode_tokens_per_s']:10.1f} tok/s",
+                    flush=True,
+                )
         runner.cuda_graph_runner = None
         del runner
         gc.collect()

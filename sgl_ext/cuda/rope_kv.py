@@ -35,18 +35,62 @@ class _Params(ctypes.Structure):
     """Mirror of `RopeKVParams` in rope_kv.cu (same order, native alignment)."""
 
     _fields_ = [
-        *((n, ctypes.c_void_p) for n in ("q", "k", "v", "k_buf", "v_buf", "positions",
-                                         "cache_loc", "cos_sin", "k_scale", "v_scale")),
-        *((n, ctypes.c_int64) for n in ("q_tok", "q_head", "k_tok", "k_head", "v_tok", "v_head",
-                                        "kb_page", "kb_off", "kb_head", "vb_page", "vb_off",
-                                        "vb_head", "cs_stride")),
-        *((n, ctypes.c_int32) for n in ("num_tokens", "num_q_heads", "num_kv_heads", "rot_dim",
-                                        "head_dim", "v_head_dim", "max_pos", "num_slots",
-                                        "page_size", "page_shift", "pos_is64", "loc_is64",
-                                        "write_kv", "k_scale_mode", "v_scale_mode")),
+        *(
+            (n, ctypes.c_void_p)
+            for n in (
+                "q",
+                "k",
+                "v",
+                "k_buf",
+                "v_buf",
+                "positions",
+                "cache_loc",
+                "cos_sin",
+                "k_scale",
+                "v_scale",
+            )
+        ),
+        *(
+            (n, ctypes.c_int64)
+            for n in (
+                "q_tok",
+                "q_head",
+                "k_tok",
+                "k_head",
+                "v_tok",
+                "v_head",
+                "kb_page",
+                "kb_off",
+                "kb_head",
+                "vb_page",
+                "vb_off",
+                "vb_head",
+                "cs_stride",
+            )
+        ),
+        *(
+            (n, ctypes.c_int32)
+            for n in (
+                "num_tokens",
+                "num_q_heads",
+                "num_kv_heads",
+                "rot_dim",
+                "head_dim",
+                "v_head_dim",
+                "max_pos",
+                "num_slots",
+                "page_size",
+                "page_shift",
+                "pos_is64",
+                "loc_is64",
+                "write_kv",
+                "k_scale_mode",
+                "v_scale_mode",
+            )
+        ),
         ("k_inv", ctypes.c_float),
         ("v_inv", ctypes.c_float),
-    ]  # fmt: skip
+    ]
 
 
 def _library(device_index: int) -> ctypes.CDLL | None:
@@ -63,8 +107,13 @@ def _library_for(device_index: int, extra_flags: str) -> ctypes.CDLL | None:
     except (jit.BuildError, OSError, subprocess.SubprocessError) as err:
         warnings.warn(f"sgl_ext: CUDA kernel unavailable, using Triton ({err})", stacklevel=3)
         return None
-    lib.sgl_ext_rope_kv_launch.argtypes = [ctypes.POINTER(_Params), *[ctypes.c_int] * 8,
-                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int]  # fmt: skip
+    lib.sgl_ext_rope_kv_launch.argtypes = [
+        ctypes.POINTER(_Params),
+        *[ctypes.c_int] * 8,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     lib.sgl_ext_rope_kv_launch.restype = ctypes.c_int
     lib.sgl_ext_error_string.restype = ctypes.c_char_p
     if lib.sgl_ext_rope_kv_struct_size() != ctypes.sizeof(_Params):
@@ -199,8 +248,14 @@ def launch(
         shift = ps.bit_length() - 1 if ps & (ps - 1) == 0 else -1
         pieces = num_kv_heads * ((head_size - rot) // 8 + v_dim // 8)
         ptrs = (value.data_ptr(), kbuf.data_ptr(), vbuf.data_ptr())
-        kv_ints = (k_lay.page_stride, k_lay.offset_stride, k_lay.head_stride,
-                   v_lay.page_stride, v_lay.offset_stride, v_lay.head_stride)  # fmt: skip
+        kv_ints = (
+            k_lay.page_stride,
+            k_lay.offset_stride,
+            k_lay.head_stride,
+            v_lay.page_stride,
+            v_lay.offset_stride,
+            v_lay.head_stride,
+        )
         loc_ptr, loc64, slots = loc.data_ptr(), loc.dtype == torch.int64, k_lay.num_slots
     else:
         k_mode = v_mode = k_ptr = v_ptr = cache = shift = v_tok = v_head = v_dim = slots = 0
@@ -210,13 +265,40 @@ def launch(
         ptrs = (0, 0, 0)
         kv_ints = (0,) * 6
     params = _Params(
-        query.data_ptr(), key.data_ptr(), *ptrs, positions.data_ptr(), loc_ptr,
-        cos_sin_cache.data_ptr(), k_ptr, v_ptr,
-        q_tok, q_head, k_tok, k_head, v_tok, v_head, *kv_ints, cos_sin_cache.stride(0),
-        num_tokens, num_q_heads, num_kv_heads, rot, head_size, v_dim,
-        cos_sin_cache.shape[0], slots, ps, shift, positions.dtype == torch.int64, loc64,
-        kv is not None, k_mode, v_mode, k_inv, v_inv,
-    )  # fmt: skip
+        query.data_ptr(),
+        key.data_ptr(),
+        *ptrs,
+        positions.data_ptr(),
+        loc_ptr,
+        cos_sin_cache.data_ptr(),
+        k_ptr,
+        v_ptr,
+        q_tok,
+        q_head,
+        k_tok,
+        k_head,
+        v_tok,
+        v_head,
+        *kv_ints,
+        cos_sin_cache.stride(0),
+        num_tokens,
+        num_q_heads,
+        num_kv_heads,
+        rot,
+        head_size,
+        v_dim,
+        cos_sin_cache.shape[0],
+        slots,
+        ps,
+        shift,
+        positions.dtype == torch.int64,
+        loc64,
+        kv is not None,
+        k_mode,
+        v_mode,
+        k_inv,
+        v_inv,
+    )
     num_heads = num_q_heads + num_kv_heads
     cfg = launch_config(num_tokens, num_heads, pieces, rot // 16)
     if cfg.heads not in (1, 4) or cfg.block_x * cfg.tokens_per_block > 512:
@@ -227,8 +309,18 @@ def launch(
         enable_pdl = pdl_capable(index)
     stream = torch.cuda.current_stream(query.device).cuda_stream
     err = lib.sgl_ext_rope_kv_launch(
-        ctypes.byref(params), key.dtype == torch.bfloat16, cache, bool(is_neox), cfg.heads,
-        grid_x, grid_y, cfg.block_x, cfg.tokens_per_block, stream, index, bool(enable_pdl),
-    )  # fmt: skip
+        ctypes.byref(params),
+        key.dtype == torch.bfloat16,
+        cache,
+        bool(is_neox),
+        cfg.heads,
+        grid_x,
+        grid_y,
+        cfg.block_x,
+        cfg.tokens_per_block,
+        stream,
+        index,
+        bool(enable_pdl),
+    )
     if err:
         raise RuntimeError(f"sgl_ext: CUDA rope_kv launch failed: {_error(lib, err)}")

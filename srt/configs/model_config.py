@@ -185,8 +185,11 @@ class ModelConfig:
             archs = (architecture,)
         if not archs:
             raise ValueError("config has no 'architectures'; pass architecture=...")
-        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                               "vocab_size") if k not in cfg]  # fmt: skip
+        missing = [
+            k
+            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+            if k not in cfg
+        ]
         if missing:
             raise ValueError(f"model config{' ' + path if path else ''} lacks {missing}")
         heads = int(cfg["num_attention_heads"])

@@ -221,9 +221,13 @@ class Engine:
             raise RuntimeError("generate() after shutdown()")
         if self._tp_workers is not None:
             return self._tp_workers.call(
-                "generate", prompt=prompt, sampling_params=sampling_params,
-                input_ids=input_ids, return_logprob=return_logprob, progress_bar=progress_bar,
-            )  # fmt: skip
+                "generate",
+                prompt=prompt,
+                sampling_params=sampling_params,
+                input_ids=input_ids,
+                return_logprob=return_logprob,
+                progress_bar=progress_bar,
+            )
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass exactly one of prompt and input_ids")
         if prompt is not None:

@@ -53,9 +53,13 @@ def _worker_main(rank: int, tp_size: int, init_method: str, engine_kwargs: dict,
         device = str(engine_kwargs.get("device") or "cpu")
         backend = "nccl" if device.startswith("cuda") else "gloo"
         init_distributed_environment(
-            tp_size, rank, init_method, backend, local_rank=rank,
+            tp_size,
+            rank,
+            init_method,
+            backend,
+            local_rank=rank,
             timeout_s=float(engine_kwargs.get("dist_timeout", 600.0)),
-        )  # fmt: skip
+        )
         engine = Engine(**engine_kwargs)
         conn.send(("ok", {"eos_token_ids": engine.eos_token_ids}))
         while True:

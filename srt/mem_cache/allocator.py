@@ -247,5 +247,6 @@ class TokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         scrub_on_alloc: bool = False,
         debug_mode: bool = False,
     ) -> None:
-        super().__init__(size, 1, device, kvcache=kvcache, scrub_on_alloc=scrub_on_alloc,
-                         debug_mode=debug_mode)  # fmt: skip
+        super().__init__(
+            size, 1, device, kvcache=kvcache, scrub_on_alloc=scrub_on_alloc, debug_mode=debug_mode
+        )

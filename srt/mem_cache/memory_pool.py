@@ -216,8 +216,17 @@ class MHATokenToKVPool:
                 "head_dim",
             )
             kind = "layer_separate"
-        return KVCacheLayout(kind, shape, dims, self.store_dtype, self.dtype, self.page_size,
-                             self.num_pages, self.layer_num, self.start_layer)  # fmt: skip
+        return KVCacheLayout(
+            kind,
+            shape,
+            dims,
+            self.store_dtype,
+            self.dtype,
+            self.page_size,
+            self.num_pages,
+            self.layer_num,
+            self.start_layer,
+        )
 
     def get_raw_buffer(self) -> torch.Tensor | None:
         """The single [pages, L, 2, page_size, H, D] store_dtype allocation (cross-layer only)."""
@@ -233,8 +242,11 @@ class MHATokenToKVPool:
             b = self.kv_buffer
             return [b.data_ptr()], [b.nbytes], [b.nbytes // self.num_pages]
         bufs = self.k_buffer + self.v_buffer
-        return ([b.data_ptr() for b in bufs], [b.nbytes for b in bufs],
-                [b.nbytes // self.num_pages for b in bufs])  # fmt: skip
+        return (
+            [b.data_ptr() for b in bufs],
+            [b.nbytes for b in bufs],
+            [b.nbytes // self.num_pages for b in bufs],
+        )
 
     def _index(self, layer_id: object) -> int:
         if not isinstance(layer_id, int) or isinstance(layer_id, bool):
@@ -322,8 +334,9 @@ class MHATokenToKVPool:
     def _set_kv_overlapped(self, idx, k_buf, v_buf, loc, cache_k, cache_v, k_scale, v_scale):
         """K on the current stream, V on alt_stream; events join the streams both ways."""
         # Same metadata-only checks as the single-kernel path, before anything is enqueued.
-        check_kv_write(cache_k, cache_v, k_buf, v_buf, loc, k_scale, v_scale, cache_k.shape[0],
-                       self.head_dim)  # fmt: skip
+        check_kv_write(
+            cache_k, cache_v, k_buf, v_buf, loc, k_scale, v_scale, cache_k.shape[0], self.head_dim
+        )
         cur = torch.cuda.current_stream(cache_k.device)
         alt = self.alt_stream
         assert alt is not None
@@ -341,8 +354,9 @@ class MHATokenToKVPool:
         # is ordered after alt's work, the caller's tensors read on alt may be freed safely.
         cur.wait_event(done)
 
-    def _scatter_rows(self, store: torch.Tensor, loc: torch.Tensor, rows: torch.Tensor,
-                      scale: Scale) -> None:  # fmt: skip
+    def _scatter_rows(
+        self, store: torch.Tensor, loc: torch.Tensor, rows: torch.Tensor, scale: Scale
+    ) -> None:
         """store[slot loc[i]] = quantised rows[i] with sgl_ext's sync-free torch-native write.
 
         store: a raw buffer (store_dtype) [slots, H, D] or [pages, ps, H, D]; rows [T, H, D].

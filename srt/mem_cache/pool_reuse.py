@@ -81,11 +81,18 @@ class KVPoolConfig:
 
     def create_pool(self, alt_stream: torch.cuda.Stream | None = None) -> MHATokenToKVPool:
         return MHATokenToKVPool(
-            self.size, self.page_size, self.kv_cache_dtype, self.head_num, self.head_dim,
-            self.layer_num, self.device, v_head_dim=self.v_head_dim,
-            start_layer=self.start_layer, cross_layer_layout=self.cross_layer_layout,
+            self.size,
+            self.page_size,
+            self.kv_cache_dtype,
+            self.head_num,
+            self.head_dim,
+            self.layer_num,
+            self.device,
+            v_head_dim=self.v_head_dim,
+            start_layer=self.start_layer,
+            cross_layer_layout=self.cross_layer_layout,
             alt_stream=alt_stream,
-        )  # fmt: skip
+        )
 
 
 class KVPoolCache:

@@ -171,9 +171,16 @@ class ModelRunner:
             self.max_running_requests, self.context_len + 4, self.device
         )
         self.token_to_kv_pool = MHATokenToKVPool(
-            tokens, ps, self.kv_dtype, heads, head_dim, layers, self.device,
-            v_head_dim=v_head_dim, alt_stream=alt_stream,
-        )  # fmt: skip
+            tokens,
+            ps,
+            self.kv_dtype,
+            heads,
+            head_dim,
+            layers,
+            self.device,
+            v_head_dim=v_head_dim,
+            alt_stream=alt_stream,
+        )
         scrub = dict(kvcache=self.token_to_kv_pool, scrub_on_alloc=True)
         if ps == 1:
             self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, self.device, **scrub)
@@ -183,8 +190,11 @@ class ModelRunner:
             )
         logger.info(
             "KV pool: %d tokens (%.2f GiB, %s), %d request rows",
-            tokens, tokens * cell_size / 2**30, self.kv_dtype, self.max_running_requests,
-        )  # fmt: skip
+            tokens,
+            tokens * cell_size / 2**30,
+            self.kv_dtype,
+            self.max_running_requests,
+        )
 
     def _init_attention_backend(self) -> Any:
         name = self.server_args.attention_backend

@@ -39,10 +39,14 @@ class GptOssMLP(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.router = ReplicatedLinear(config.hidden_size, config.num_local_experts, bias=True)
         self.experts = TopKExperts(
-            config.num_local_experts, config.hidden_size, config.intermediate_size, bias=True,
-            activation="swiglu_oai", swiglu_alpha=config.swiglu_alpha,
+            config.num_local_experts,
+            config.hidden_size,
+            config.intermediate_size,
+            bias=True,
+            activation="swiglu_oai",
+            swiglu_alpha=config.swiglu_alpha,
             swiglu_limit=config.swiglu_limit,
-        )  # fmt: skip
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits, _ = self.router(x)  # [T, E]
@@ -58,19 +62,23 @@ class GptOssAttention(nn.Module):
         super().__init__()
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, config.num_attention_heads,
-            config.num_key_value_heads, bias=config.attention_bias,
+            config.hidden_size,
+            self.head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=config.attention_bias,
             prefix=f"layers.{layer_id}.qkv_proj",
-        )  # fmt: skip
+        )
         # Heads on this TP rank (KV heads replicated when tp exceeds them).
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.head_dim, config.hidden_size,
+            config.num_attention_heads * self.head_dim,
+            config.hidden_size,
             bias=config.attention_bias,
-        )  # fmt: skip
+        )
         # float32 like HF (the sink logit joins the softmax in float32)
         self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), False)
         self.sinks.weight_loader = self._load_sinks
@@ -84,9 +92,14 @@ class GptOssAttention(nn.Module):
             partial_rotary_factor=config.partial_rotary_factor,
         )
         self.attn = RadixAttention(
-            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id,
-            sliding_window_size=config.get_window_left(layer_id), sinks=self.sinks,
-        )  # fmt: skip
+            self.num_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            self.num_kv_heads,
+            layer_id,
+            sliding_window_size=config.get_window_left(layer_id),
+            sinks=self.sinks,
+        )
 
     def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         """sinks: full [Hq] -> this rank's heads [Hq / tp]."""

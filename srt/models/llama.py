@@ -73,19 +73,23 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, config.num_attention_heads,
-            config.num_key_value_heads, bias=config.attention_bias,
+            config.hidden_size,
+            self.head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=config.attention_bias,
             prefix=f"layers.{layer_id}.qkv_proj",
-        )  # fmt: skip
+        )
         # Heads on this TP rank (KV heads replicated when tp exceeds them).
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.head_dim, config.hidden_size,
+            config.num_attention_heads * self.head_dim,
+            config.hidden_size,
             bias=config.attention_bias,
-        )  # fmt: skip
+        )
         self.rotary_emb = get_rope(
             self.head_dim,
             rotary_dim=self.head_dim,
@@ -96,9 +100,13 @@ class LlamaAttention(nn.Module):
             partial_rotary_factor=config.partial_rotary_factor,
         )
         self.attn = RadixAttention(
-            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id,
+            self.num_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            self.num_kv_heads,
+            layer_id,
             sliding_window_size=config.get_window_left(layer_id),
-        )  # fmt: skip
+        )
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch

@@ -25,20 +25,46 @@ def main() -> int:
         [1.0, 0.5],
         [1, 33],
     ):
-        run_case(device="cuda", dtype=torch.bfloat16, kv_dtype=kv, layout=layout, neox=neox,
-                 rot_frac=rot, num_tokens=t, hq=8, hkv=2, d=64, scale="tensor" if kv else "none",
-                 num_slots=64, page_size=16, seed=n)  # fmt: skip
+        run_case(
+            device="cuda",
+            dtype=torch.bfloat16,
+            kv_dtype=kv,
+            layout=layout,
+            neox=neox,
+            rot_frac=rot,
+            num_tokens=t,
+            hq=8,
+            hkv=2,
+            d=64,
+            scale="tensor" if kv else "none",
+            num_slots=64,
+            page_size=16,
+            seed=n,
+        )
         n += 1
     # Batches past the small-T layouts: merged programs, token-major (257), key/value first
     # (D = 128 in the default heuristic's windows: 449 bf16, 401 fp8) and fp8's 16-head blocks
     # (897; D = 64 with the register cap).
-    for layout, kv in itertools.product(["token", "flat", "nhd", "hnd", "cross"],
-                                        [None, torch.float8_e4m3fn]):  # fmt: skip
+    for layout, kv in itertools.product(
+        ["token", "flat", "nhd", "hnd", "cross"], [None, torch.float8_e4m3fn]
+    ):
         big = ((897, 128, 16), (897, 64, 16)) if kv else ()
         for t, d, hq in ((257, 64, 8), (401 if kv else 449, 128, 16), *big):
-            run_case(device="cuda", dtype=torch.bfloat16, kv_dtype=kv, layout=layout, rot_frac=1.0,
-                     num_tokens=t, hq=hq, hkv=2, d=d, scale="tensor" if kv else "none",
-                     num_slots=1024, page_size=16, seed=n)  # fmt: skip
+            run_case(
+                device="cuda",
+                dtype=torch.bfloat16,
+                kv_dtype=kv,
+                layout=layout,
+                rot_frac=1.0,
+                num_tokens=t,
+                hq=hq,
+                hkv=2,
+                d=d,
+                scale="tensor" if kv else "none",
+                num_slots=1024,
+                page_size=16,
+                seed=n,
+            )
             n += 1
     torch.cuda.synchronize()
     print(f"memcheck sweep: {n} cases OK")

@@ -94,8 +94,9 @@ def test_cuda_graph_replay_with_new_positions_slots_and_scales(backend, kv_dtype
 
 
 @gpu
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn,
-                                      torch.float8_e5m2])  # fmt: skip
+@pytest.mark.parametrize(
+    "kv_dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
+)
 @pytest.mark.parametrize("neox", [True, False])
 def test_backends_agree_on_cuda(backend, kv_dtype, neox):
     """native, triton and the CUDA C++ kernel on CUDA: V copies bit-identical; q/k within one

@@ -56,21 +56,56 @@ def test_launch_config_covers_every_lane(num_tokens, shape):
 CUDA_CASES = [
     dict(dtype=torch.bfloat16, num_tokens=1),
     dict(dtype=torch.float16, num_tokens=7, neox=False),
-    dict(dtype=torch.bfloat16, num_tokens=33, d=32, rot_frac=0.5, layout="nhd", page_size=3,
-         num_slots=63),
-    dict(dtype=torch.bfloat16, num_tokens=257, d=64, hq=8, hkv=2, layout="hnd", page_size=16,
-         num_slots=320),
+    dict(
+        dtype=torch.bfloat16,
+        num_tokens=33,
+        d=32,
+        rot_frac=0.5,
+        layout="nhd",
+        page_size=3,
+        num_slots=63,
+    ),
+    dict(
+        dtype=torch.bfloat16,
+        num_tokens=257,
+        d=64,
+        hq=8,
+        hkv=2,
+        layout="hnd",
+        page_size=16,
+        num_slots=320,
+    ),
     dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="cross"),
-    dict(dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, scale="float", neox=False, d=32,
-         rot_frac=0.5),
-    dict(dtype=torch.bfloat16, kv_dtype=torch.float8_e5m2, scale="tensor", layout="flat",
-         pos_dtype=torch.int32, loc_dtype=torch.int32),
+    dict(
+        dtype=torch.bfloat16,
+        kv_dtype=torch.float8_e4m3fn,
+        scale="float",
+        neox=False,
+        d=32,
+        rot_frac=0.5,
+    ),
+    dict(
+        dtype=torch.bfloat16,
+        kv_dtype=torch.float8_e5m2,
+        scale="tensor",
+        layout="flat",
+        pos_dtype=torch.int32,
+        loc_dtype=torch.int32,
+    ),
     dict(dtype=torch.bfloat16, kv_dtype=torch.bfloat16, scale="float", q3d=True, dv=8),
     dict(dtype=torch.float16, fused=False, neox=False, d=48, num_tokens=9),
     dict(dtype=torch.bfloat16, hq=7, hkv=1, num_tokens=1, layout="nhd", page_size=1),
-    dict(dtype=torch.bfloat16, hq=3, hkv=3, d=128, num_tokens=33, kv_dtype=torch.float8_e4m3fn,
-         scale="tensor", layout="hnd"),
-]  # fmt: skip
+    dict(
+        dtype=torch.bfloat16,
+        hq=3,
+        hkv=3,
+        d=128,
+        num_tokens=33,
+        kv_dtype=torch.float8_e4m3fn,
+        scale="tensor",
+        layout="hnd",
+    ),
+]
 
 
 @gpu
@@ -91,18 +126,31 @@ def test_cuda_launch_configs(backend, monkeypatch, config, num_tokens, heads):
     thread give the same result."""
     backend("cuda")
     monkeypatch.setenv("SGL_EXT_CUDA_CONFIG", config)
-    run_case(device="cuda", dtype=torch.bfloat16, num_tokens=num_tokens, d=64, hq=heads[0],
-             hkv=heads[1], rot_frac=0.5, kv_dtype=torch.float8_e4m3fn, scale="tensor", layout="nhd",
-             num_slots=320)  # fmt: skip
+    run_case(
+        device="cuda",
+        dtype=torch.bfloat16,
+        num_tokens=num_tokens,
+        d=64,
+        hq=heads[0],
+        hkv=heads[1],
+        rot_frac=0.5,
+        kv_dtype=torch.float8_e4m3fn,
+        scale="tensor",
+        layout="nhd",
+        num_slots=320,
+    )
 
 
 @gpu
 @pytest.mark.parametrize(
     "case",
-    [dict(dtype=torch.float32), dict(dtype=torch.bfloat16, misalign=True, neox=False),
-     dict(dtype=torch.bfloat16, d=24)],
+    [
+        dict(dtype=torch.float32),
+        dict(dtype=torch.bfloat16, misalign=True, neox=False),
+        dict(dtype=torch.bfloat16, d=24),
+    ],
     ids=["fp32", "misaligned", "rot-not-16"],
-)  # fmt: skip
+)
 def test_unsupported_calls_use_triton(backend, monkeypatch, case):
     """Automatic dispatch runs calls the CUDA kernel cannot take on Triton (still correct);
     forcing the CUDA backend on them is a clear error before any launch."""

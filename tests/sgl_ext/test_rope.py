@@ -170,8 +170,17 @@ def test_triton_rope_kv(backend, case):
 
 # "heads per program, warps, grid order, merged, spread": every program layout the launcher
 # can pick (order 0: 2-D grid, 1: token-major, 2: key/value programs first).
-LAUNCH_CONFIGS = ["1,4,1,0", "2,2,0,0", "2,1,1,1", "4,2,1,1", "8,4,0,1", "2,4,1,1,1", "1,2,2,1",
-                  "2,4,2,1", "8,4,2,1"]  # fmt: skip
+LAUNCH_CONFIGS = [
+    "1,4,1,0",
+    "2,2,0,0",
+    "2,1,1,1",
+    "4,2,1,1",
+    "8,4,0,1",
+    "2,4,1,1,1",
+    "1,2,2,1",
+    "2,4,2,1",
+    "8,4,2,1",
+]
 
 
 @pytest.mark.parametrize("config", LAUNCH_CONFIGS)
@@ -179,14 +188,29 @@ LAUNCH_CONFIGS = ["1,4,1,0", "2,2,0,0", "2,1,1,1", "4,2,1,1", "8,4,0,1", "2,4,1,
     "case",
     [
         dict(dtype=torch.bfloat16, hq=6, hkv=2, num_tokens=7),
-        dict(dtype=torch.float16, hq=3, hkv=3, rot_frac=0.5, kv_dtype=torch.float8_e4m3fn,
-             scale="tensor", layout="nhd"),
+        dict(
+            dtype=torch.float16,
+            hq=3,
+            hkv=3,
+            rot_frac=0.5,
+            kv_dtype=torch.float8_e4m3fn,
+            scale="tensor",
+            layout="nhd",
+        ),
         dict(dtype=torch.float32, hq=5, hkv=1, neox=False, fused=False, num_tokens=4),
-        dict(dtype=torch.bfloat16, hq=4, hkv=2, neox=False, kv_dtype=torch.float8_e5m2,
-             scale="float", layout="hnd", num_tokens=6),
+        dict(
+            dtype=torch.bfloat16,
+            hq=4,
+            hkv=2,
+            neox=False,
+            kv_dtype=torch.float8_e5m2,
+            scale="float",
+            layout="hnd",
+            num_tokens=6,
+        ),
     ],
     ids=["gqa", "partial-fp8", "rope-only", "gptj-words-fp8"],
-)  # fmt: skip
+)
 def test_triton_launch_configs(backend, monkeypatch, config, case):
     backend("triton")
     monkeypatch.setenv("SGL_EXT_TRITON_CONFIG", config)
@@ -198,8 +222,17 @@ def test_triton_default_config_odd_head_dim(backend, num_tokens):
     """The default launch heuristic at batch sizes past its small-T branch, with a head size
     that is not a power of two (heads per program must still be one)."""
     backend("triton")
-    run_case(device="cuda" if HAS_CUDA else "cpu", dtype=torch.bfloat16, d=24, hq=6, hkv=2,
-             num_tokens=num_tokens, num_slots=320, layout="nhd", page_size=16)  # fmt: skip
+    run_case(
+        device="cuda" if HAS_CUDA else "cpu",
+        dtype=torch.bfloat16,
+        d=24,
+        hq=6,
+        hkv=2,
+        num_tokens=num_tokens,
+        num_slots=320,
+        layout="nhd",
+        page_size=16,
+    )
 
 
 @pytest.mark.parametrize(
@@ -213,8 +246,17 @@ def test_triton_default_config_key_value_first(backend, kv_dtype, scale, num_tok
 
     assert launch_config(num_tokens, 16, 128, kv_dtype != torch.bfloat16).order == ORDER_KV_FIRST
     backend("triton")
-    run_case(device="cuda" if HAS_CUDA else "cpu", dtype=torch.bfloat16, d=128, hq=16, hkv=2,
-             num_tokens=num_tokens, num_slots=1024, kv_dtype=kv_dtype, scale=scale)  # fmt: skip
+    run_case(
+        device="cuda" if HAS_CUDA else "cpu",
+        dtype=torch.bfloat16,
+        d=128,
+        hq=16,
+        hkv=2,
+        num_tokens=num_tokens,
+        num_slots=1024,
+        kv_dtype=kv_dtype,
+        scale=scale,
+    )
 
 
 @pytest.mark.parametrize("d,hq,hkv", [(128, 16, 2), (64, 16, 2)])
@@ -226,9 +268,17 @@ def test_triton_default_config_fp8_large_batch(backend, d, hq, hkv):
     cfg = launch_config(897, hq, d, fp8_cache=True)
     assert (cfg.block_h, cfg.num_warps, cfg.maxnreg) == (16, 4, 40 if d == 64 else 0)
     backend("triton")
-    run_case(device="cuda" if HAS_CUDA else "cpu", dtype=torch.bfloat16, d=d, hq=hq, hkv=hkv,
-             num_tokens=897, num_slots=1024, kv_dtype=torch.float8_e4m3fn,
-             scale="tensor")  # fmt: skip
+    run_case(
+        device="cuda" if HAS_CUDA else "cpu",
+        dtype=torch.bfloat16,
+        d=d,
+        hq=hq,
+        hkv=hkv,
+        num_tokens=897,
+        num_slots=1024,
+        kv_dtype=torch.float8_e4m3fn,
+        scale="tensor",
+    )
 
 
 def test_launch_config_heads_per_program_is_a_power_of_two():

@@ -115,8 +115,9 @@ def test_set_kv_buffer_validates():
             a["key"], a["value"], a["k_buffer"], a["v_buffer"], a["cache_loc"][:2]
         )
     with pytest.raises(ValueError, match="head_size"):
-        sgl_ext.set_kv_buffer(a["key"], a["value"], a["k_buffer"].flatten(1),
-                              a["v_buffer"].flatten(1), a["cache_loc"])  # fmt: skip
+        sgl_ext.set_kv_buffer(
+            a["key"], a["value"], a["k_buffer"].flatten(1), a["v_buffer"].flatten(1), a["cache_loc"]
+        )
 
 
 @pytest.mark.parametrize(

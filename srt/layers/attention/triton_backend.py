@@ -79,8 +79,20 @@ def kv_args(layer: RadixAttention, forward_batch: ForwardBatch) -> KVArgs:
     ks_mode, ks_ptr, ks_f = _scale(layer.k_scale, fp8, kbuf)
     vs_mode, vs_ptr, vs_f = _scale(layer.v_scale, fp8, vbuf)
     ps = 1 if kbuf.ndim == 3 else kbuf.shape[1]
-    return KVArgs(kbuf, vbuf, ps, _strides(kbuf), _strides(vbuf), fp8,
-                  ks_mode, vs_mode, ks_ptr, vs_ptr, ks_f, vs_f)  # fmt: skip
+    return KVArgs(
+        kbuf,
+        vbuf,
+        ps,
+        _strides(kbuf),
+        _strides(vbuf),
+        fp8,
+        ks_mode,
+        vs_mode,
+        ks_ptr,
+        vs_ptr,
+        ks_f,
+        vs_f,
+    )
 
 
 @dataclass
@@ -168,10 +180,17 @@ class TritonAttnBackend(AttentionBackend):
         q3 = q.view(B, Hq, layer.qk_head_dim)  # [B, Hq, D] (no copy)
         o = q.new_empty(B, Hq, layer.v_head_dim)  # [B, Hq, Dv]
         decode_attention_fwd(
-            q3, o, self.req_to_token_pool.req_to_token, md.req_pool_indices,
-            md.seq_lens, layer.scaling, kv_args(layer, forward_batch), sinks,
-            layer.sliding_window_size, layer.logit_cap,
-        )  # fmt: skip
+            q3,
+            o,
+            self.req_to_token_pool.req_to_token,
+            md.req_pool_indices,
+            md.seq_lens,
+            layer.scaling,
+            kv_args(layer, forward_batch),
+            sinks,
+            layer.sliding_window_size,
+            layer.logit_cap,
+        )
         return o.view(B, Hq * layer.v_head_dim)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
@@ -184,8 +203,18 @@ class TritonAttnBackend(AttentionBackend):
         o = q.new_empty(T, Hq, layer.v_head_dim)  # [T, Hq, Dv]
         r2t = (self.req_to_token_pool or fb.req_to_token_pool).req_to_token
         extend_attention_fwd(
-            q3, o, r2t, fb.req_pool_indices, fb.extend_seq_lens,
-            fb.extend_prefix_lens, fb.extend_start_loc, self.max_extend_len, layer.scaling,
-            kv_args(layer, fb), sinks, layer.sliding_window_size, layer.logit_cap,
-        )  # fmt: skip
+            q3,
+            o,
+            r2t,
+            fb.req_pool_indices,
+            fb.extend_seq_lens,
+            fb.extend_prefix_lens,
+            fb.extend_start_loc,
+            self.max_extend_len,
+            layer.scaling,
+            kv_args(layer, fb),
+            sinks,
+            layer.sliding_window_size,
+            layer.logit_cap,
+        )
         return o.view(T, Hq * layer.v_head_dim)

@@ -19,8 +19,11 @@ from sgl_ext.rope import _check_kv as check_fused_arg  # metadata-only checks, n
 
 
 def _check_dims(head_size: int, rotary_dim: int, max_position_embeddings: int) -> None:
-    for name, x in (("head_size", head_size), ("rotary_dim", rotary_dim),
-                    ("max_position_embeddings", max_position_embeddings)):  # fmt: skip
+    for name, x in (
+        ("head_size", head_size),
+        ("rotary_dim", rotary_dim),
+        ("max_position_embeddings", max_position_embeddings),
+    ):
         if not isinstance(x, int) or isinstance(x, bool) or x <= 0:
             raise ValueError(f"{name} must be a positive int, got {x!r}")
     if rotary_dim % 2 or rotary_dim > head_size:
@@ -28,9 +31,12 @@ def _check_dims(head_size: int, rotary_dim: int, max_position_embeddings: int) -
 
 
 def rotate_native(
-    x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
     is_neox_style: bool,
-) -> None:  # fmt: skip
+) -> None:
     """Rotate the first rotary_dim dims of every head of x ([T, H*D] or [T, H, D]) in place."""
     rot = cos_sin_cache.shape[1]
     xs = x.unflatten(-1, (-1, head_size)) if x.ndim == 2 else x  # [T, H, D] view
@@ -174,9 +180,14 @@ class RotaryEmbedding(nn.Module):
         """The kernel path: one sgl_ext launch rotates q/k and (fused) writes the KV cache."""
         pos = self._positions(positions, offsets)
         sgl_ext.apply_rope_with_cos_sin_cache_inplace(
-            pos, query, key, self.head_size, self._cache_for(query.device),
-            is_neox=self.is_neox_style, fused_set_kv_buffer_arg=fused_set_kv_buffer_arg,
-        )  # fmt: skip
+            pos,
+            query,
+            key,
+            self.head_size,
+            self._cache_for(query.device),
+            is_neox=self.is_neox_style,
+            fused_set_kv_buffer_arg=fused_set_kv_buffer_arg,
+        )
         return query, key
 
     def forward_native(
@@ -200,8 +211,9 @@ class RotaryEmbedding(nn.Module):
             if not isinstance(x, torch.Tensor) or x.ndim not in (2, 3):
                 raise ValueError(f"{name} must be a 2-D [T, H*D] or 3-D [T, H, D] tensor")
             if x.shape[-1] % self.head_size or (x.ndim == 3 and x.shape[-1] != self.head_size):
-                raise ValueError(f"{name} last dim {x.shape[-1]} does not fit head_size "
-                                 f"{self.head_size}")  # fmt: skip
+                raise ValueError(
+                    f"{name} last dim {x.shape[-1]} does not fit head_size {self.head_size}"
+                )
             if x.shape[0] != pos.shape[0]:
                 raise ValueError(f"{name} has {x.shape[0]} tokens, positions {pos.shape[0]}")
         a = fused_set_kv_buffer_arg
@@ -210,8 +222,16 @@ class RotaryEmbedding(nn.Module):
         rotate_native(query, pos, cache, self.head_size, self.is_neox_style)
         rotate_native(key, pos, cache, self.head_size, self.is_neox_style)
         if a is not None:
-            sgl_ext.set_kv_buffer(key, a.value, a.k_buffer, a.v_buffer, a.cache_loc,
-                                  a.k_scale, a.v_scale, head_size=self.head_size)  # fmt: skip
+            sgl_ext.set_kv_buffer(
+                key,
+                a.value,
+                a.k_buffer,
+                a.v_buffer,
+                a.cache_loc,
+                a.k_scale,
+                a.v_scale,
+                head_size=self.head_size,
+            )
         return query, key
 
     def extra_repr(self) -> str:

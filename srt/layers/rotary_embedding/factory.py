@@ -78,8 +78,16 @@ def get_rope(
         rotary_dim = int(rotary_dim * partial_rotary_factor)
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise TypeError(f"rope_scaling must be a dict or None, got {type(rope_scaling).__name__}")
-    key = (head_size, rotary_dim, max_position, float(base), bool(is_neox_style),
-           _freeze(rope_scaling), dtype, str(torch.get_default_device()))  # fmt: skip
+    key = (
+        head_size,
+        rotary_dim,
+        max_position,
+        float(base),
+        bool(is_neox_style),
+        _freeze(rope_scaling),
+        dtype,
+        str(torch.get_default_device()),
+    )
     rope = _ROPE_DICT.get(key)
     if rope is None:
         rope = _build(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling, dtype)
@@ -109,10 +117,13 @@ def _build(
         return DynamicNTKScalingRotaryEmbedding(*args, _require(rs, "factor", rope_type), dtype)
     if rope_type == "llama3":
         return Llama3RotaryEmbedding(
-            *args, dtype, _require(rs, "factor", rope_type),
-            _require(rs, "low_freq_factor", rope_type), _require(rs, "high_freq_factor", rope_type),
+            *args,
+            dtype,
+            _require(rs, "factor", rope_type),
+            _require(rs, "low_freq_factor", rope_type),
+            _require(rs, "high_freq_factor", rope_type),
             _require(rs, "original_max_position_embeddings", rope_type),
-        )  # fmt: skip
+        )
     # yarn / deepseek_yarn: max_position_embeddings of the layer is the ORIGINAL context.
     original = _require(rs, "original_max_position_embeddings", rope_type)
     factor = rs.get("factor") or max_position / original
@@ -123,9 +134,11 @@ def _build(
         mscale and mscale_all_dim and rs.get("attention_factor") is None
     ):
         return DeepseekScalingRotaryEmbedding(
-            *yarn_args, mscale=mscale if mscale is not None else 1.0,
-            mscale_all_dim=mscale_all_dim or 0.0, **extra,
-        )  # fmt: skip
+            *yarn_args,
+            mscale=mscale if mscale is not None else 1.0,
+            mscale_all_dim=mscale_all_dim or 0.0,
+            **extra,
+        )
     return YaRNScalingRotaryEmbedding(
         *yarn_args, attention_factor=rs.get("attention_factor"), **extra
     )

@@ -156,9 +156,13 @@ class YaRNScalingRotaryEmbedding(RotaryEmbedding):
         pos_freqs = self.base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)  # [rot/2]
         extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (self.scaling_factor * pos_freqs)
         low, high = yarn_find_correction_range(
-            self.beta_fast, self.beta_slow, rot, self.base, self.max_position_embeddings,
+            self.beta_fast,
+            self.beta_slow,
+            rot,
+            self.base,
+            self.max_position_embeddings,
             self.truncate,
-        )  # fmt: skip
+        )
         extra_mask = (1 - yarn_linear_ramp_mask(low, high, rot // 2)) * self.extrapolation_factor
         return interpolation * (1 - extra_mask) + extrapolation * extra_mask
 
@@ -201,10 +205,19 @@ class DeepseekScalingRotaryEmbedding(YaRNScalingRotaryEmbedding):
             * attn_factor
         )
         super().__init__(
-            head_size, rotary_dim, max_position_embeddings, base, is_neox_style, scaling_factor,
-            dtype, extrapolation_factor=extrapolation_factor, beta_fast=beta_fast,
-            beta_slow=beta_slow, truncate=truncate, attention_factor=factor,
-        )  # fmt: skip
+            head_size,
+            rotary_dim,
+            max_position_embeddings,
+            base,
+            is_neox_style,
+            scaling_factor,
+            dtype,
+            extrapolation_factor=extrapolation_factor,
+            beta_fast=beta_fast,
+            beta_slow=beta_slow,
+            truncate=truncate,
+            attention_factor=factor,
+        )
 
 
 class Llama3RotaryEmbedding(RotaryEmbedding):

@@ -8,8 +8,14 @@ import torch
 from srt.configs.model_config import ModelConfig
 from srt.configs.tiny import TINY_LLAMA_CONFIG, tiny_llama_config
 
-BASE = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
-            num_hidden_layers=3, num_attention_heads=4, vocab_size=100)  # fmt: skip
+BASE = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    vocab_size=100,
+)
 
 
 def cfg(**kw):
@@ -28,9 +34,12 @@ def test_defaults_head_dim_kv_heads_dtype():
 
 @pytest.mark.parametrize(
     "kw, dtype",
-    [(dict(torch_dtype="float32"), torch.float32), (dict(dtype="float16"), torch.float16),
-     (dict(torch_dtype="torch.bfloat16"), torch.bfloat16)],
-)  # fmt: skip
+    [
+        (dict(torch_dtype="float32"), torch.float32),
+        (dict(dtype="float16"), torch.float16),
+        (dict(torch_dtype="torch.bfloat16"), torch.bfloat16),
+    ],
+)
 def test_dtype_auto_reads_config(kw, dtype):
     assert cfg(**kw).dtype == dtype
     assert ModelConfig.from_hf({**BASE, **kw}, dtype="float32").dtype == torch.float32
@@ -56,11 +65,20 @@ def test_rope_legacy_and_v5_forms():
         "rope_type": "linear",
         "factor": 2.0,
     }
-    v5 = cfg(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
-                              "original_max_position_embeddings": 32})  # fmt: skip
+    v5 = cfg(
+        rope_parameters={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "rope_theta": 1e6,
+            "original_max_position_embeddings": 32,
+        }
+    )
     assert v5.rope_theta == 1e6
-    assert v5.rope_scaling == {"rope_type": "yarn", "factor": 4.0,
-                               "original_max_position_embeddings": 32}  # fmt: skip
+    assert v5.rope_scaling == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
     assert cfg(rope_parameters={"rope_type": "default", "rope_theta": 3.0}).rope_scaling is None
     assert cfg(partial_rotary_factor=0.5).rotary_dim == 8
     assert (
@@ -85,8 +103,9 @@ def test_sliding_window_forms():
 
 
 def test_moe_eos_tie_fields():
-    c = cfg(num_local_experts=8, num_experts_per_tok=2, eos_token_id=[1, 5],
-            tie_word_embeddings=True)  # fmt: skip
+    c = cfg(
+        num_local_experts=8, num_experts_per_tok=2, eos_token_id=[1, 5], tie_word_embeddings=True
+    )
     assert (c.num_local_experts, c.num_experts_per_tok) == (8, 2)
     assert c.eos_token_id == (1, 5) and c.tie_word_embeddings
     assert cfg(num_experts=4).num_local_experts == 4

@@ -126,8 +126,12 @@ def test_moe_intermediate_shards_sum_to_full_and_bias_counts_once():
     full = TopKExperts(E, H, Im, bias=True, tp_rank=0, tp_size=1)
     w13, w2 = _rand(E, 2 * Im, H, seed=12) * 0.3, _rand(E, H, Im, seed=13) * 0.3
     b13, b2 = _rand(E, 2 * Im, seed=14), _rand(E, H, seed=15)
-    for p, t in ((full.w13_weight, w13), (full.w2_weight, w2), (full.w13_bias, b13),
-                 (full.w2_bias, b2)):  # fmt: skip
+    for p, t in (
+        (full.w13_weight, w13),
+        (full.w2_weight, w2),
+        (full.w13_bias, b13),
+        (full.w2_bias, b2),
+    ):
         p.weight_loader(p, t)
     x = _rand(7, H, seed=16)
     weights, ids = select_experts(_rand(7, E, seed=17), k)
@@ -136,8 +140,12 @@ def test_moe_intermediate_shards_sum_to_full_and_bias_counts_once():
         total = 0
         for r in range(3):
             part = TopKExperts(E, H, Im, bias=True, tp_rank=r, tp_size=3, reduce_results=False)
-            for name, t in (("w13_weight", w13), ("w2_weight", w2), ("w13_bias", b13),
-                            ("w2_bias", b2)):  # fmt: skip
+            for name, t in (
+                ("w13_weight", w13),
+                ("w2_weight", w2),
+                ("w13_bias", b13),
+                ("w2_bias", b2),
+            ):
                 p = getattr(part, name)
                 p.fill_(float("nan"))
                 p.weight_loader(p, t)

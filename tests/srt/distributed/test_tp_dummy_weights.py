@@ -50,8 +50,10 @@ def test_tp2_dummy_shards_are_slices_of_tp1(arch, on_device):
     a = "model.layers.0.self_attn."
     q_rows = config.num_attention_heads * config.head_dim // 2
     for r, p in enumerate(ranks):
-        assert torch.equal(p[a + "qkv_proj.weight"][:q_rows],
-                           full[a + "qkv_proj.weight"][r * q_rows : (r + 1) * q_rows])  # fmt: skip
+        assert torch.equal(
+            p[a + "qkv_proj.weight"][:q_rows],
+            full[a + "qkv_proj.weight"][r * q_rows : (r + 1) * q_rows],
+        )
         cols = p[a + "o_proj.weight"].shape[1]
         assert torch.equal(
             p[a + "o_proj.weight"], full[a + "o_proj.weight"][:, r * cols : (r + 1) * cols]

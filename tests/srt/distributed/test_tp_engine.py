@@ -62,8 +62,14 @@ def test_replicated_kv_heads_paged_unfused_logits_match_tp1():
     """1 KV head on 2 ranks (replicated), page_size 4, unfused KV write: every logit of the
     prefill and of 4 teacher-forced decode steps matches TP 1 (fp32)."""
     cfg = {"num_key_value_heads": 1, "vocab_size": 1023}  # 1023: padded LM-head slice
-    kw = dict(device="cpu", dtype="float32", max_total_tokens=512, page_size=4,
-              enable_fused_rope_kv=False, json_model_override_args=json.dumps(cfg))  # fmt: skip
+    kw = dict(
+        device="cpu",
+        dtype="float32",
+        max_total_tokens=512,
+        page_size=4,
+        enable_fused_rope_kv=False,
+        json_model_override_args=json.dumps(cfg),
+    )
     forced = [[7, 8, 9], [10, 11, 12], [1, 2, 3], [4, 5, 6]]
     ref = runner_logits(kw, PROMPTS, forced)["eager"]
     ranks = run_ranks(runner_logits, 2, {**kw, "tp_size": 2}, PROMPTS, forced)
@@ -77,8 +83,17 @@ def test_torchrun_launch_matches_tp1(tmp_path):
     out = tmp_path / "ids.json"
     script = os.path.join(os.path.dirname(__file__), "torchrun_engine.py")
     env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(free_port()), script, str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        script,
+        str(out),
+    ]
     proc = subprocess.run(cmd, timeout=180, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     engine = srt.Engine(**CPU)
@@ -128,16 +143,27 @@ def test_gpu_tp2_bf16_close_to_tp1_and_graphs_equal_eager(model):
     """NCCL TP 2, bf16: CUDA-graph replays (all-reduce captured) equal eager decode bit for bit
     and the two ranks agree; logits match TP 1 within bf16 tolerance."""
     over = {} if model == "llama" else TINY_GPT_OSS
-    kw = dict(device="cuda", dtype="bfloat16", max_total_tokens=4096, cuda_graph_max_bs=8,
-              context_length=256, json_model_override_args=json.dumps(over))  # fmt: skip
+    kw = dict(
+        device="cuda",
+        dtype="bfloat16",
+        max_total_tokens=4096,
+        cuda_graph_max_bs=8,
+        context_length=256,
+        json_model_override_args=json.dumps(over),
+    )
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (1, 7, 33, 5, 2)]
     forced = torch.randint(3, 1000, (8, len(prompts)), generator=g).tolist()
     ref = runner_logits(kw, prompts, forced, modes=("eager",))["eager"]
     ranks = run_ranks(
-        runner_logits, 2, {**kw, "tp_size": 2}, prompts, forced, ("graph", "eager"),
+        runner_logits,
+        2,
+        {**kw, "tp_size": 2},
+        prompts,
+        forced,
+        ("graph", "eager"),
         backend="nccl",
-    )  # fmt: skip
+    )
     errs = []  # per (step, request) row: max |TP 2 - TP 1| / max |TP 1|
     for step, want in enumerate(ref):
         r0 = ranks[0]
@@ -155,8 +181,14 @@ def test_gpu_tp2_bf16_close_to_tp1_and_graphs_equal_eager(model):
 
 @two_gpus
 def test_gpu_engine_tp2_generates_with_cuda_graphs():
-    engine = srt.Engine(device="cuda", tp_size=2, skip_tokenizer_init=True, max_total_tokens=4096,
-                        cuda_graph_max_bs=8, context_length=256)  # fmt: skip
+    engine = srt.Engine(
+        device="cuda",
+        tp_size=2,
+        skip_tokenizer_init=True,
+        max_total_tokens=4096,
+        cuda_graph_max_bs=8,
+        context_length=256,
+    )
     try:
         outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     finally:
@@ -169,18 +201,29 @@ def _hf_checkpoint(path, arch: str) -> None:
     experts, biases and sinks (gpt-oss), all non-zero."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    common = dict(vocab_size=161, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-                  initializer_range=0.1)  # fmt: skip
+    common = dict(
+        vocab_size=161,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+    )
     if arch in ("llama", "qwen3"):
         name = "Llama" if arch == "llama" else "Qwen3"
         cfg = getattr(transformers, f"{name}Config")(intermediate_size=96, **common)
         model = getattr(transformers, f"{name}ForCausalLM")(cfg)
     else:
         cfg = transformers.GptOssConfig(
-            intermediate_size=32, num_local_experts=5, num_experts_per_tok=2, sliding_window=5,
-            swiglu_limit=0.5, **common,
-        )  # fmt: skip
+            intermediate_size=32,
+            num_local_experts=5,
+            num_experts_per_tok=2,
+            sliding_window=5,
+            swiglu_limit=0.5,
+            **common,
+        )
         model = transformers.GptOssForCausalLM(cfg)
     with torch.no_grad():  # HF zero-inits biases and sinks; make them matter
         for name, p in model.named_parameters():
@@ -194,8 +237,13 @@ def test_hf_checkpoint_tp2_logits_match_tp1(tmp_path, arch):
     """Checkpoint loading shards every tensor (q/k/v, gate/up, experts, sinks, vocab padded
     161 -> 162): TP 2 logits of prefill and teacher-forced decode equal TP 1 (fp32)."""
     _hf_checkpoint(tmp_path, arch)
-    kw = dict(model_path=str(tmp_path), device="cpu", dtype="float32", max_total_tokens=256,
-              skip_tokenizer_init=True)  # fmt: skip
+    kw = dict(
+        model_path=str(tmp_path),
+        device="cpu",
+        dtype="float32",
+        max_total_tokens=256,
+        skip_tokenizer_init=True,
+    )
     prompts = [[5, 6, 7, 8, 9, 10, 11], [100], list(range(40, 73))]
     forced = [[7, 8, 9], [10, 11, 12], [1, 2, 3]]
     ref = runner_logits(kw, prompts, forced)["eager"]

@@ -9,8 +9,9 @@ import srt
 
 if __name__ == "__main__":
     tp = int(os.environ["WORLD_SIZE"])
-    engine = srt.Engine(device="cpu", dtype="float32", tp_size=tp, skip_tokenizer_init=True,
-                        max_total_tokens=512)  # fmt: skip
+    engine = srt.Engine(
+        device="cpu", dtype="float32", tp_size=tp, skip_tokenizer_init=True, max_total_tokens=512
+    )
     outs = engine.generate(
         input_ids=[[5, 6, 7], [9] * 33, [3]],
         sampling_params={"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True},

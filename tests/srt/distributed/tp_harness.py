@@ -12,17 +12,36 @@ import numpy as np
 import torch.multiprocessing as mp
 
 TINY_GPT_OSS = {
-    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 1024,
-    "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "num_local_experts": 5, "num_experts_per_tok": 2, "experts_per_token": 2,
-    "sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"],
-    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 1000.0,
-    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                     "truncate": False, "original_max_position_embeddings": 32},
-    "attention_bias": True, "swiglu_limit": 0.5, "tie_word_embeddings": False,
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_local_experts": 5,
+    "num_experts_per_tok": 2,
+    "experts_per_token": 2,
+    "sliding_window": 5,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000.0,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 32,
+    },
+    "attention_bias": True,
+    "swiglu_limit": 0.5,
+    "tie_word_embeddings": False,
     "eos_token_id": 2,
-}  # fmt: skip
+}
 
 
 def free_port() -> int:

@@ -82,8 +82,10 @@ def test_missing_tokenizer_is_graceful(monkeypatch, tmp_path):
 
 
 def test_progress_bar_for_long_batches(engine, capsys):
-    engine.generate(input_ids=[[i + 3] for i in range(40)],
-                    sampling_params={"max_new_tokens": 2, "temperature": 0.0})  # fmt: skip
+    engine.generate(
+        input_ids=[[i + 3] for i in range(40)],
+        sampling_params={"max_new_tokens": 2, "temperature": 0.0},
+    )
     assert "generate" in capsys.readouterr().err
 
 
@@ -91,16 +93,22 @@ def test_progress_bar_for_long_batches(engine, capsys):
 def test_cuda_graph_engine_matches_eager_and_frees_memory():
     base = torch.cuda.memory_allocated()
     # A 512 MiB KV pool (2**20 tokens), so that "released" is measurable.
-    kw = dict(device="cuda", dtype="float32", max_total_tokens=2**20, cuda_graph_max_bs=8,
-              skip_tokenizer_init=True)  # fmt: skip
+    kw = dict(
+        device="cuda",
+        dtype="float32",
+        max_total_tokens=2**20,
+        cuda_graph_max_bs=8,
+        skip_tokenizer_init=True,
+    )
     prompts = [[5 + i] * (3 + 7 * i) for i in range(5)]  # B = 5 replays the bucket of 8
     outs, after = {}, []
     for graph in (True, False, True):
         eng = srt.Engine(cuda_graph=graph, **kw)
         assert (eng.model_runner.cuda_graph_runner is not None) == graph
         assert torch.cuda.memory_allocated() - base > 2**29
-        outs[graph] = [o["output_ids"] for o in eng.generate(input_ids=prompts,
-                                                              sampling_params=GREEDY)]  # fmt: skip
+        outs[graph] = [
+            o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=GREEDY)
+        ]
         eng.shutdown()
         after.append(torch.cuda.memory_allocated() - base)
     assert outs[True] == outs[False]
@@ -111,15 +119,32 @@ def test_cuda_graph_engine_matches_eager_and_frees_memory():
 
 
 TINY_GPT_OSS = {
-    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 64,
-    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
-    "vocab_size": 1024, "sliding_window": 8, "max_position_embeddings": 2048,
-    "layer_types": ["sliding_attention", "full_attention"], "rope_theta": 150000.0,
-    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                     "truncate": False, "original_max_position_embeddings": 4096},
-    "attention_bias": True, "eos_token_id": 2,
-}  # fmt: skip
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "vocab_size": 1024,
+    "sliding_window": 8,
+    "max_position_embeddings": 2048,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "rope_theta": 150000.0,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "attention_bias": True,
+    "eos_token_id": 2,
+}
 
 
 def test_gpt_oss_shape_fused_unfused_paged_agree():
@@ -129,9 +154,14 @@ def test_gpt_oss_shape_fused_unfused_paged_agree():
     prompts = [[5] * 20, [7, 8, 9], list(range(3, 40))]
     outs = set()
     for fused, ps in ((True, 1), (False, 1), (True, 4), (False, 4)):
-        eng = srt.Engine(device="cpu", json_model_override_args=json.dumps(TINY_GPT_OSS),
-                         enable_fused_rope_kv=fused, page_size=ps, max_total_tokens=256,
-                         skip_tokenizer_init=True)  # fmt: skip
+        eng = srt.Engine(
+            device="cpu",
+            json_model_override_args=json.dumps(TINY_GPT_OSS),
+            enable_fused_rope_kv=fused,
+            page_size=ps,
+            max_total_tokens=256,
+            skip_tokenizer_init=True,
+        )
         out = eng.generate(input_ids=prompts, sampling_params=GREEDY)
         outs.add(tuple(tuple(o["output_ids"]) for o in out))
     assert len(outs) == 1
@@ -141,8 +171,10 @@ def test_real_model_continuous_batching_matches_alone(engine):
     prompts = [[5, 6, 7, 8], [9] * 33, [3], list(range(10, 17))]
     params = [dict(GREEDY, max_new_tokens=n) for n in (4, 12, 7, 1)]
     batched = engine.generate(input_ids=prompts, sampling_params=params)
-    alone = [engine.generate(input_ids=p, sampling_params=s)
-             for p, s in zip(prompts, params, strict=True)]  # fmt: skip
+    alone = [
+        engine.generate(input_ids=p, sampling_params=s)
+        for p, s in zip(prompts, params, strict=True)
+    ]
     assert [o["output_ids"] for o in batched] == [o["output_ids"] for o in alone]
 
 
@@ -152,7 +184,8 @@ def test_triton_attention_backend_agrees_with_torch_native(engine):
     prompts = [[5, 6, 7], [9] * 11]
     sp = dict(GREEDY, max_new_tokens=4)
     ref = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=sp)]
-    eng = srt.Engine(device="cpu", attention_backend="triton", max_total_tokens=256,
-                     skip_tokenizer_init=True)  # fmt: skip
+    eng = srt.Engine(
+        device="cpu", attention_backend="triton", max_total_tokens=256, skip_tokenizer_init=True
+    )
     assert type(eng.model_runner.attn_backend).__name__ == "TritonAttnBackend"
     assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sp)] == ref

@@ -23,8 +23,15 @@ def _ref(x, w13, b13, w2, b2, weights, ids, alpha, limit, act):
     return out
 
 
-@pytest.mark.parametrize("act, path", [("swiglu_oai", "dense"), ("swiglu_oai", "grouped"),
-                                       ("swiglu_oai", "gathered"), ("silu", "dense")])  # fmt: skip
+@pytest.mark.parametrize(
+    "act, path",
+    [
+        ("swiglu_oai", "dense"),
+        ("swiglu_oai", "grouped"),
+        ("swiglu_oai", "gathered"),
+        ("silu", "dense"),
+    ],
+)
 def test_experts_match_reference(act, path):
     g = torch.Generator().manual_seed(0)
     E, H, I2, T, k = 5, 12, 7, 9, 2

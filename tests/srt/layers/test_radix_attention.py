@@ -26,9 +26,16 @@ class _Recorder(AttentionBackend):
 
 
 def _fb(mode, backend):
-    return ForwardBatch(mode, 1, torch.zeros(1, dtype=torch.int64), torch.zeros(1),
-                        torch.ones(1), torch.zeros(1, dtype=torch.int64), 1,
-                        attn_backend=backend)  # fmt: skip
+    return ForwardBatch(
+        mode,
+        1,
+        torch.zeros(1, dtype=torch.int64),
+        torch.zeros(1),
+        torch.ones(1),
+        torch.zeros(1, dtype=torch.int64),
+        1,
+        attn_backend=backend,
+    )
 
 
 def test_dispatch_and_sinks():

@@ -33,40 +33,111 @@ CASES = {
     "default": ({"rope_type": "default"}, None, RotaryEmbedding, True, 1.0),
     "default_gptj": ({"rope_type": "default"}, None, RotaryEmbedding, False, 1.0),
     "partial": ({"rope_type": "default"}, None, RotaryEmbedding, True, 0.5),
-    "linear": ({"rope_type": "linear", "factor": 2.0}, {"type": "linear", "factor": 2.0},
-               LinearScalingRotaryEmbedding, True, 1.0),
-    "dynamic": ({"rope_type": "dynamic", "factor": 3.0}, {"rope_type": "dynamic", "factor": 3.0},
-                DynamicNTKScalingRotaryEmbedding, True, 1.0),
-    "yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
-             None, YaRNScalingRotaryEmbedding, True, 1.0),
-    "yarn_gpt_oss": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
-                      "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
-                     None, YaRNScalingRotaryEmbedding, True, 1.0),
-    "yarn_attention_factor": ({"rope_type": "yarn", "factor": 2.0, "attention_factor": 1.3,
-                               "original_max_position_embeddings": 32},
-                              None, YaRNScalingRotaryEmbedding, True, 1.0),
-    "yarn_partial": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
-                     None, YaRNScalingRotaryEmbedding, True, 0.5),
-    "deepseek_yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
-                       "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 32, "beta_slow": 1},
-                      {"rope_type": "deepseek_yarn", "factor": 4.0, "mscale": 1.0,
-                       "mscale_all_dim": 0.5, "original_max_position_embeddings": 16,
-                       "beta_fast": 32, "beta_slow": 1},
-                      DeepseekScalingRotaryEmbedding, False, 1.0),
-    "llama3": ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
-               None, Llama3RotaryEmbedding, True, 1.0),
-}  # fmt: skip
+    "linear": (
+        {"rope_type": "linear", "factor": 2.0},
+        {"type": "linear", "factor": 2.0},
+        LinearScalingRotaryEmbedding,
+        True,
+        1.0,
+    ),
+    "dynamic": (
+        {"rope_type": "dynamic", "factor": 3.0},
+        {"rope_type": "dynamic", "factor": 3.0},
+        DynamicNTKScalingRotaryEmbedding,
+        True,
+        1.0,
+    ),
+    "yarn": (
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+        None,
+        YaRNScalingRotaryEmbedding,
+        True,
+        1.0,
+    ),
+    "yarn_gpt_oss": (
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+        },
+        None,
+        YaRNScalingRotaryEmbedding,
+        True,
+        1.0,
+    ),
+    "yarn_attention_factor": (
+        {
+            "rope_type": "yarn",
+            "factor": 2.0,
+            "attention_factor": 1.3,
+            "original_max_position_embeddings": 32,
+        },
+        None,
+        YaRNScalingRotaryEmbedding,
+        True,
+        1.0,
+    ),
+    "yarn_partial": (
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+        None,
+        YaRNScalingRotaryEmbedding,
+        True,
+        0.5,
+    ),
+    "deepseek_yarn": (
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.5,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        {
+            "rope_type": "deepseek_yarn",
+            "factor": 4.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.5,
+            "original_max_position_embeddings": 16,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        DeepseekScalingRotaryEmbedding,
+        False,
+        1.0,
+    ),
+    "llama3": (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        None,
+        Llama3RotaryEmbedding,
+        True,
+        1.0,
+    ),
+}
 
 
 def hf_cos_sin(name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
     """float64 HF-derived (cos, sin) [N, rot/2] and N, from ROPE_INIT_FUNCTIONS."""
     params, _, cls, _, prf = CASES[name]
     rope_type = params["rope_type"]
-    cfg = LlamaConfig(hidden_size=HQ * D, num_attention_heads=HQ, num_key_value_heads=HKV,
-                      head_dim=D, max_position_embeddings=MAXP,
-                      rope_parameters={**params, "rope_theta": THETA,
-                                       "partial_rotary_factor": prf})  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=HQ * D,
+        num_attention_heads=HQ,
+        num_key_value_heads=HKV,
+        head_dim=D,
+        max_position_embeddings=MAXP,
+        rope_parameters={**params, "rope_theta": THETA, "partial_rotary_factor": prf},
+    )
     if rope_type == "default":
         rot = int(D * prf)
         inv = 1.0 / THETA ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
@@ -143,8 +214,10 @@ def test_bf16_strided_qkv_views_and_offsets(path):
     qkv = torch.randn(T, (HQ + 2 * HKV) * D, dtype=torch.bfloat16)
     q, k, _ = qkv.split([HQ * D, HKV * D, HKV * D], dim=-1)  # strided views of qkv
     pos, off = torch.randint(0, 60, (T,)), torch.randint(0, 4, (T,))
-    want_q, want_k = hf_rotate(q.float(), pos + off, "llama3"), hf_rotate(k.float(), pos + off,
-                                                                          "llama3")  # fmt: skip
+    want_q, want_k = (
+        hf_rotate(q.float(), pos + off, "llama3"),
+        hf_rotate(k.float(), pos + off, "llama3"),
+    )
     getattr(rope, path)(pos, q, k, offsets=off)
     torch.testing.assert_close(q.double(), want_q, atol=2e-2, rtol=1.6e-2)
     torch.testing.assert_close(k.double(), want_k, atol=2e-2, rtol=1.6e-2)
@@ -196,10 +269,12 @@ def test_fused_arg_writes_the_cache_in_every_forward(name, path):
         k_rows = k.view(T, HKV, D)[w]
         v_rows = arg.value.view(T, HKV, D)[w]
         got_k, got_v = rows(arg.k_buffer, arg.cache_loc[w]), rows(arg.v_buffer, arg.cache_loc[w])
-        assert torch.equal(got_v.view(torch.uint8), quant(v_rows, kv_dtype, arg.v_scale).view(
-            torch.uint8))  # fmt: skip
-        assert torch.equal(got_k.view(torch.uint8), quant(k_rows, kv_dtype, arg.k_scale).view(
-            torch.uint8))  # fmt: skip
+        assert torch.equal(
+            got_v.view(torch.uint8), quant(v_rows, kv_dtype, arg.v_scale).view(torch.uint8)
+        )
+        assert torch.equal(
+            got_k.view(torch.uint8), quant(k_rows, kv_dtype, arg.k_scale).view(torch.uint8)
+        )
         written = torch.zeros(arg.k_buffer.numel() // (HKV * D), dtype=torch.bool)
         written[arg.cache_loc[w]] = True
         untouched = arg.k_buffer.reshape(-1, HKV, D)[~written].float()
@@ -257,8 +332,20 @@ def test_get_rope_sharing_dtype_cast_and_errors():
         RotaryEmbedding(D, D + 2, MAXP, THETA, True, torch.float32)
     with pytest.raises(ValueError, match="rotary_dim"):
         RotaryEmbedding(D, 5, MAXP, THETA, True, torch.float32)
-    ds = get_rope(D, D, MAXP, THETA, False, {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
-                  "mscale_all_dim": 1.0, "original_max_position_embeddings": 16})  # fmt: skip
+    ds = get_rope(
+        D,
+        D,
+        MAXP,
+        THETA,
+        False,
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 16,
+        },
+    )
     assert isinstance(ds, DeepseekScalingRotaryEmbedding) and math.isclose(ds.mscale, 1.0)
 
 
@@ -277,8 +364,9 @@ def test_torch_compile_fullgraph_with_fused_arg():
     pos = torch.randint(0, 64, (T,))
     q, k = torch.randn(T, HQ * D), torch.randn(T, HKV * D)
     q2, k2 = q.clone(), k.clone()
-    arg2 = sgl_ext.FusedSetKVBufferArg(arg.value, arg.k_buffer.clone(), arg.v_buffer.clone(),
-                                       None, None, arg.cache_loc)  # fmt: skip
+    arg2 = sgl_ext.FusedSetKVBufferArg(
+        arg.value, arg.k_buffer.clone(), arg.v_buffer.clone(), None, None, arg.cache_loc
+    )
 
     def f(p, q, k, a):
         return rope(p, q, k, fused_set_kv_buffer_arg=a)

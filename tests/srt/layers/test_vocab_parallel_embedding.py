@@ -27,9 +27,14 @@ def test_embedding_and_loader():
 def _extend_batch(prefix, lens):
     md = compute_extend_metadata(prefix, lens, "cpu")
     T = sum(lens)
-    return ForwardBatch(ForwardMode.EXTEND, len(lens), torch.zeros(T, dtype=torch.int64),
-                        torch.arange(len(lens)), out_cache_loc=torch.zeros(T, dtype=torch.int64),
-                        **md)  # fmt: skip
+    return ForwardBatch(
+        ForwardMode.EXTEND,
+        len(lens),
+        torch.zeros(T, dtype=torch.int64),
+        torch.arange(len(lens)),
+        out_cache_loc=torch.zeros(T, dtype=torch.int64),
+        **md,
+    )
 
 
 def test_logits_processor_prunes_extend_and_keeps_decode():
@@ -47,8 +52,15 @@ def test_logits_processor_prunes_extend_and_keeps_decode():
     fb.return_all_logits = True
     out = lp(fb.input_ids, h, head, fb)
     torch.testing.assert_close(out.all_logits.double(), full, atol=1e-5, rtol=1e-5)
-    dec = ForwardBatch(ForwardMode.DECODE, 3, torch.zeros(3, dtype=torch.int64), torch.arange(3),
-                       torch.tensor([5, 9, 1]), torch.zeros(3, dtype=torch.int64), 15)  # fmt: skip
+    dec = ForwardBatch(
+        ForwardMode.DECODE,
+        3,
+        torch.zeros(3, dtype=torch.int64),
+        torch.arange(3),
+        torch.tensor([5, 9, 1]),
+        torch.zeros(3, dtype=torch.int64),
+        15,
+    )
     assert torch.equal(dec.positions, torch.tensor([4, 8, 0]))
     out = lp(dec.input_ids, h[:3], head, dec)
     torch.testing.assert_close(out.next_token_logits.double(), full[:3], atol=1e-5, rtol=1e-5)

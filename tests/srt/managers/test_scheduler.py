@@ -106,8 +106,10 @@ def test_seeded_sampling_independent_of_batch(make_engine):
         for i in range(5)
     ]
     batched = eng.generate(input_ids=prompts, sampling_params=sp, return_logprob=True)
-    alone = [eng.generate(input_ids=p, sampling_params=s, return_logprob=True)
-             for p, s in zip(prompts, sp, strict=True)]  # fmt: skip
+    alone = [
+        eng.generate(input_ids=p, sampling_params=s, return_logprob=True)
+        for p, s in zip(prompts, sp, strict=True)
+    ]
     assert [o["output_ids"] for o in batched] == [o["output_ids"] for o in alone]
     for b, a in zip(batched, alone, strict=True):
         lp_b = torch.tensor(b["output_token_logprobs"])
@@ -115,8 +117,9 @@ def test_seeded_sampling_independent_of_batch(make_engine):
         assert lp_b.shape == (8,) and bool((lp_b <= 0).all())
         torch.testing.assert_close(lp_b, lp_a, rtol=0, atol=1e-5)
     # Different seeds on the same prompt explore different continuations.
-    seeds = eng.generate(input_ids=[prompts[1]] * 6,
-                         sampling_params=[dict(sp[1], seed=s) for s in range(6)])  # fmt: skip
+    seeds = eng.generate(
+        input_ids=[prompts[1]] * 6, sampling_params=[dict(sp[1], seed=s) for s in range(6)]
+    )
     assert len({tuple(o["output_ids"]) for o in seeds}) > 1
 
 

@@ -54,8 +54,17 @@ def run_check(
     fp8 = dtype in FP8
     in_dtype = torch.bfloat16 if fp8 else dtype
     alt = torch.cuda.Stream()
-    pool = MHATokenToKVPool(size, page_size, dtype, heads, head_dim, 2, dev, alt_stream=alt,
-                            cross_layer_layout=cross_layer_layout)  # fmt: skip
+    pool = MHATokenToKVPool(
+        size,
+        page_size,
+        dtype,
+        heads,
+        head_dim,
+        2,
+        dev,
+        alt_stream=alt,
+        cross_layer_layout=cross_layer_layout,
+    )
     pool.set_stream_overlap(True)
     layer = SimpleNamespace(layer_id=1)
     T = num_tokens

@@ -23,8 +23,9 @@ class Sim:
         seq = [p + n for p, n in zip(prefix, new_lens, strict=True)]
         last = [self.reqs[r][-1] if self.reqs.get(r) else -1 for r in rids]
         state = self.a.backup_state()
-        out = self.a.alloc_extend(torch.tensor(prefix), torch.tensor(seq), torch.tensor(last),
-                                  sum(new_lens))  # fmt: skip
+        out = self.a.alloc_extend(
+            torch.tensor(prefix), torch.tensor(seq), torch.tensor(last), sum(new_lens)
+        )
         if out is None:
             assert torch.equal(self.a.free_pages, state)  # a failed alloc changes nothing
             return False
@@ -82,11 +83,11 @@ ops = st.lists(
 
 
 @settings(max_examples=60, deadline=None)
-@given(page_size=st.sampled_from([1, 2, 4, 7]), num_pages=st.integers(1, 9), ops=ops,
-       data=st.data())  # fmt: skip
+@given(
+    page_size=st.sampled_from([1, 2, 4, 7]), num_pages=st.integers(1, 9), ops=ops, data=st.data()
+)
 def test_random_request_lifecycles_never_leak_or_share(page_size, num_pages, ops, data):
-    sim = Sim(PagedTokenToKVPoolAllocator(page_size * num_pages, page_size, "cpu",
-                                          debug_mode=True))  # fmt: skip
+    sim = Sim(PagedTokenToKVPoolAllocator(page_size * num_pages, page_size, "cpu", debug_mode=True))
     for op, seed in ops:
         live = sorted(sim.reqs)
         if op == "new" or not live:
@@ -97,8 +98,9 @@ def test_random_request_lifecycles_never_leak_or_share(page_size, num_pages, ops
                 sim.next_id += k
         elif op == "extend":
             rids = live[seed % len(live) :][:2]
-            lens = data.draw(st.lists(st.integers(0, 2 * page_size), min_size=len(rids),
-                                      max_size=len(rids)))  # fmt: skip
+            lens = data.draw(
+                st.lists(st.integers(0, 2 * page_size), min_size=len(rids), max_size=len(rids))
+            )
             sim.extend(rids, lens)
         elif op == "decode":
             sim.decode(live[: 1 + seed % len(live)])

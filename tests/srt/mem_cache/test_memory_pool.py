@@ -224,8 +224,9 @@ def test_fused_rope_writes_into_pool_views(cross):
 def test_set_kv_buffer_triton_backend_cross_layer(backend):
     backend("triton")
     torch.manual_seed(2)
-    pool = make_pool(size=6, page_size=3, dtype=torch.bfloat16, heads=1, dim=16,
-                     cross_layer_layout=True)  # fmt: skip
+    pool = make_pool(
+        size=6, page_size=3, dtype=torch.bfloat16, heads=1, dim=16, cross_layer_layout=True
+    )
     poison(pool)
     k = torch.randn(4, 1, 16, dtype=torch.bfloat16)
     v = torch.randn(4, 1, 16, dtype=torch.bfloat16)
@@ -303,8 +304,10 @@ def test_graph_overlap_actually_forks():
 
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("cross", [False, True])
-@pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, None), (torch.float8_e4m3fn, 0.37),
-                                         (torch.float8_e5m2, "tensor")])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype,scale",
+    [(torch.bfloat16, None), (torch.float8_e4m3fn, 0.37), (torch.float8_e5m2, "tensor")],
+)
 def test_stream_split_write_matches_single_kernel_bits(page_size, cross, dtype, scale):
     """The per-side write used for K and V under graph capture stores the same bytes as
     sgl_ext.set_kv_buffer (run here on CPU: it is device-agnostic torch)."""
@@ -345,8 +348,9 @@ def test_stream_split_write_is_sync_free():
 def test_graph_overlapped_write_equals_eager_kernel_bits(dtype):
     torch.manual_seed(7)
     eager = MHATokenToKVPool(64, 16, dtype, 2, 64, 2, "cuda", cross_layer_layout=True)
-    graphed = MHATokenToKVPool(64, 16, dtype, 2, 64, 2, "cuda", cross_layer_layout=True,
-                               alt_stream=torch.cuda.Stream())  # fmt: skip
+    graphed = MHATokenToKVPool(
+        64, 16, dtype, 2, 64, 2, "cuda", cross_layer_layout=True, alt_stream=torch.cuda.Stream()
+    )
     graphed.set_stream_overlap(True)
     scale = torch.full((1,), 0.3, device="cuda") if dtype in FP8 else None
     k = torch.randn(9, 2, 64, device="cuda", dtype=torch.bfloat16) * 100

@@ -10,9 +10,17 @@ import torch
 from srt.mem_cache.pool_reuse import KVPoolCache, KVPoolConfig
 
 BASE = KVPoolConfig(
-    size=8, page_size=2, kv_cache_dtype=torch.float8_e4m3fn, model_dtype=torch.bfloat16,
-    head_num=2, head_dim=4, layer_num=2, device="cpu", k_scale=0.5, v_scale=0.25,
-)  # fmt: skip
+    size=8,
+    page_size=2,
+    kv_cache_dtype=torch.float8_e4m3fn,
+    model_dtype=torch.bfloat16,
+    head_num=2,
+    head_dim=4,
+    layer_num=2,
+    device="cpu",
+    k_scale=0.5,
+    v_scale=0.25,
+)
 
 # One change per field: every one of them must give a different pool.
 VARIANTS = {

@@ -28,8 +28,9 @@ class Engine:
         size = page_size * pages
         self.ps = page_size
         self.kv = MHATokenToKVPool(size, page_size, torch.float32, H, D, 1, "cpu")
-        self.alloc = PagedTokenToKVPoolAllocator(size, page_size, "cpu", kvcache=self.kv,
-                                                 scrub_on_alloc=scrub, debug_mode=True)  # fmt: skip
+        self.alloc = PagedTokenToKVPoolAllocator(
+            size, page_size, "cpu", kvcache=self.kv, scrub_on_alloc=scrub, debug_mode=True
+        )
         self.req_to_token = ReqToTokenPool(8, 64, "cpu")
         self.lens: dict[int, int] = {}  # request slot -> seq_len
         self.rid_of: dict[int, int] = {}  # request slot -> request id
@@ -48,8 +49,9 @@ class Engine:
             self.lens[r], self.rid_of[r] = 0, rid
         prefix = self.lens[r]
         last = int(self.req_to_token.req_to_token[r, prefix - 1]) if prefix else -1
-        out = self.alloc.alloc_extend(torch.tensor([prefix]), torch.tensor([prefix + n]),
-                                      torch.tensor([last]), n)  # fmt: skip
+        out = self.alloc.alloc_extend(
+            torch.tensor([prefix]), torch.tensor([prefix + n]), torch.tensor([last]), n
+        )
         if out is None:
             if prefix == 0:
                 self.req_to_token.free(r)
@@ -78,8 +80,9 @@ class Engine:
     def check_reads(self) -> None:
         for r, n in self.lens.items():
             k, v = self.read(r)
-            want = torch.cat([token_value(self.rid_of[r], p) for p in range(n)] or
-                             [torch.empty(0, H, D)])  # fmt: skip
+            want = torch.cat(
+                [token_value(self.rid_of[r], p) for p in range(n)] or [torch.empty(0, H, D)]
+            )
             assert torch.equal(k, want), f"request {self.rid_of[r]} reads foreign/stale K"
             assert torch.equal(v, -want)
 
@@ -89,7 +92,7 @@ class Engine:
     page_size=st.sampled_from([1, 3, 4]),
     steps=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)), min_size=1, max_size=30),
 )
-def test_every_slot_a_request_reads_was_written_by_it(page_size, steps):  # fmt: skip
+def test_every_slot_a_request_reads_was_written_by_it(page_size, steps):
     """Without scrubbing: on a poisoned pool, no request ever reads NaN or another's data."""
     eng = Engine(page_size, pages=6, scrub=False)
     eng.poison()

@@ -64,9 +64,13 @@ class FakeModel(nn.Module):
             if fb.enable_fused_rope_kv:
                 pool = fb.token_to_kv_pool
                 arg = FusedSetKVBufferArg(
-                    v, pool.get_key_buffer(i), pool.get_value_buffer(i), None, None,
+                    v,
+                    pool.get_key_buffer(i),
+                    pool.get_value_buffer(i),
+                    None,
+                    None,
                     fb.out_cache_loc,
-                )  # fmt: skip
+                )
             apply_rope_with_cos_sin_cache_inplace(
                 positions, q, k, D, self.cos_sin_cache, True, fused_set_kv_buffer_arg=arg
             )

@@ -79,9 +79,15 @@ def _gpu_runner(monkeypatch, fused: bool, max_bs: int = 16, page_size: int = 1) 
         from srt.models import registry  # noqa: F401
     except ImportError:
         patch_builder(monkeypatch)
-    args = ServerArgs(device="cuda", max_total_tokens=8192, cuda_graph_max_bs=max_bs,
-                      max_running_requests=2 * max_bs, enable_fused_rope_kv=fused,
-                      context_length=512, page_size=page_size)  # fmt: skip
+    args = ServerArgs(
+        device="cuda",
+        max_total_tokens=8192,
+        cuda_graph_max_bs=max_bs,
+        max_running_requests=2 * max_bs,
+        enable_fused_rope_kv=fused,
+        context_length=512,
+        page_size=page_size,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         runner = ModelRunner(args)
@@ -219,8 +225,15 @@ def test_graph_runner_logic_with_simulated_graphs(monkeypatch, fused, page_size)
     """The real CudaGraphRunner code on CPU with record/replay simulated: buckets, padding
     rows (slot 0 only), input copies, backend replay metadata; replay == eager."""
     patch_builder(monkeypatch)
-    runner = ModelRunner(ServerArgs(device="cpu", max_total_tokens=512, cuda_graph_max_bs=8,
-                                    enable_fused_rope_kv=fused, page_size=page_size))  # fmt: skip
+    runner = ModelRunner(
+        ServerArgs(
+            device="cpu",
+            max_total_tokens=512,
+            cuda_graph_max_bs=8,
+            enable_fused_rope_kv=fused,
+            page_size=page_size,
+        )
+    )
     _simulate_cuda_graphs(monkeypatch, runner)
     gr = CudaGraphRunner(runner)
     assert sorted(gr.graphs) == gr.capture_bs == [1, 2, 4, 8] and not gr.is_capturing
@@ -238,7 +251,11 @@ def test_graph_runner_logic_with_simulated_graphs(monkeypatch, fused, page_size)
             real = set(fb_g.out_cache_loc.tolist())
             assert real <= changed and changed <= real | {0}  # real slots written, pads to 0
             out_e = runner.forward(fb_e, use_cuda_graph=False)
-            assert torch.equal(out_g, out_e)
+            # The padded replay runs the GEMMs at M = bucket, eager at M = raw_bs: on the CPU
+            # the reduction order depends on M and on the ISA (AVX2 vs AVX-512), so the two
+            # agree to float32 rounding, not bit for bit. Bitwise replay == eager is asserted
+            # on the GPU with real graphs (test_graph_replay_equals_eager_padded).
+            torch.testing.assert_close(out_g, out_e, rtol=1e-5, atol=1e-5)
             ids = out_e.argmax(-1).tolist()
             assert out_g.argmax(-1).tolist() == ids, f"bs={raw_bs} step {step}"
             for a, b, t in zip(graph_reqs, eager_reqs, ids, strict=True):

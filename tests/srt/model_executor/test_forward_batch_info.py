@@ -29,7 +29,14 @@ def test_extend_metadata():
 
 
 def test_decode_positions_default_and_num_tokens():
-    fb = ForwardBatch(ForwardMode.DECODE, 2, torch.tensor([4, 5]), torch.tensor([0, 1]),
-                      torch.tensor([7, 1]), torch.tensor([9, 10]), 8)  # fmt: skip
+    fb = ForwardBatch(
+        ForwardMode.DECODE,
+        2,
+        torch.tensor([4, 5]),
+        torch.tensor([0, 1]),
+        torch.tensor([7, 1]),
+        torch.tensor([9, 10]),
+        8,
+    )
     assert fb.positions.tolist() == [6, 0] and fb.num_tokens == 2
     assert fb.enable_fused_rope_kv and fb.device == torch.device("cpu")

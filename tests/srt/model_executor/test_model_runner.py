@@ -110,8 +110,15 @@ def test_bench_presets_have_the_real_shapes(preset, shape):
     )
 
     cfg = build_model_config(ServerArgs(json_model_override_args=preset_overrides(preset)))
-    names = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-             "head_dim", "intermediate_size", "num_local_experts")  # fmt: skip
+    names = (
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "num_local_experts",
+    )
     got = tuple(getattr(cfg, n) for n in names)
     assert got == shape
     assert kv_cache_shape(cfg) == (shape[0], shape[3], shape[4], shape[4])

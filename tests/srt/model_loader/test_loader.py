@@ -13,9 +13,16 @@ transformers = pytest.importorskip("transformers")
 
 
 def _hf_llama(**kw):
-    cfg = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-               max_position_embeddings=64)  # fmt: skip
+    cfg = dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+    )
     cfg.update(kw)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).float()
@@ -46,8 +53,9 @@ def test_sharded_equals_single_and_hf(ckpts):
     # packed parameters hold HF's q | k | v and gate | up rows
     hl = hf.model.layers[1]
     qkv = pa["model.layers.1.self_attn.qkv_proj.weight"]
-    ref = torch.cat([hl.self_attn.q_proj.weight, hl.self_attn.k_proj.weight,
-                     hl.self_attn.v_proj.weight])  # fmt: skip
+    ref = torch.cat(
+        [hl.self_attn.q_proj.weight, hl.self_attn.k_proj.weight, hl.self_attn.v_proj.weight]
+    )
     assert torch.equal(qkv, ref)
     gu = pa["model.layers.1.mlp.gate_up_proj.weight"]
     assert torch.equal(gu, torch.cat([hl.mlp.gate_proj.weight, hl.mlp.up_proj.weight]))
@@ -99,11 +107,15 @@ def test_incomplete_or_extra_tensors(ckpts, tmp_path):
     sd = load_file(str(root / "single" / "model.safetensors"))
     cfg = (root / "single" / "config.json").read_text()
     for name, tensors, err, pattern in [
-        ("missing", {k: v for k, v in sd.items() if "layers.1.mlp.up_proj" not in k}, ValueError,
-         "lacks 1 parameter"),
+        (
+            "missing",
+            {k: v for k, v in sd.items() if "layers.1.mlp.up_proj" not in k},
+            ValueError,
+            "lacks 1 parameter",
+        ),
         ("extra", {**sd, "model.bogus.weight": torch.zeros(2)}, KeyError, "bogus"),
         ("shape", {**sd, "model.norm.weight": torch.zeros(3)}, ValueError, "model.norm.weight"),
-    ]:  # fmt: skip
+    ]:
         d = tmp_path / name
         d.mkdir()
         save_file(tensors, str(d / "model.safetensors"))
@@ -138,7 +150,7 @@ def test_unsupported_architecture():
             "num_hidden_layers": 1,
             "num_attention_heads": 2,
             "vocab_size": 4,
-        }  # fmt: skip
+        }
     )
     with pytest.raises(ValueError, match="NopeForCausalLM"):
         get_model(c, "dummy")

@@ -69,8 +69,16 @@ class ReqToTokenTable:
 class Harness:
     """Allocates slots per request and builds EXTEND / DECODE ForwardBatches."""
 
-    def __init__(self, kv_pool, backend, max_reqs=8, max_ctx=256, device="cpu",
-                 enable_fused_rope_kv=True, seed=0):  # fmt: skip
+    def __init__(
+        self,
+        kv_pool,
+        backend,
+        max_reqs=8,
+        max_ctx=256,
+        device="cpu",
+        enable_fused_rope_kv=True,
+        seed=0,
+    ):
         self.pool, self.backend, self.device = kv_pool, backend, torch.device(device)
         self.r2t = ReqToTokenTable(max_reqs, max_ctx, self.device)
         if getattr(backend, "req_to_token_pool", 1) is None:
@@ -123,8 +131,11 @@ class Harness:
         slots = [self._alloc(r, 1)[0] for r in rows]
         lens = [self.lens[r] for r in rows]
         return self._batch(
-            ForwardMode.DECODE, rows, tokens, slots,
+            ForwardMode.DECODE,
+            rows,
+            tokens,
+            slots,
             seq_lens=torch.tensor(lens, dtype=torch.int64, device=self.device),
             seq_lens_cpu=torch.tensor(lens, dtype=torch.int64),
             seq_lens_sum=sum(lens),
-        )  # fmt: skip
+        )

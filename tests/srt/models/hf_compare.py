@@ -37,16 +37,34 @@ def make_prompts(vocab: int, lens=(1, 7, 33), steps=8, seed=1):
 
 
 @torch.no_grad()
-def run_model(model, config: ModelConfig, prompts, decode_tokens, *, page_size=1, fused=True,
-              kv_dtype=None, backend_cls=TorchNativeAttnBackend, device="cpu", k_scale=None,
-              v_scale=None):  # fmt: skip
+def run_model(
+    model,
+    config: ModelConfig,
+    prompts,
+    decode_tokens,
+    *,
+    page_size=1,
+    fused=True,
+    kv_dtype=None,
+    backend_cls=TorchNativeAttnBackend,
+    device="cpu",
+    k_scale=None,
+    v_scale=None,
+):
     """Prefill all prompts in one EXTEND batch, then one DECODE batch per row of decode_tokens.
 
     Returns (prefill_all_logits [T, V] float32, [decode step logits [B, V] float32, ...], pool).
     """
     kv_dtype = kv_dtype or config.dtype
-    pool = make_kv_pool(512, page_size, kv_dtype, config.num_key_value_heads, config.head_dim,
-                        config.num_hidden_layers, device)  # fmt: skip
+    pool = make_kv_pool(
+        512,
+        page_size,
+        kv_dtype,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.num_hidden_layers,
+        device,
+    )
     for m in model.modules():
         if hasattr(m, "k_scale") and hasattr(m, "layer_id"):
             m.k_scale, m.v_scale = k_scale, v_scale
@@ -74,8 +92,9 @@ def _close(got, ref, atol, rtol, norm_tol):
     assert err.max() < norm_tol, f"relative L2 error {err.max():.4f} >= {norm_tol}"
 
 
-def compare_with_hf(hf_model, prompts, decode_tokens, prefill, steps, atol=1e-4, rtol=1e-4,
-                    norm_tol=None, ref=None):  # fmt: skip
+def compare_with_hf(
+    hf_model, prompts, decode_tokens, prefill, steps, atol=1e-4, rtol=1e-4, norm_tol=None, ref=None
+):
     """Check our logits against HF's at every prefill position and every decode step."""
     if ref is None:
         seqs = [p + [d[i] for d in decode_tokens] for i, p in enumerate(prompts)]
@@ -122,7 +141,7 @@ def gpu_bf16_check(path, max_err=0.05, median_err=0.02):
                 fused=fused,
                 backend_cls=TritonAttnBackend,
                 device="cuda",
-            )  # fmt: skip
+            )
             for fused in (True, False)
         }
         f, u = runs[True], runs[False]

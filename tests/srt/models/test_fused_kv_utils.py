@@ -12,15 +12,23 @@ from srt.models.utils import create_fused_set_kv_buffer_arg, enable_fused_set_kv
 
 
 def _fb(pool, fused=True):
-    return ForwardBatch(ForwardMode.DECODE, 2, torch.zeros(2, dtype=torch.int64),
-                        torch.arange(2), torch.tensor([3, 4]), torch.tensor([5, -1]), 7,
-                        token_to_kv_pool=pool, enable_fused_rope_kv=fused)  # fmt: skip
+    return ForwardBatch(
+        ForwardMode.DECODE,
+        2,
+        torch.zeros(2, dtype=torch.int64),
+        torch.arange(2),
+        torch.tensor([3, 4]),
+        torch.tensor([5, -1]),
+        7,
+        token_to_kv_pool=pool,
+        enable_fused_rope_kv=fused,
+    )
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
-              torch.float8_e5m2],
-)  # fmt: skip
+    "dtype",
+    [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2],
+)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_enabled_for_supported_pools(dtype, page_size):
     pool = make_kv_pool(64, page_size, dtype, 2, 8, 2, "cpu")

@@ -11,14 +11,29 @@ transformers = pytest.importorskip("transformers")
 
 def _gpt_oss_config():
     return transformers.GptOssConfig(
-        vocab_size=160, hidden_size=64, intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=5,
-        num_experts_per_tok=2, sliding_window=5, max_position_embeddings=128,
-        initializer_range=0.1, swiglu_limit=0.5,
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                         "truncate": False, "original_max_position_embeddings": 32,
-                         "rope_theta": 1000.0},
-    )  # fmt: skip
+        vocab_size=160,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=5,
+        num_experts_per_tok=2,
+        sliding_window=5,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+        swiglu_limit=0.5,
+        rope_parameters={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 32,
+            "rope_theta": 1000.0,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +84,27 @@ def test_gpt_oss_fused_equals_unfused_and_fp8(gpt_oss_ckpt, hf_ref):
     b = run_model(model, config, prompts, dec, page_size=16, fused=False)
     assert torch.equal(a[0], b[0])
     assert all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
-    f8 = run_model(model, config, prompts, dec, page_size=16, kv_dtype=torch.float8_e4m3fn,
-                   k_scale=0.25, v_scale=0.25)  # fmt: skip
-    f8u = run_model(model, config, prompts, dec, page_size=16, kv_dtype=torch.float8_e4m3fn,
-                    k_scale=0.25, v_scale=0.25, fused=False)  # fmt: skip
+    f8 = run_model(
+        model,
+        config,
+        prompts,
+        dec,
+        page_size=16,
+        kv_dtype=torch.float8_e4m3fn,
+        k_scale=0.25,
+        v_scale=0.25,
+    )
+    f8u = run_model(
+        model,
+        config,
+        prompts,
+        dec,
+        page_size=16,
+        kv_dtype=torch.float8_e4m3fn,
+        k_scale=0.25,
+        v_scale=0.25,
+        fused=False,
+    )
     assert torch.equal(f8[0], f8u[0])
     # Top-k routing is discontinuous: fp8 rounding can flip an expert choice of a few tokens, so
     # bound the typical (median) row error tightly and the worst row loosely.
@@ -150,8 +182,9 @@ def test_gpt_oss_triton_backend_interpreted(gpt_oss_ckpt, hf_ref):
     model, config = load_ours(path, device=dev)
     prompts, dec = make_prompts(config.vocab_size)
     dec = dec[:3]  # the interpreter is slow: 3 decode steps
-    prefill, steps, _ = run_model(model, config, prompts, dec, page_size=16, device=dev,
-                                  backend_cls=TritonAttnBackend)  # fmt: skip
+    prefill, steps, _ = run_model(
+        model, config, prompts, dec, page_size=16, device=dev, backend_cls=TritonAttnBackend
+    )
     compare_with_hf(hf, prompts, dec, prefill, steps, ref=hf_ref)
 
 

@@ -14,9 +14,18 @@ transformers = pytest.importorskip("transformers")
 
 
 def _llama_config(**kw):
-    base = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                max_position_embeddings=128, initializer_range=0.1, rms_norm_eps=1e-5)  # fmt: skip
+    base = dict(
+        vocab_size=160,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+        rms_norm_eps=1e-5,
+    )
     base.update(kw)
     return transformers.LlamaConfig(**base)
 
@@ -58,10 +67,27 @@ def test_llama_fp8_kv(llama_ckpt, kv_dtype):
     path, hf = llama_ckpt
     model, config = load_ours(path)
     prompts, dec = make_prompts(config.vocab_size)
-    fused = run_model(model, config, prompts, dec, page_size=16, kv_dtype=kv_dtype,
-                      k_scale=0.5, v_scale=torch.tensor([0.25]))  # fmt: skip
-    unfused = run_model(model, config, prompts, dec, page_size=16, fused=False, kv_dtype=kv_dtype,
-                        k_scale=0.5, v_scale=torch.tensor([0.25]))  # fmt: skip
+    fused = run_model(
+        model,
+        config,
+        prompts,
+        dec,
+        page_size=16,
+        kv_dtype=kv_dtype,
+        k_scale=0.5,
+        v_scale=torch.tensor([0.25]),
+    )
+    unfused = run_model(
+        model,
+        config,
+        prompts,
+        dec,
+        page_size=16,
+        fused=False,
+        kv_dtype=kv_dtype,
+        k_scale=0.5,
+        v_scale=torch.tensor([0.25]),
+    )
     assert torch.equal(fused[0], unfused[0])
     tol = 0.1 if kv_dtype == torch.float8_e4m3fn else 0.2
     compare_with_hf(hf, prompts, dec, fused[0], fused[1], norm_tol=tol)
@@ -89,8 +115,19 @@ def test_llama_all_triton_interpreted(llama_ckpt, backend):
     model, config = load_ours(path, device=dev)
     prompts, dec = make_prompts(config.vocab_size)
     dec = dec[:2]  # the interpreter is slow
-    runs = [run_model(model, config, prompts, dec, page_size=16, fused=f, device=dev,
-                      backend_cls=TritonAttnBackend) for f in (True, False)]  # fmt: skip
+    runs = [
+        run_model(
+            model,
+            config,
+            prompts,
+            dec,
+            page_size=16,
+            fused=f,
+            device=dev,
+            backend_cls=TritonAttnBackend,
+        )
+        for f in (True, False)
+    ]
     assert torch.equal(runs[0][0], runs[1][0])
     assert all(torch.equal(x, y) for x, y in zip(runs[0][1], runs[1][1], strict=True))
     compare_with_hf(hf, prompts, dec, runs[0][0], runs[0][1])

@@ -11,10 +11,18 @@ transformers = pytest.importorskip("transformers")
 def qwen3_ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3")
     cfg = transformers.Qwen3Config(
-        vocab_size=160, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
-        initializer_range=0.1, tie_word_embeddings=True, rope_theta=1000.0,
-    )  # fmt: skip
+        vocab_size=160,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+        tie_word_embeddings=True,
+        rope_theta=1000.0,
+    )
     hf = save_hf_checkpoint(path, transformers.Qwen3ForCausalLM, cfg)
     with torch.no_grad():  # non-trivial q/k norm weights (HF inits them to 1)
         for layer in hf.model.layers:

@@ -17,16 +17,48 @@ from srt.layers.attention.triton_ops.kv_load import load_kv_tile
 
 @triton.jit
 def _decode_kernel(
-    Q, K, V, Out, Sinks, ReqToToken, ReqPoolIdx, SeqLens, KScale, VScale,
-    k_scale_f, v_scale_f, sm_scale, logit_cap, window,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_r2t,
-    k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride,
-    GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr, K_SCALE_MODE: tl.constexpr,
-    V_SCALE_MODE: tl.constexpr, HAS_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr,
-    USE_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    Out,
+    Sinks,
+    ReqToToken,
+    ReqPoolIdx,
+    SeqLens,
+    KScale,
+    VScale,
+    k_scale_f,
+    v_scale_f,
+    sm_scale,
+    logit_cap,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_r2t,
+    k_page_stride,
+    k_off_stride,
+    k_head_stride,
+    v_page_stride,
+    v_off_stride,
+    v_head_stride,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr,
+    V_SCALE_MODE: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_CAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     req = tl.load(ReqPoolIdx + b).to(tl.int64)
@@ -53,9 +85,21 @@ def _decode_kernel(
         j = n0 + tl.arange(0, BLOCK_N)
         jm = j < seq_len
         slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
-        k = load_kv_tile(K, slot, jm[:, None] & (d[None, :] < D), kvh, d, k_page_stride,
-                         k_off_stride, k_head_stride, KScale, k_scale_f, PAGE_SIZE, KV_FP8,
-                         K_SCALE_MODE)  # fmt: skip
+        k = load_kv_tile(
+            K,
+            slot,
+            jm[:, None] & (d[None, :] < D),
+            kvh,
+            d,
+            k_page_stride,
+            k_off_stride,
+            k_head_stride,
+            KScale,
+            k_scale_f,
+            PAGE_SIZE,
+            KV_FP8,
+            K_SCALE_MODE,
+        )
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [BLOCK_H, N]
         if USE_CAP:
             s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)  # cap * tanh(s / cap)
@@ -64,9 +108,21 @@ def _decode_kernel(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
-        v = load_kv_tile(V, slot, jm[:, None] & (dv[None, :] < DV), kvh, dv, v_page_stride,
-                         v_off_stride, v_head_stride, VScale, v_scale_f, PAGE_SIZE, KV_FP8,
-                         V_SCALE_MODE)  # fmt: skip
+        v = load_kv_tile(
+            V,
+            slot,
+            jm[:, None] & (dv[None, :] < DV),
+            kvh,
+            dv,
+            v_page_stride,
+            v_off_stride,
+            v_head_stride,
+            VScale,
+            v_scale_f,
+            PAGE_SIZE,
+            KV_FP8,
+            V_SCALE_MODE,
+        )
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -77,8 +133,18 @@ def _decode_kernel(
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=gm[:, None] & (dv[None, :] < DV))
 
 
-def decode_attention_fwd(q, o, req_to_token, req_pool_indices, seq_lens, sm_scale, kv,
-                         sinks=None, window=-1, logit_cap=0.0):  # fmt: skip
+def decode_attention_fwd(
+    q,
+    o,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    sm_scale,
+    kv,
+    sinks=None,
+    window=-1,
+    logit_cap=0.0,
+):
     """o[b, h] = attention of q[b, h] over request b's cached keys 0..seq_lens[b]-1.
 
     Parameters
@@ -94,17 +160,43 @@ def decode_attention_fwd(q, o, req_to_token, req_pool_indices, seq_lens, sm_scal
     group = Hq // Hkv
     grid = (B, Hkv)
     _decode_kernel[grid](
-        q, kv.k_buffer, kv.v_buffer, o, sinks if sinks is not None else q, req_to_token,
-        req_pool_indices, seq_lens, kv.k_scale_ptr, kv.v_scale_ptr, kv.k_scale_f, kv.v_scale_f,
-        float(sm_scale), float(logit_cap), int(window),
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1), req_to_token.stride(0),
-        *kv.k_strides, *kv.v_strides,
-        GROUP=group, D=D, DV=DV, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
-        BLOCK_N=32, PAGE_SIZE=kv.page_size, KV_FP8=kv.fp8, K_SCALE_MODE=kv.k_scale_mode,
-        V_SCALE_MODE=kv.v_scale_mode, HAS_SINKS=sinks is not None, USE_WINDOW=window >= 0,
+        q,
+        kv.k_buffer,
+        kv.v_buffer,
+        o,
+        sinks if sinks is not None else q,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        kv.k_scale_ptr,
+        kv.v_scale_ptr,
+        kv.k_scale_f,
+        kv.v_scale_f,
+        float(sm_scale),
+        float(logit_cap),
+        int(window),
+        q.stride(0),
+        q.stride(1),
+        o.stride(0),
+        o.stride(1),
+        req_to_token.stride(0),
+        *kv.k_strides,
+        *kv.v_strides,
+        GROUP=group,
+        D=D,
+        DV=DV,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_DV=max(16, triton.next_power_of_2(DV)),
+        BLOCK_N=32,
+        PAGE_SIZE=kv.page_size,
+        KV_FP8=kv.fp8,
+        K_SCALE_MODE=kv.k_scale_mode,
+        V_SCALE_MODE=kv.v_scale_mode,
+        HAS_SINKS=sinks is not None,
+        USE_WINDOW=window >= 0,
         USE_CAP=logit_cap > 0,
         # fp32 models: exact IEEE products; bf16/fp16 models: TF32 tensor cores.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-    )  # fmt: skip
+    )
     return o

@@ -18,16 +18,50 @@ from srt.layers.attention.triton_ops.kv_load import load_kv_tile
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, Out, Sinks, ReqToToken, ReqPoolIdx, ExtLens, PrefixLens, StartLoc, KScale, VScale,
-    k_scale_f, v_scale_f, sm_scale, logit_cap, window,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_r2t,
-    k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride,
-    GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr, K_SCALE_MODE: tl.constexpr,
-    V_SCALE_MODE: tl.constexpr, HAS_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr,
-    USE_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    Out,
+    Sinks,
+    ReqToToken,
+    ReqPoolIdx,
+    ExtLens,
+    PrefixLens,
+    StartLoc,
+    KScale,
+    VScale,
+    k_scale_f,
+    v_scale_f,
+    sm_scale,
+    logit_cap,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_r2t,
+    k_page_stride,
+    k_off_stride,
+    k_head_stride,
+    v_page_stride,
+    v_off_stride,
+    v_head_stride,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr,
+    V_SCALE_MODE: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_CAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     mb = tl.program_id(2)
@@ -61,9 +95,21 @@ def _extend_kernel(
         j = n0 + tl.arange(0, BLOCK_N)
         jm = j < hi
         slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
-        k = load_kv_tile(K, slot, jm[:, None] & (d[None, :] < D), kvh, d, k_page_stride,
-                         k_off_stride, k_head_stride, KScale, k_scale_f, PAGE_SIZE, KV_FP8,
-                         K_SCALE_MODE)  # fmt: skip
+        k = load_kv_tile(
+            K,
+            slot,
+            jm[:, None] & (d[None, :] < D),
+            kvh,
+            d,
+            k_page_stride,
+            k_off_stride,
+            k_head_stride,
+            KScale,
+            k_scale_f,
+            PAGE_SIZE,
+            KV_FP8,
+            K_SCALE_MODE,
+        )
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [BLOCK_M, BLOCK_N]
         if USE_CAP:
             s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
@@ -75,9 +121,21 @@ def _extend_kernel(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
-        v = load_kv_tile(V, slot, jm[:, None] & (dv[None, :] < DV), kvh, dv, v_page_stride,
-                         v_off_stride, v_head_stride, VScale, v_scale_f, PAGE_SIZE, KV_FP8,
-                         V_SCALE_MODE)  # fmt: skip
+        v = load_kv_tile(
+            V,
+            slot,
+            jm[:, None] & (dv[None, :] < DV),
+            kvh,
+            dv,
+            v_page_stride,
+            v_off_stride,
+            v_head_stride,
+            VScale,
+            v_scale_f,
+            PAGE_SIZE,
+            KV_FP8,
+            V_SCALE_MODE,
+        )
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -88,9 +146,21 @@ def _extend_kernel(
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=mm[:, None] & (dv[None, :] < DV))
 
 
-def extend_attention_fwd(q, o, req_to_token, req_pool_indices,
-                         extend_seq_lens, extend_prefix_lens, extend_start_loc, max_extend_len,
-                         sm_scale, kv, sinks=None, window=-1, logit_cap=0.0):  # fmt: skip
+def extend_attention_fwd(
+    q,
+    o,
+    req_to_token,
+    req_pool_indices,
+    extend_seq_lens,
+    extend_prefix_lens,
+    extend_start_loc,
+    max_extend_len,
+    sm_scale,
+    kv,
+    sinks=None,
+    window=-1,
+    logit_cap=0.0,
+):
     """o[t, h] = causal attention of new token t over its request's cached keys.
 
     Parameters
@@ -108,19 +178,46 @@ def extend_attention_fwd(q, o, req_to_token, req_pool_indices,
     BLOCK_M, BLOCK_N = 16, 32
     grid = (B, Hq, triton.cdiv(max_extend_len, BLOCK_M))
     _extend_kernel[grid](
-        q, kv.k_buffer, kv.v_buffer, o, sinks if sinks is not None else q, req_to_token,
-        req_pool_indices, extend_seq_lens, extend_prefix_lens, extend_start_loc,
-        kv.k_scale_ptr, kv.v_scale_ptr, kv.k_scale_f, kv.v_scale_f,
-        float(sm_scale), float(logit_cap), int(window),
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1), req_to_token.stride(0),
-        *kv.k_strides, *kv.v_strides,
-        GROUP=Hq // Hkv, D=D, DV=DV, BLOCK_D=max(16, triton.next_power_of_2(D)),
-        BLOCK_DV=max(16, triton.next_power_of_2(DV)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        PAGE_SIZE=kv.page_size, KV_FP8=kv.fp8, K_SCALE_MODE=kv.k_scale_mode,
-        V_SCALE_MODE=kv.v_scale_mode, HAS_SINKS=sinks is not None, USE_WINDOW=window >= 0,
+        q,
+        kv.k_buffer,
+        kv.v_buffer,
+        o,
+        sinks if sinks is not None else q,
+        req_to_token,
+        req_pool_indices,
+        extend_seq_lens,
+        extend_prefix_lens,
+        extend_start_loc,
+        kv.k_scale_ptr,
+        kv.v_scale_ptr,
+        kv.k_scale_f,
+        kv.v_scale_f,
+        float(sm_scale),
+        float(logit_cap),
+        int(window),
+        q.stride(0),
+        q.stride(1),
+        o.stride(0),
+        o.stride(1),
+        req_to_token.stride(0),
+        *kv.k_strides,
+        *kv.v_strides,
+        GROUP=Hq // Hkv,
+        D=D,
+        DV=DV,
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_DV=max(16, triton.next_power_of_2(DV)),
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        PAGE_SIZE=kv.page_size,
+        KV_FP8=kv.fp8,
+        K_SCALE_MODE=kv.k_scale_mode,
+        V_SCALE_MODE=kv.v_scale_mode,
+        HAS_SINKS=sinks is not None,
+        USE_WINDOW=window >= 0,
         USE_CAP=logit_cap > 0,
         # fp32 models: exact IEEE products. bf16/fp16 models: TF32 tensor cores (q/k/v values are
         # exact in TF32; only the probabilities are rounded, to 10 mantissa bits).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-    )  # fmt: skip
+    )
     return o

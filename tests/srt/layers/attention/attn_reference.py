@@ -39,9 +39,25 @@ def quant(x, dtype, scale):
     return (x.float() / s).clamp(-fmax, fmax).to(dtype).float() * s
 
 
-def run_scenario(make_backend, *, page_size=1, hq=4, hkv=2, d=16, window=-1, cap=0.0,
-                 use_sinks=False, kv_dtype=torch.float32, scale=None, dtype=torch.float32,
-                 device="cpu", save_kv=True, seed=0, atol=None, pool_kw=None):  # fmt: skip
+def run_scenario(
+    make_backend,
+    *,
+    page_size=1,
+    hq=4,
+    hkv=2,
+    d=16,
+    window=-1,
+    cap=0.0,
+    use_sinks=False,
+    kv_dtype=torch.float32,
+    scale=None,
+    dtype=torch.float32,
+    device="cpu",
+    save_kv=True,
+    seed=0,
+    atol=None,
+    pool_kw=None,
+):
     """Two requests: prefill (7 and 1 tokens), an extend chunk (3 and 5), 3 decode steps.
 
     Checks every output against ref_attention over the request's full K/V history.
@@ -51,8 +67,18 @@ def run_scenario(make_backend, *, page_size=1, hq=4, hkv=2, d=16, window=-1, cap
     backend = make_backend()
     h = Harness(pool, backend, max_reqs=4, max_ctx=64, device=device)
     sinks = torch.randn(hq, generator=g).to(device) if use_sinks else None
-    layer = RadixAttention(hq, d, d**-0.5, hkv, 1, sliding_window_size=window, logit_cap=cap,
-                           sinks=sinks, k_scale=scale, v_scale=scale)  # fmt: skip
+    layer = RadixAttention(
+        hq,
+        d,
+        d**-0.5,
+        hkv,
+        1,
+        sliding_window_size=window,
+        logit_cap=cap,
+        sinks=sinks,
+        k_scale=scale,
+        v_scale=scale,
+    )
     rows = [2, 0]
     hist_k = {r: [] for r in rows}
     hist_v = {r: [] for r in rows}
@@ -82,8 +108,16 @@ def run_scenario(make_backend, *, page_size=1, hq=4, hkv=2, d=16, window=-1, cap
             kk, vv = torch.cat(hist_k[r]), torch.cat(hist_v[r])
             L = kk.shape[0]
             qp = torch.arange(L - n, L)
-            ref = ref_attention(q[start : start + n].view(n, hq, d).cpu(), kk, vv, qp, d**-0.5,
-                                window, cap, None if sinks is None else sinks.cpu())  # fmt: skip
+            ref = ref_attention(
+                q[start : start + n].view(n, hq, d).cpu(),
+                kk,
+                vv,
+                qp,
+                d**-0.5,
+                window,
+                cap,
+                None if sinks is None else sinks.cpu(),
+            )
             got = out[start : start + n].view(n, hq, d).cpu().double()
             torch.testing.assert_close(got, ref, atol=atol, rtol=atol)
             start += n

@@ -66,8 +66,9 @@ def test_decode_cuda_graph_replay_equals_eager(name):
     pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)
     q_static = torch.randn(2, hq * d, device=dev, dtype=torch.bfloat16)
     be.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
-    be.init_forward_metadata_capture_cuda_graph(2, 2, fb.req_pool_indices, fb.seq_lens,
-                                                ForwardMode.DECODE)  # fmt: skip
+    be.init_forward_metadata_capture_cuda_graph(
+        2, 2, fb.req_pool_indices, fb.seq_lens, ForwardMode.DECODE
+    )
     layer(q_static, None, None, fb, save_kv_cache=False)  # warm up (compile) outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
