@@ -78,7 +78,32 @@ GPT_OSS_20B: dict[str, Any] = {
     "eos_token_id": 200002,
 }
 
-PRESETS: dict[str, dict[str, Any]] = {"llama3-8b": LLAMA3_8B, "gpt-oss-20b": GPT_OSS_20B}
+# Qwen3-8B: 36 layers, hidden 4096, 32 q / 8 kv heads, D 128, FFN 12288, per-head q/k RMSNorm.
+QWEN3_8B: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama3-8b": LLAMA3_8B,
+    "qwen3-8b": QWEN3_8B,
+    "gpt-oss-20b": GPT_OSS_20B,
+}
 
 
 def preset_overrides(name: str) -> str:
