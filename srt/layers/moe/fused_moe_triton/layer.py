@@ -1,4 +1,5 @@
-"""Top-k routed mixture of experts (torch implementation), as used by gpt-oss.
+"""Top-k routed mixture of experts, as used by gpt-oss: the module, its torch paths (the CPU
+implementation and the test oracle) and the dispatch to the Triton kernels (`fused_moe.py`).
 
 Experts hold packed weights in one layout, whatever the checkpoint's:
   w13_weight [E, 2I, H] (gate rows 0..I-1, then up rows), w13_bias [E, 2I],
@@ -24,22 +25,6 @@ from torch import nn
 from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
 
 
-def select_experts(
-    router_logits: torch.Tensor, top_k: int, softmax_after_topk: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routing: router_logits float [T, E] -> (weights float32 [T, k], expert ids int64 [T, k]).
-
-    softmax_after_topk=True (gpt-oss, Mixtral): softmax over the k selected logits.
-    False: softmax over all experts, then take the top k (not renormalised).
-    """
-    if softmax_after_topk:
-        vals, ids = torch.topk(router_logits, top_k, dim=-1)
-        return torch.softmax(vals.float(), dim=-1), ids
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    vals, ids = torch.topk(probs, top_k, dim=-1)
-    return vals, ids
-
-
 class TopKExperts(nn.Module):
     """E experts with gated MLPs; forward combines each token's top-k experts.
 
@@ -51,6 +36,7 @@ class TopKExperts(nn.Module):
     swiglu_alpha, swiglu_limit : gpt-oss activation constants.
     tp_rank, tp_size : TP position (default: the TP group's); tp_size must divide I.
     reduce_results : all-reduce the partial outputs over the TP ranks (tp > 1).
+    moe_runner_backend : "auto" (Triton kernels on CUDA, torch elsewhere), "triton" or "torch".
     """
 
     dense_max_tokens = 64  # batches up to this size run every expert densely
@@ -77,10 +63,16 @@ class TopKExperts(nn.Module):
         tp_rank: int | None = None,
         tp_size: int | None = None,
         reduce_results: bool = True,
+        moe_runner_backend: str = "auto",
     ) -> None:
         super().__init__()
         if activation not in ("swiglu_oai", "silu"):
             raise ValueError(f"activation must be 'swiglu_oai' or 'silu', got {activation!r}")
+        if moe_runner_backend not in ("auto", "triton", "torch"):
+            raise ValueError(
+                "moe_runner_backend must be auto, triton or torch, got " + repr(moe_runner_backend)
+            )
+        self.moe_runner_backend = moe_runner_backend
         self.tp_rank, self.tp_size = resolve_tp(tp_rank, tp_size)
         if intermediate_size % self.tp_size:
             raise ValueError(
@@ -182,17 +174,55 @@ class TopKExperts(nn.Module):
             out.index_add_(0, tok, y.to(x.dtype))
         return out
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor):
-        """x [T, H]; topk_weights [T, k]; topk_ids int64 [T, k] -> [T, H] (x.dtype).
+    def uses_triton(self, x: torch.Tensor) -> bool:
+        """Whether forward(x, ...) runs the Triton kernels (CUDA under "auto")."""
+        if self.moe_runner_backend == "auto":
+            return x.is_cuda
+        return self.moe_runner_backend == "triton"
 
-        Small batches (decode; always under CUDA-graph capture) take a static-shape, sync-free
-        path, so an eager decode step and its graph replay run the same arithmetic: gathered
-        experts when T*k < E (fewer weight bytes), else dense. Larger eager batches group tokens
-        per expert.
+    def _forward_triton(self, x, topk_weights, topk_ids) -> torch.Tensor:
+        """Routed experts only, grouped by expert (static shapes, sync-free, graph-safe)."""
+        from srt.layers.moe.fused_moe_triton.fused_moe import fused_experts
+
+        return fused_experts(
+            x,
+            self.w13_weight,
+            self.w2_weight,
+            topk_weights,
+            topk_ids,
+            w13_bias=self.w13_bias,
+            w2_bias=self.w2_bias if self.tp_rank == 0 else None,  # counted once over TP
+            activation=self.activation,
+            swiglu_alpha=self.alpha,
+            swiglu_limit=self.limit,
+        )
+
+    def forward(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Each token's top-k experts, weighted by the routing weights and summed.
+
+        Parameters
+        ----------
+        x : [T, H]
+        topk_weights : float [T, k]
+        topk_ids : int64/int32 [T, k]
+
+        Returns
+        -------
+        [T, H], x.dtype (this rank's partial sum when tp > 1 and not reduce_results).
+
+        On CUDA (backend "auto") the Triton kernels read only the routed experts. The torch
+        paths: small batches (decode; always under CUDA-graph capture) take a static-shape,
+        sync-free path, so an eager decode step and its graph replay run the same arithmetic:
+        gathered experts when T*k < E (fewer weight bytes), else dense. Larger eager batches
+        group tokens per expert.
         """
         T, k = topk_ids.shape
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        if capturing or T <= self.dense_max_tokens:
+        if self.uses_triton(x):
+            out = self._forward_triton(x, topk_weights, topk_ids)
+        elif capturing or T <= self.dense_max_tokens:
             if T * k < self.num_experts:
                 out = self._forward_gathered(x, topk_weights, topk_ids)
             else:

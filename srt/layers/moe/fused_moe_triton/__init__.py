@@ -1,0 +1,6 @@
+"""Routed experts on Triton: `moe_align_block_size.py` groups token-expert pairs by expert,
+`fused_moe_triton_kernels.py` holds the grouped GEMMs, `fused_moe.py` runs them
+(`fused_experts`), `layer.py` is the module (`TopKExperts`) with the torch reference paths.
+
+Kernel modules are imported lazily (on the first Triton call), so TRITON_INTERPRET set by a test
+harness before that call still applies."""
