@@ -107,6 +107,7 @@ def fused_experts(
     rows = align.max_blocks * cfg.block_m
     act = torch.empty(rows, inter, dtype=dtype, device=dev)  # [padded rows, I]
     prec = _dot_precision(dtype)
+    upcast = dev.type != "cuda"  # interpreter: fp32 dot (its bf16 dot is wrong)
     g = cfg.gate_up
     grid = (align.max_blocks * triton.cdiv(inter, g.block_n),)
     moe_gate_up_kernel[grid](
@@ -137,6 +138,7 @@ def fused_experts(
         BLOCK_K=g.block_k,
         GROUP_M=g.group_m,
         EVEN_K=H % g.block_k == 0,
+        UPCAST=upcast,
         num_warps=g.num_warps,
         num_stages=g.num_stages,
     )
@@ -168,6 +170,7 @@ def fused_experts(
         BLOCK_K=d.block_k,
         GROUP_M=d.group_m,
         EVEN_K=inter % d.block_k == 0,
+        UPCAST=upcast,
         num_warps=d.num_warps,
         num_stages=d.num_stages,
     )

@@ -9,6 +9,9 @@ accumulators for the same intermediate columns; epilogue: biases, activation, st
 order (act [max_blocks * BLOCK_M, I]).
 down: act rows @ the expert's down rows; epilogue: bias, routing weight, store at the pair's row
 (out [T*k, H]); the top-k sum happens after (no atomics).
+
+UPCAST (the CPU interpreter only) multiplies in fp32: Triton 3.9's interpreter returns garbage
+for bf16 tl.dot.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ def moe_gate_up_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     pid_m, pid_n = _block_coords(tl.program_id(0), max_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
@@ -96,6 +100,8 @@ def moe_gate_up_kernel(
             a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
             wg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             wu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if UPCAST:
+            a, wg, wu = a.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
         acc_g = tl.dot(a, wg, acc_g, input_precision=DOT_PRECISION)
         acc_u = tl.dot(a, wu, acc_u, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
@@ -136,6 +142,7 @@ def moe_down_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     pid_m, pid_n = _block_coords(tl.program_id(0), max_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
@@ -158,6 +165,8 @@ def moe_down_kernel(
             k_ok = ks < K - k0
             a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if UPCAST:
+            a, w = a.to(tl.float32), w.to(tl.float32)
         acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
