@@ -15,7 +15,9 @@
 #   rope       bench_rope_kv tables: bf16 graph + eager, fp8, GPT-J, partial rotary, vs peers
 #   eager      host time per eager call: ours vs SGLang / FlashInfer and set_kv_buffer vs indexing
 #   qknorm     bench_qk_norm_rope tables (Qwen3-8B / Qwen3-32B shapes)
-#   moe        bench_moe (gpt-oss-20b shape): routed-expert kernel vs torch, floor
+#   moe        MoE tests (test_moe*.py, GPU ones included) + bench_moe (gpt-oss-20b shape):
+#              routed-expert kernel vs torch, read floor
+#   moe_sweep  bench_moe --sweep: launch configurations per T, best printed as MOE_CONFIGS lines
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   profile    per-kernel breakdown of one decode step (llama3-8b bs 1 and 64)
 set -u
@@ -61,7 +63,12 @@ t_eager() {
   timeout 300 python benchmarks/bench_rope_kv.py --eager
 }
 t_qknorm() { peers_env; timeout 300 python benchmarks/bench_qk_norm_rope.py; }
-t_moe() { timeout 300 python benchmarks/bench_moe.py; }
+t_moe() {
+  timeout 300 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe.py \
+    tests/srt/layers/test_moe_triton.py -rfE
+  timeout 300 python benchmarks/bench_moe.py
+}
+t_moe_sweep() { timeout 560 python benchmarks/bench_moe.py --tokens 1 8 32 64 512 4096 --sweep; }
 t_e2e() {
   for m in $E2E_PRESETS; do
     timeout 400 python -m srt.bench_one_batch --model-preset "$m" --batch-size $E2E_BS \

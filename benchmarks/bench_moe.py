@@ -1,0 +1,326 @@
+"""Benchmark of the routed-expert MoE layer on the gpt-oss-20b shape (GPU only).
+
+Shape: hidden 2880, 32 experts, top 4, expert FFN 2880 (w13 [32, 5760, 2880], w2 [32, 2880,
+2880], biases), bf16; `--layers` layers with their own weights, called in turn inside one CUDA
+graph (so one layer's weights are not in L2 for the next call). Router logits are random, so
+routing is close to uniform, as with dummy weights in bench_one_batch.
+
+Columns (µs per layer call, median over graph replays):
+  ours      TopKExperts on the Triton kernels (moe_runner_backend "triton")
+  torch     today's torch path: dense (every expert, T <= 64) in a CUDA graph; for T > 64 the
+            eager grouped path (host syncs, not capturable) timed with events, marked *
+  experts   distinct experts routed (what must be read)
+  floor     active-weight read floor: bytes of the routed experts (weights + biases) + x + out,
+            over the copy bandwidth measured here
+  mma       bf16 tensor-core floor: routed FLOPs / --tflops (default 800, H100 SXM dense ~989)
+  ratio     ours / max(floor, mma)
+
+--sweep times alternative launch configurations (gate/up GEMM, then down GEMM) per T and prints
+the best, as a MOE_CONFIGS line for srt/layers/moe/fused_moe_triton/fused_moe.py.
+
+Usage: python benchmarks/bench_moe.py [--tokens 1 8 32 64 512 4096] [--layers 4] [--sweep]
+           [--json-out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from srt.layers.moe import TopKExperts, select_experts  # noqa: E402
+from srt.layers.moe.fused_moe_triton.fused_moe import (  # noqa: E402
+    GemmConfig,
+    MoeConfig,
+    fused_experts,
+    get_config,
+)
+
+H, E, K, INTER = 2880, 32, 4, 2880  # gpt-oss-20b
+TOKENS = [1, 8, 32, 64, 512, 4096]
+
+
+def graph_time_us(fn, reps: int, replays: int = 20) -> float:
+    """Median µs per fn(i) call: `reps` calls in one CUDA graph, replayed `replays` times."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(reps):  # warm-up (compiles) of every call in the graph
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fn(i)
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    del g
+    return statistics.median(times)
+
+
+def eager_time_us(fn, reps: int, runs: int = 5) -> float:
+    for i in range(reps):
+        fn(i)
+    times = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for i in range(reps):
+            fn(i)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Device copy GB/s (read + write bytes), best of memcpy and a copy kernel, 1 GiB."""
+    n = 1 << 28
+    a = torch.randn(n, device="cuda")
+    b = torch.empty_like(a)
+    t = min(
+        graph_time_us(lambda i: b.copy_(a), reps=4, replays=10),
+        graph_time_us(lambda i: torch.mul(a, 1.0, out=b), reps=4, replays=10),
+    )
+    return 2 * 4 * n / (t * 1e-6) / 1e9
+
+
+def make_layers(n: int) -> list[TopKExperts]:
+    layers = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(n):
+        m = TopKExperts(E, H, INTER, tp_rank=0, tp_size=1, moe_runner_backend="triton")
+        m = m.to(device="cuda", dtype=torch.bfloat16)
+        for p in m.parameters():
+            p.data.normal_(0, p.shape[-1] ** -0.5, generator=g)
+        layers.append(m)
+    return layers
+
+
+def routing(T: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+    logits = torch.randn(T, E, device="cuda", generator=g)
+    w, ids = select_experts(logits, K)
+    return x, w.bfloat16(), ids
+
+
+def floors(T: int, ids: torch.Tensor, bw: float, tflops: float) -> tuple[int, float, float]:
+    """(distinct experts, read floor µs, mma floor µs) for one layer call."""
+    n_exp = int(ids.unique().numel())
+    per_expert = (2 * INTER * H + H * INTER + 2 * INTER + H) * 2  # w13, w2, biases (bf16)
+    nbytes = n_exp * per_expert + 2 * T * H * 2
+    flops = 2 * T * K * (2 * INTER * H + H * INTER)
+    return n_exp, nbytes / (bw * 1e9) * 1e6, flops / (tflops * 1e12) * 1e6
+
+
+def measure(layers, T: int, bw: float, tflops: float) -> dict:
+    """One table row: ours, torch, experts and floors for T tokens."""
+    n = len(layers)
+    x, w, ids = routing(T, seed=T)
+    r = {"T": T}
+    r["experts"], r["floor"], r["mma"] = floors(T, ids, bw, tflops)
+
+    def call(i):
+        return layers[i % n](x, w, ids)
+
+    r["ours"] = graph_time_us(call, reps=2 * n)
+    for m in layers:
+        m.moe_runner_backend = "torch"
+    try:
+        if T <= TopKExperts.dense_max_tokens:
+            r["torch"] = graph_time_us(call, reps=n)
+        else:
+            r["torch"] = eager_time_us(call, reps=n)
+            r["torch_eager"] = True
+    except Exception as e:  # the torch column may fail (memory) without hiding ours
+        r["error"] = f"torch: {type(e).__name__}: {e}"
+    finally:
+        for m in layers:
+            m.moe_runner_backend = "triton"
+    return r
+
+
+def table(layers, tokens, bw, tflops) -> list[dict]:
+    rows = []
+    print(
+        f"\ncopy bandwidth {bw:.0f} GB/s; mma floor at {tflops:.0f} TFLOP/s; bf16; "
+        f"{len(layers)} layers per graph; µs per layer call"
+    )
+    print(
+        f"{'T':>6} {'ours':>9} {'torch':>10} {'x faster':>8} {'experts':>7} {'floor':>8} "
+        f"{'mma':>8} {'ratio':>6}  config"
+    )
+    for T in tokens:
+        try:
+            r = measure(layers, T, bw, tflops)
+        except Exception as e:  # one failing point must not hide the others
+            traceback.print_exc()
+            r = {"T": T, "error": f"{type(e).__name__}: {e}"}
+            print(f"{T:>6} error: {r['error'][:150]}", flush=True)
+            rows.append(r)
+            continue
+        rows.append(r)
+        cfg = get_config(T, torch.device("cuda"))
+        fl = max(r["floor"], r["mma"])
+        if "torch" in r:
+            torch_s = f"{r['torch']:.1f}" + ("*" if r.get("torch_eager") else "")
+            speed = f"{r['torch'] / r['ours']:.1f}"
+        else:
+            torch_s = speed = "-"
+        print(
+            f"{T:>6} {r['ours']:>9.1f} {torch_s:>10} {speed:>8} {r['experts']:>7} "
+            f"{r['floor']:>8.1f} {r['mma']:>8.1f} {r['ours'] / fl:>6.2f}  {cfg}",
+            flush=True,
+        )
+        if "error" in r:
+            print(f"       {r['error'][:150]}", flush=True)
+    return rows
+
+
+def candidates(T: int) -> tuple[list[int], list[GemmConfig], list[GemmConfig]]:
+    """(block_m options, gate/up options, down options) worth timing for T tokens."""
+    if T <= 128:
+        bms = [16]
+        gu = [
+            GemmConfig(bn, bk, w, s)
+            for bn, bk, w, s in (
+                (32, 128, 4, 4),
+                (32, 64, 4, 5),
+                (64, 128, 4, 3),
+                (64, 64, 4, 4),
+                (64, 128, 8, 4),
+                (32, 256, 4, 3),
+                (16, 256, 4, 4),
+                (128, 64, 4, 4),
+            )
+        ]
+        dn = [
+            GemmConfig(bn, bk, w, s)
+            for bn, bk, w, s in (
+                (64, 128, 4, 4),
+                (32, 128, 4, 4),
+                (64, 64, 4, 5),
+                (128, 64, 4, 4),
+                (32, 256, 4, 3),
+                (64, 256, 4, 3),
+                (128, 128, 8, 3),
+            )
+        ]
+    else:
+        bms = [32, 64] if T <= 1024 else [64, 128]
+        gu = [
+            GemmConfig(bn, bk, w, s, 8)
+            for bn, bk, w, s in (
+                (64, 64, 4, 4),
+                (64, 64, 8, 4),
+                (128, 64, 8, 3),
+                (64, 32, 4, 5),
+                (32, 64, 4, 4),
+            )
+        ]
+        dn = [
+            GemmConfig(bn, bk, w, s, 8)
+            for bn, bk, w, s in (
+                (128, 64, 4, 4),
+                (128, 64, 8, 4),
+                (64, 64, 4, 4),
+                (256, 64, 8, 3),
+                (128, 32, 4, 5),
+            )
+        ]
+    return bms, gu, dn
+
+
+def sweep(layers, tokens) -> None:
+    """Gate/up options with the default down config, then down options with the best gate/up."""
+    n = len(layers)
+    print("\nsweep (µs per layer call, CUDA graph)")
+    best = {}
+    for T in tokens:
+        x, w, ids = routing(T, seed=T)
+        base = get_config(T, torch.device("cuda"))
+
+        def t_of(cfg, x=x, w=w, ids=ids, T=T):
+            def call(i):
+                m = layers[i % n]
+                fused_experts(
+                    x, m.w13_weight, m.w2_weight, w, ids, m.w13_bias, m.w2_bias, config=cfg
+                )
+
+            try:
+                return graph_time_us(call, reps=2 * n)
+            except Exception as e:
+                print(f"  T={T} {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+                return float("inf")
+
+        t_base = t_of(base)
+        print(f"T={T} default {t_base:.1f}  {base}", flush=True)
+        bms, gus, dns = candidates(T)
+        results = []
+        for bm in bms:
+            for gu in gus:
+                cfg = MoeConfig(bm, gu, base.down)
+                results.append((t_of(cfg), cfg))
+        t1, cfg1 = min(results, key=lambda p: p[0])
+        for dn in dns:
+            cfg = MoeConfig(cfg1.block_m, cfg1.gate_up, dn)
+            results.append((t_of(cfg), cfg))
+        t2, cfg2 = min(results, key=lambda p: p[0])
+        best[T] = (t2, cfg2)
+        for t, cfg in sorted(results, key=lambda p: p[0])[:5]:
+            print(f"  {t:9.1f}  {cfg}", flush=True)
+        print(f"T={T}: best {t2:.1f} µs vs default {t_base:.1f} µs", flush=True)
+    print("\nsuggested MOE_CONFIGS entries (upper bound T -> best config measured):")
+    for T, (t, c) in best.items():
+        g, d = c.gate_up, c.down
+        print(
+            f"    ({T}, MoeConfig({c.block_m}, GemmConfig({g.block_n}, {g.block_k}, "
+            f"{g.num_warps}, {g.num_stages}, {g.group_m}), GemmConfig({d.block_n}, "
+            f"{d.block_k}, {d.num_warps}, {d.num_stages}, {d.group_m}))),  # {t:.1f} µs"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--tflops", type=float, default=800.0)
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--json-out")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("error: bench_moe needs CUDA", file=sys.stderr)
+        sys.exit(2)
+    if args.layers < 1 or any(t < 1 for t in args.tokens):
+        print("error: --layers and --tokens must be >= 1", file=sys.stderr)
+        sys.exit(2)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    bw = copy_bandwidth()
+    layers = make_layers(args.layers)
+    rows = table(layers, args.tokens, bw, args.tflops)
+    if args.sweep:
+        sweep(layers, args.tokens)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"bandwidth_gbs": bw, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
