@@ -7,7 +7,7 @@ call can be captured in a CUDA graph and replayed with other routings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -75,6 +75,8 @@ def fused_experts(
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
     config: MoeConfig | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each token's top-k experts, weighted and summed, reading only the routed experts.
 
@@ -89,20 +91,30 @@ def fused_experts(
     activation : "swiglu_oai" (gate = min(gate, limit), up = clamp(up, +-limit),
         (up + 1) * gate * sigmoid(alpha * gate)) or "silu" (silu(gate) * up).
     config : launch configuration (default: get_config(T)).
+    w13_scale, w2_scale : MXFP4 weights only: w13 is then uint8 [E, 2I, H/2] and w2 uint8
+        [E, H, I/2] (E2M1 pairs along the input dim, low nibble first) and these are their uint8
+        E8M0 scales [E, 2I, H/32] and [E, H, I/32]; dequantised inside the kernels.
 
     Returns
     -------
     [T, H], hidden_states.dtype.
     """
+    mxfp4 = w13.dtype == torch.uint8
     _check(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, activation)
+    if mxfp4:
+        _check_mxfp4(hidden_states, w13, w13_scale, w2, w2_scale)
     T, H = hidden_states.shape
     E, two_i, _ = w13.shape
     inter = two_i // 2
     k = topk_ids.shape[1]
+    s13 = w13_scale if mxfp4 else w13  # (a dummy pointer when not MXFP4)
+    s2 = w2_scale if mxfp4 else w2
     dtype, dev = hidden_states.dtype, hidden_states.device
     if T == 0:
         return torch.zeros_like(hidden_states)
     cfg = config or get_config(T, dev)
+    if mxfp4:  # whole scale groups per K block
+        cfg = _fit_mxfp4(cfg)
     align = moe_align_block_size(topk_ids, E, cfg.block_m)
     rows = align.max_blocks * cfg.block_m
     act = torch.empty(rows, inter, dtype=dtype, device=dev)  # [padded rows, I]
@@ -113,6 +125,7 @@ def fused_experts(
     moe_gate_up_kernel[grid](
         hidden_states,
         w13,
+        s13,
         w13_bias if w13_bias is not None else w13,
         act,
         align.sorted_token_ids,
@@ -125,6 +138,8 @@ def fused_experts(
         hidden_states.stride(0),
         w13.stride(0),
         w13.stride(1),
+        s13.stride(0),
+        s13.stride(1),
         w13_bias.stride(0) if w13_bias is not None else 0,
         act.stride(0),
         float(swiglu_alpha),
@@ -139,6 +154,7 @@ def fused_experts(
         GROUP_M=g.group_m,
         EVEN_K=H % g.block_k == 0,
         UPCAST=upcast,
+        MXFP4=mxfp4,
         num_warps=g.num_warps,
         num_stages=g.num_stages,
     )
@@ -148,6 +164,7 @@ def fused_experts(
     moe_down_kernel[grid](
         act,
         w2,
+        s2,
         w2_bias if w2_bias is not None else w2,
         topk_weights.contiguous(),
         out,
@@ -161,6 +178,8 @@ def fused_experts(
         act.stride(0),
         w2.stride(0),
         w2.stride(1),
+        s2.stride(0),
+        s2.stride(1),
         w2_bias.stride(0) if w2_bias is not None else 0,
         out.stride(0),
         HAS_BIAS=w2_bias is not None,
@@ -171,26 +190,57 @@ def fused_experts(
         GROUP_M=d.group_m,
         EVEN_K=inter % d.block_k == 0,
         UPCAST=upcast,
+        MXFP4=mxfp4,
         num_warps=d.num_warps,
         num_stages=d.num_stages,
     )
     return out.view(T, k, H).sum(dim=1)  # top-k combine -> [T, H]
 
 
+def _fit_mxfp4(cfg: MoeConfig) -> MoeConfig:
+    """cfg with every block_k a multiple of 32 (one MXFP4 scale group)."""
+    fit = lambda g: replace(g, block_k=max(32, g.block_k // 32 * 32))
+    return replace(cfg, gate_up=fit(cfg.gate_up), down=fit(cfg.down))
+
+
+def _check_mxfp4(x, w13, w13_scale, w2, w2_scale) -> None:
+    """MXFP4 weights: uint8 values [E, N, K/2] with uint8 scales [E, N, K/32] (K % 32 == 0)."""
+    for name, w, sc in (("w13", w13, w13_scale), ("w2", w2, w2_scale)):
+        if w.dtype != torch.uint8 or sc is None or sc.dtype != torch.uint8:
+            raise TypeError(f"MXFP4 {name} and {name}_scale must both be uint8 (scale given)")
+        if (
+            sc.dim() != 3
+            or tuple(sc.shape[:2]) != tuple(w.shape[:2])
+            or w.shape[2] != 16 * sc.shape[2]
+        ):
+            raise ValueError(
+                f"MXFP4 {name} {tuple(w.shape)} needs {name}_scale [E, N, K/32], "
+                f"got {tuple(sc.shape)}"
+            )
+        if not sc.is_contiguous():
+            raise ValueError(f"{name}_scale must be contiguous")
+
+
 def _check(x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, activation) -> None:
-    """Metadata-only argument checks (no device sync), before any launch."""
+    """Metadata-only argument checks (no device sync), before any launch; MXFP4 weights (uint8)
+    are checked in their logical (dequantised) shapes."""
     if activation not in ("swiglu_oai", "silu"):
         raise ValueError(f"activation must be 'swiglu_oai' or 'silu', got {activation!r}")
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"hidden_states must be [T, H] with contiguous rows, got {tuple(x.shape)}")
     T, H = x.shape
-    if w13.dim() != 3 or w13.shape[2] != H or w13.shape[1] % 2 or not w13.is_contiguous():
+    pack = 2 if w13.dtype == torch.uint8 else 1  # MXFP4: two values per byte along K
+    if w13.dim() != 3 or w13.shape[2] * pack != H or w13.shape[1] % 2 or not w13.is_contiguous():
         raise ValueError(f"w13 must be contiguous [E, 2I, H={H}], got {tuple(w13.shape)}")
     E, inter = w13.shape[0], w13.shape[1] // 2
-    if tuple(w2.shape) != (E, H, inter) or not w2.is_contiguous():
+    if w2.dim() != 3 or (w2.shape[0], w2.shape[1], w2.shape[2] * pack) != (E, H, inter):
         raise ValueError(f"w2 must be contiguous [E={E}, H={H}, I={inter}], got {tuple(w2.shape)}")
-    if w13.dtype != x.dtype or w2.dtype != x.dtype:
+    if not w2.is_contiguous():
+        raise ValueError("w2 must be contiguous")
+    if pack == 1 and (w13.dtype != x.dtype or w2.dtype != x.dtype):
         raise TypeError(f"w13/w2 dtype {w13.dtype}/{w2.dtype} != hidden_states dtype {x.dtype}")
+    if pack == 2 and w2.dtype != torch.uint8:
+        raise TypeError(f"w13 is MXFP4 (uint8) but w2 is {w2.dtype}")
     if topk_ids.dtype not in (torch.int32, torch.int64) or topk_ids.dim() != 2:
         raise TypeError(f"topk_ids must be int32/int64 [T, k], got {topk_ids.dtype}")
     if topk_ids.shape[0] != T or tuple(topk_weights.shape) != tuple(topk_ids.shape):
