@@ -15,6 +15,10 @@ Columns (µs per layer call, median over graph replays):
   mma       bf16 tensor-core floor: routed FLOPs / --tflops (default 800, H100 SXM dense ~989)
   ratio     ours / max(floor, mma)
 
+--mxfp4: the expert weights in MXFP4 (random uint8 values and scales, as in the gpt-oss
+checkpoint), dequantised inside the kernels; the floor counts MXFP4 bytes (4.25 bits a weight);
+the torch column stays today's bf16 path.
+
 --sweep times alternative launch configurations (gate/up GEMM, then down GEMM) per T and prints
 the best, as a MOE_CONFIGS line for srt/layers/moe/fused_moe_triton/fused_moe.py.
 
@@ -101,16 +105,42 @@ def copy_bandwidth() -> float:
     return 2 * 4 * n / (t * 1e-6) / 1e9
 
 
-def make_layers(n: int) -> list[TopKExperts]:
+def make_layers(n: int, mxfp4: bool) -> list[TopKExperts]:
+    """n layers of random bf16 experts; with mxfp4, also `m.mxfp4` = (w13, w13_scale, w2,
+    w2_scale) in MXFP4 (uint8)."""
     layers = []
     g = torch.Generator(device="cuda").manual_seed(0)
+    u8 = lambda *s, lo=0, hi=256: torch.randint(
+        lo, hi, s, device="cuda", dtype=torch.uint8, generator=g
+    )
     for _ in range(n):
         m = TopKExperts(E, H, INTER, tp_rank=0, tp_size=1, moe_runner_backend="triton")
         m = m.to(device="cuda", dtype=torch.bfloat16)
         for p in m.parameters():
             p.data.normal_(0, p.shape[-1] ** -0.5, generator=g)
+        if mxfp4:
+            m.mxfp4 = (
+                u8(E, 2 * INTER, H // 2),
+                u8(E, 2 * INTER, H // 32, lo=118, hi=122),
+                u8(E, H, INTER // 2),
+                u8(E, H, INTER // 32, lo=118, hi=122),
+            )
         layers.append(m)
     return layers
+
+
+def call_ours(m: TopKExperts, x, w, ids, config=None) -> torch.Tensor:
+    """The layer on the Triton kernels: MXFP4 weights when the layer has them."""
+    if getattr(m, "mxfp4", None) is None:
+        if config is None:
+            return m(x, w, ids)
+        return fused_experts(
+            x, m.w13_weight, m.w2_weight, w, ids, m.w13_bias, m.w2_bias, config=config
+        )
+    w13, s13, w2, s2 = m.mxfp4
+    return fused_experts(
+        x, w13, w2, w, ids, m.w13_bias, m.w2_bias, config=config, w13_scale=s13, w2_scale=s2
+    )
 
 
 def routing(T: int, seed: int):
@@ -121,10 +151,14 @@ def routing(T: int, seed: int):
     return x, w.bfloat16(), ids
 
 
-def floors(T: int, ids: torch.Tensor, bw: float, tflops: float) -> tuple[int, float, float]:
+def floors(
+    T: int, ids: torch.Tensor, bw: float, tflops: float, mxfp4: bool
+) -> tuple[int, float, float]:
     """(distinct experts, read floor µs, mma floor µs) for one layer call."""
     n_exp = int(ids.unique().numel())
-    per_expert = (2 * INTER * H + H * INTER + 2 * INTER + H) * 2  # w13, w2, biases (bf16)
+    weights = 2 * INTER * H + H * INTER
+    w_bytes = weights // 2 + weights // 32 if mxfp4 else weights * 2  # MXFP4: + E8M0 scales
+    per_expert = w_bytes + (2 * INTER + H) * 2  # + biases (bf16)
     nbytes = n_exp * per_expert + 2 * T * H * 2
     flops = 2 * T * K * (2 * INTER * H + H * INTER)
     return n_exp, nbytes / (bw * 1e9) * 1e6, flops / (tflops * 1e12) * 1e6
@@ -135,12 +169,16 @@ def measure(layers, T: int, bw: float, tflops: float) -> dict:
     n = len(layers)
     x, w, ids = routing(T, seed=T)
     r = {"T": T}
-    r["experts"], r["floor"], r["mma"] = floors(T, ids, bw, tflops)
+    mx = getattr(layers[0], "mxfp4", None) is not None
+    r["experts"], r["floor"], r["mma"] = floors(T, ids, bw, tflops, mx)
+
+    def ours(i):
+        return call_ours(layers[i % n], x, w, ids)
 
     def call(i):
         return layers[i % n](x, w, ids)
 
-    r["ours"] = graph_time_us(call, reps=2 * n)
+    r["ours"] = graph_time_us(ours, reps=2 * n)
     for m in layers:
         m.moe_runner_backend = "torch"
     try:
@@ -160,7 +198,8 @@ def measure(layers, T: int, bw: float, tflops: float) -> dict:
 def table(layers, tokens, bw, tflops) -> list[dict]:
     rows = []
     print(
-        f"\ncopy bandwidth {bw:.0f} GB/s; mma floor at {tflops:.0f} TFLOP/s; bf16; "
+        f"\ncopy bandwidth {bw:.0f} GB/s; mma floor at {tflops:.0f} TFLOP/s; bf16 activations, "
+        f"{'MXFP4' if getattr(layers[0], 'mxfp4', None) is not None else 'bf16'} experts; "
         f"{len(layers)} layers per graph; µs per layer call"
     )
     print(
@@ -251,7 +290,8 @@ def candidates(T: int) -> tuple[list[int], list[GemmConfig], list[GemmConfig]]:
 def sweep(layers, tokens) -> None:
     """Gate/up options with the default down config, then down options with the best gate/up."""
     n = len(layers)
-    print("\nsweep (µs per layer call, CUDA graph)")
+    mx = getattr(layers[0], "mxfp4", None) is not None
+    print(f"\nsweep ({'MXFP4' if mx else 'bf16'} experts, µs per layer call, CUDA graph)")
     best = {}
     for T in tokens:
         x, w, ids = routing(T, seed=T)
@@ -259,10 +299,7 @@ def sweep(layers, tokens) -> None:
 
         def t_of(cfg, x=x, w=w, ids=ids, T=T):
             def call(i):
-                m = layers[i % n]
-                fused_experts(
-                    x, m.w13_weight, m.w2_weight, w, ids, m.w13_bias, m.w2_bias, config=cfg
-                )
+                call_ours(layers[i % n], x, w, ids, config=cfg)
 
             try:
                 return graph_time_us(call, reps=2 * n)
@@ -303,6 +340,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tflops", type=float, default=800.0)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--mxfp4", action="store_true", help="MXFP4 expert weights")
     p.add_argument("--json-out")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -313,7 +351,7 @@ def main() -> None:
         sys.exit(2)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     bw = copy_bandwidth()
-    layers = make_layers(args.layers)
+    layers = make_layers(args.layers, args.mxfp4)
     rows = table(layers, args.tokens, bw, args.tflops)
     if args.sweep:
         sweep(layers, args.tokens)

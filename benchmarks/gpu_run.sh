@@ -16,8 +16,9 @@
 #   eager      host time per eager call: ours vs SGLang / FlashInfer and set_kv_buffer vs indexing
 #   qknorm     bench_qk_norm_rope tables (Qwen3-8B / Qwen3-32B shapes)
 #   moe        MoE tests (test_moe*.py, GPU ones included) + bench_moe (gpt-oss-20b shape):
-#              routed-expert kernel vs torch, read floor
+#              routed-expert kernel vs torch, read floor; bf16 experts, then MXFP4 experts
 #   moe_sweep  bench_moe --sweep: launch configurations per T, best printed as MOE_CONFIGS lines
+#              (MOE_SWEEP_ARGS=--mxfp4 for the MXFP4 kernels)
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   profile    per-kernel breakdown of one decode step (llama3-8b bs 1 and 64)
 set -u
@@ -66,9 +67,12 @@ t_qknorm() { peers_env; timeout 300 python benchmarks/bench_qk_norm_rope.py; }
 t_moe() {
   timeout 300 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe.py \
     tests/srt/layers/test_moe_triton.py -rfE
-  timeout 300 python benchmarks/bench_moe.py
+  timeout 240 python benchmarks/bench_moe.py
+  timeout 240 python benchmarks/bench_moe.py --mxfp4
 }
-t_moe_sweep() { timeout 560 python benchmarks/bench_moe.py --tokens 1 8 32 64 512 4096 --sweep; }
+t_moe_sweep() {
+  timeout 560 python benchmarks/bench_moe.py --tokens 1 8 32 64 512 4096 --sweep ${MOE_SWEEP_ARGS:-}
+}
 t_e2e() {
   for m in $E2E_PRESETS; do
     timeout 400 python -m srt.bench_one_batch --model-preset "$m" --batch-size $E2E_BS \

@@ -224,3 +224,93 @@ def test_gpu_layer_uses_triton_and_matches_torch_path():
     out = m(x, wts, ids)
     m.moe_runner_backend = "torch"
     torch.testing.assert_close(out, m(x, wts, ids), atol=1e-4, rtol=1e-4)
+
+
+def _mxfp4_problem(T, E, H, inter, k, seed, device="cpu"):
+    """A synthetic gpt-oss MXFP4 expert checkpoint in the HF layout (gate/up rows interleaved)
+    and our layout of it (gate rows, then up rows)."""
+    g = torch.Generator().manual_seed(seed)
+    u8 = lambda *s, lo=0, hi=256: torch.randint(lo, hi, s, generator=g, dtype=torch.uint8)
+    hf = {
+        "gate_up_proj_blocks": u8(E, 2 * inter, H // 32, 16),
+        "gate_up_proj_scales": u8(E, 2 * inter, H // 32, lo=120, hi=126),
+        "down_proj_blocks": u8(E, H, inter // 32, 16),
+        "down_proj_scales": u8(E, H, inter // 32, lo=120, hi=126),
+    }
+    split = lambda t: torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)  # g0 u0 g1 u1 .. -> gate | up
+    w13_q = split(hf["gate_up_proj_blocks"]).flatten(-2).to(device)  # [E, 2I, H/2]
+    w13_s = split(hf["gate_up_proj_scales"]).contiguous().to(device)  # [E, 2I, H/32]
+    w2_q = hf["down_proj_blocks"].flatten(-2).to(device)  # [E, H, I/2]
+    w2_s = hf["down_proj_scales"].to(device)  # [E, H, I/32]
+    x, _, b13, _, b2, wts, ids = _problem(T, E, H, inter, k, device=device, seed=seed)
+    return hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids
+
+
+@pytest.mark.parametrize(
+    "T, E, H, inter, k, block_k", [(1, 4, 64, 32, 2, 32), (9, 5, 96, 96, 3, 64)]
+)
+def test_mxfp4_weights_match_dequantised_reference(T, E, H, inter, k, block_k):
+    from srt.layers.moe.fused_moe_triton.fused_moe import GemmConfig, MoeConfig
+    from srt.layers.mxfp4 import dequantize_mxfp4
+
+    hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(T, E, H, inter, k, T)
+    gate_up = dequantize_mxfp4(hf["gate_up_proj_blocks"], hf["gate_up_proj_scales"], torch.float64)
+    w13 = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1)  # [E, 2I, H]
+    w2 = dequantize_mxfp4(hf["down_proj_blocks"], hf["down_proj_scales"], torch.float64)
+    cfg = MoeConfig(16, GemmConfig(16, block_k, 1, 1), GemmConfig(16, block_k, 1, 1))
+    out = fused_experts(
+        x,
+        w13_q,
+        w2_q,
+        wts,
+        ids,
+        b13,
+        b2,
+        swiglu_alpha=ALPHA,
+        swiglu_limit=LIMIT,
+        config=cfg,
+        w13_scale=w13_s,
+        w2_scale=w2_s,
+    )
+    ref = _ref(x, w13, b13, w2, b2, wts, ids)
+    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-5)
+
+
+def test_mxfp4_bad_scales_raise():
+    _, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(2, 3, 64, 32, 2, 0)
+    with pytest.raises(TypeError, match="w13_scale"):
+        fused_experts(x, w13_q, w2_q, wts, ids, w2_scale=w2_s)
+    with pytest.raises(ValueError, match="w2_scale"):
+        fused_experts(x, w13_q, w2_q, wts, ids, w13_scale=w13_s, w2_scale=w2_s[:, :, :0])
+    with pytest.raises(ValueError, match="w13"):
+        fused_experts(x[:, :32], w13_q, w2_q, wts, ids, w13_scale=w13_s, w2_scale=w2_s)
+
+
+@gpu
+@pytest.mark.parametrize("T", [1, 64, 700])
+def test_gpu_mxfp4_bf16_matches_dequantised(T):
+    E, H, inter, k = 8, 256, 192, 4
+    hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
+        T, E, H, inter, k, T, "cuda"
+    )
+    x, b13, b2 = x.bfloat16(), b13.bfloat16(), b2.bfloat16()
+    from srt.layers.mxfp4 import dequantize_mxfp4
+
+    gate_up = dequantize_mxfp4(hf["gate_up_proj_blocks"], hf["gate_up_proj_scales"], torch.float64)
+    w13 = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1).cuda()
+    w2 = dequantize_mxfp4(hf["down_proj_blocks"], hf["down_proj_scales"], torch.float64).cuda()
+    out = fused_experts(
+        x,
+        w13_q,
+        w2_q,
+        wts,
+        ids,
+        b13,
+        b2,
+        swiglu_alpha=ALPHA,
+        swiglu_limit=LIMIT,
+        w13_scale=w13_s,
+        w2_scale=w2_s,
+    )
+    assert out.dtype == torch.bfloat16
+    assert _rel(out, _ref(x, w13, b13, w2, b2, wts, ids)) < 1e-2
