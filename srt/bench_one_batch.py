@@ -183,7 +183,7 @@ def _trace_path(args: argparse.Namespace, variant: str, graph: bool, shape: tupl
 def _fmt_row(name: str, graph: bool, r: dict[str, Any]) -> str:
     floor = r["decode_floor_latency"]
     step = r["median_decode_latency"]
-    floor_s = f"{floor * 1e3:7.3f} ms {step / floor:5.2f}x" if floor else "    n/a         "
+    floor_s = f"{floor * 1e3:8.3f} ms, {step / floor:4.2f}x" if floor else f"{'n/a':>18s}"
     return (
         f"{name:8s} graph={int(graph)} bs={r['batch_size']:4d} in={r['input_len']:5d} "
         f"out={r['output_len']:4d} | prefill {r['prefill_latency'] * 1e3:9.2f} ms "

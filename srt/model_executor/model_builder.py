@@ -160,7 +160,9 @@ def load_model(
     config = dataclasses.replace(model_config, dtype=dtype)
     load_format = "dummy" if args.model_path is None else args.load_format
     footprint = weight_footprint(config, dtype, args.tp_size)
-    what = config.path or f"a {config.model_type} model of the embedded/preset config"
+    what = config.path or (
+        f"a {config.num_hidden_layers}-layer, {config.hidden_size}-wide model (no checkpoint)"
+    )
     logger.info(describe_load(what, config.architecture, footprint, device, load_format))
     check_weight_memory(footprint, device, what)
     if load_format != "dummy" or device.type != "cuda" or _num_params(config) < 2e8:
