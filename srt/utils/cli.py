@@ -87,10 +87,13 @@ def run_cli(body: Callable[[], int], debug: bool) -> int:
 
     Returns
     -------
-    int : ``body``'s exit status, or 2 after a user error. Other exceptions propagate.
+    int : ``body``'s exit status, argparse's (0 after --help, 2 after a bad flag), or 2 after a
+        user error. Other exceptions propagate.
     """
     try:
         return body()
+    except SystemExit as e:  # argparse: --help, or a flag error already printed as one line
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     except USER_ERRORS as e:
         if debug:
             traceback.print_exc()
