@@ -21,6 +21,7 @@
 #              (MOE_SWEEP_ARGS=--mxfp4 for the MXFP4 kernels)
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   profile    per-kernel breakdown of one decode step (llama3-8b bs 1 and 64)
+#   cli        bench_one_batch / gpqa CLI GPU tests, --correctness-test with graphs, floor + --profile
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -76,13 +77,24 @@ t_moe_sweep() {
 t_e2e() {
   for m in $E2E_PRESETS; do
     timeout 400 python -m srt.bench_one_batch --model-preset "$m" --batch-size $E2E_BS \
-      --input-len 512 --output-len 32
+      --input-len 512 --output-len 32 --result-filename "$LOGS/e2e_result.jsonl"
   done
 }
 t_profile() {
   for bs in 1 64; do
     timeout 200 python benchmarks/profile_decode.py --model-preset llama3-8b --batch-size $bs
   done
+}
+t_cli() {
+  timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests/srt/test_bench_one_batch.py \
+    tests/srt/eval tests/srt/model_loader/test_hub_and_memory.py
+  timeout 200 python -m srt.bench_one_batch --correctness-test --result-filename ""
+  timeout 200 python -m srt.bench_one_batch --correctness-test --model-preset llama3-8b \
+    --output-len 8 --result-filename ""
+  SGLANG_TORCH_PROFILER_DIR=/tmp/traces timeout 300 python -m srt.bench_one_batch \
+    --model-preset llama3-8b --batch-size 1 64 --input-len 512 --output-len 32 --profile \
+    --result-filename "$LOGS/cli_result.jsonl"
+  echo "exit status of the last bench: $?"
 }
 
 summary=()

@@ -2,19 +2,26 @@
 
     python -m srt.bench_one_batch                      # embedded tiny model, this machine's device
     python -m srt.bench_one_batch --model-preset llama3-8b --batch-size 1 8 32 64 \
-        --input-len 512 --output-len 128 --json-out results.json
+        --input-len 512 --output-len 128 --run-name h100
+    python -m srt.bench_one_batch --correctness-test   # check outputs instead of timing them
 
 SGLang's convention and flags. For every variant (fused / unfused RoPE+KV write, and on CUDA
-eager / CUDA graph) and batch size it prints the prefill latency, the median decode-step latency
-(forward + greedy sampling), and decode tokens/s, and ends with a line saying whether all
-variants produced the same output tokens.
+eager / CUDA graph) and every (batch size, input length, output length) it warms that shape up,
+then prints the prefill latency and tokens/s, the median decode-step latency (forward + greedy
+sampling) beside its read floor (weights + KV read / measured copy bandwidth; n/a on CPU), and
+decode tokens/s; rows are appended to ``--result-filename`` with SGLang's field names. It ends
+with a line saying whether all variants produced the same output tokens, and exits 1 when they
+did not. ``--correctness-test`` (srt/bench_correctness.py) decodes real prompts instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
+import logging
+import os
 import statistics
 import sys
 import time
@@ -22,45 +29,52 @@ from typing import Any
 
 import torch
 
-from srt.model_executor.model_builder import PRESETS, preset_overrides
+from srt.bench_args import build_parser, check_lengths, check_model_path, parse_args
+from srt.model_executor.model_builder import preset_overrides
 from srt.server_args import ServerArgs
+from srt.utils.cli import run_cli
+
+EXIT_MISMATCH = 1
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m srt.bench_one_batch", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--model-path", default=None, help="HF checkpoint dir (default: tiny config)")
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy", "safetensors", "pt"])
-    p.add_argument(
-        "--model-preset",
-        default=None,
-        choices=sorted(PRESETS),
-        help="dummy model of a real model's shape (implies dummy weights)",
-    )
-    p.add_argument("--batch-size", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--device", default=None, choices=["cuda", "cpu"])
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3", "fp8_e5m2"])
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--attention-backend", default=None, choices=["torch_native", "triton"])
-    p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument(
-        "--no-eager", action="store_true", help="with CUDA graphs, skip the eager decode variant"
-    )
-    p.add_argument(
-        "--disable-fused-rope-kv",
-        action="store_true",
-        help="run only the unfused path (RoPE op + set_kv_buffer)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json-out", default=None, help="write the results as JSON to this file")
-    args = p.parse_args(argv)
-    if min(args.batch_size) < 1 or args.input_len < 1 or args.output_len < 1:
-        p.error("--batch-size, --input-len and --output-len must be >= 1")
-    return args
+def _as_list(x: int | list[int]) -> list[int]:
+    return list(x) if isinstance(x, (list, tuple)) else [int(x)]
+
+
+def build_server_args(
+    args: argparse.Namespace, fused: bool, max_len: int | None = None
+) -> ServerArgs:
+    """The runner's ServerArgs: a KV pool just big enough for the largest batch, unless
+    --mem-fraction-static asks for SGLang's memory-sized pool. ``max_len``: longest request."""
+    max_bs = max(args.batch_size)
+    if max_len is None:
+        max_len = max(_as_list(args.input_len)) + max(_as_list(args.output_len))
+    ps = args.page_size
+    per_req = -(-max_len // ps) * ps + ps
+    frac = getattr(args, "mem_fraction_static", None)
+    ctx = getattr(args, "context_length", None)
+    if ctx is None and args.model_path is None:
+        ctx = max_len + 8  # embedded/preset configs: a small req_to_token pool
+    preset = args.model_preset
+    return ServerArgs(
+        model_path=args.model_path,
+        load_format="dummy" if preset else args.load_format,
+        device=args.device,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        page_size=ps,
+        attention_backend=args.attention_backend,
+        enable_fused_rope_kv=fused,
+        disable_cuda_graph=args.disable_cuda_graph,
+        cuda_graph_max_bs=getattr(args, "cuda_graph_max_bs", None) or max_bs,
+        max_total_tokens=None if frac is not None else max_bs * per_req,
+        mem_fraction_static=frac if frac is not None else 0.85,
+        max_running_requests=max_bs,
+        context_length=ctx,
+        random_seed=args.seed,
+        tp_size=getattr(args, "tp_size", 1),
+        json_model_override_args=preset_overrides(preset) if preset else "{}",
+    ).resolved()
 
 
 def _sync(device: torch.device) -> None:
@@ -68,10 +82,36 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _profiled(fn: Any, device: torch.device, trace_path: str) -> Any:
+    """Run ``fn()`` under the torch profiler, export a chrome trace, print the top kernels."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        out = fn()
+        _sync(device)
+    os.makedirs(os.path.dirname(os.path.abspath(trace_path)), exist_ok=True)
+    prof.export_chrome_trace(trace_path)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=15), flush=True)
+    print(f"torch profiler trace of one decode step: {trace_path}", flush=True)
+    return out
+
+
 def run_batch(
-    runner: Any, bs: int, input_len: int, output_len: int, use_graph: bool, seed: int
+    runner: Any,
+    bs: int,
+    input_len: int,
+    output_len: int,
+    use_graph: bool,
+    seed: int,
+    trace_path: str | None = None,
 ) -> dict[str, Any]:
-    """Prefill bs random prompts, then greedy-decode output_len tokens; time both phases."""
+    """Prefill bs random prompts, then greedy-decode output_len tokens; time both phases.
+
+    With ``trace_path`` the decode step at ``output_len // 2`` (SGLang's default) runs under the
+    torch profiler and is left out of the median.
+    """
     from srt.managers.schedule_batch import Req, ScheduleBatch
     from srt.sampling.sampling_params import SamplingParams
 
@@ -82,128 +122,164 @@ def run_batch(
     params = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
     reqs = [Req(i, p, params) for i, p in enumerate(prompts)]
     sb = ScheduleBatch.from_runner(runner)
+    profile_step = output_len // 2 if trace_path else -1
     try:
         fb = sb.prepare_for_extend(reqs)
         _sync(dev)
         t0 = time.perf_counter()
-        next_ids = runner.forward(fb).argmax(dim=-1)  # [bs]
-        ids = next_ids.tolist()
+        ids = runner.forward(fb).argmax(dim=-1).tolist()  # [bs]
         prefill_s = time.perf_counter() - t0
         outputs = [[t] for t in ids]
         steps = []
-        for _ in range(output_len - 1):
+        for i in range(output_len - 1):
             for r, t in zip(reqs, ids, strict=True):
                 r.output_ids = [t]
             fb = sb.prepare_for_decode(reqs)
             _sync(dev)
             t0 = time.perf_counter()
-            ids = runner.forward(fb, use_graph).argmax(dim=-1).tolist()
-            steps.append(time.perf_counter() - t0)
+            if i == profile_step:
+
+                def step(fb: Any = fb) -> list[int]:
+                    return runner.forward(fb, use_graph).argmax(dim=-1).tolist()
+
+                ids = _profiled(step, dev, trace_path)
+            else:
+                ids = runner.forward(fb, use_graph).argmax(dim=-1).tolist()
+                steps.append(time.perf_counter() - t0)
             for out, t in zip(outputs, ids, strict=True):
                 out.append(t)
     finally:
         for r in reqs:
             sb.free_req(r)
-    step = statistics.median(steps) if steps else float("nan")
+    step_s = statistics.median(steps) if steps else float("nan")
+    total = prefill_s + sum(steps)
     return {
+        # SGLang's result.jsonl fields
         "batch_size": bs,
         "input_len": input_len,
         "output_len": output_len,
+        "prefill_latency": prefill_s,
+        "prefill_throughput": bs * input_len / prefill_s,
+        "median_decode_latency": step_s,
+        "median_decode_throughput": bs / step_s if steps else float("nan"),
+        "total_latency": total,
+        "overall_throughput": bs * (input_len + len(steps) + 1) / total,
+        # the names the earlier versions used (benchmarks/bench_e2e.py reads them)
         "prefill_latency_s": prefill_s,
         "prefill_tokens_per_s": bs * input_len / prefill_s,
-        "decode_step_latency_s": step,
-        "decode_tokens_per_s": bs / step if steps else float("nan"),
+        "decode_step_latency_s": step_s,
+        "decode_tokens_per_s": bs / step_s if steps else float("nan"),
         "output_ids": outputs,
     }
 
 
-def build_server_args(args: argparse.Namespace, fused: bool) -> ServerArgs:
-    max_bs = max(args.batch_size)
-    ps = args.page_size
-    per_req = -(-(args.input_len + args.output_len) // ps) * ps + ps
-    return ServerArgs(
-        model_path=args.model_path,
-        load_format="dummy" if args.model_preset else args.load_format,
-        device=args.device,
-        dtype=args.dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        page_size=ps,
-        attention_backend=args.attention_backend,
-        enable_fused_rope_kv=fused,
-        disable_cuda_graph=args.disable_cuda_graph,
-        cuda_graph_max_bs=max_bs,
-        max_total_tokens=max_bs * per_req,
-        max_running_requests=max_bs,
-        context_length=args.input_len + args.output_len + 8 if args.model_path is None else None,
-        random_seed=args.seed,
-        json_model_override_args=preset_overrides(args.model_preset) if args.model_preset else "{}",
-    ).resolved()
+def _trace_path(args: argparse.Namespace, variant: str, graph: bool, shape: tuple) -> str:
+    bs, il, ol = shape
+    folder = os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+    name = f"{args.profile_prefix}_{variant}_graph{int(graph)}_batch{bs}_input{il}_output{ol}"
+    return os.path.join(folder, f"{name}_decode.trace.json.gz")
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    args = parse_args(argv)
+def _fmt_row(name: str, graph: bool, r: dict[str, Any]) -> str:
+    floor = r["decode_floor_latency"]
+    step = r["median_decode_latency"]
+    floor_s = f"{floor * 1e3:8.3f} ms, {step / floor:4.2f}x" if floor else f"{'n/a':>18s}"
+    return (
+        f"{name:8s} graph={int(graph)} bs={r['batch_size']:4d} in={r['input_len']:5d} "
+        f"out={r['output_len']:4d} | prefill {r['prefill_latency'] * 1e3:9.2f} ms "
+        f"{r['prefill_throughput']:10.0f} tok/s | decode step {step * 1e3:8.3f} ms "
+        f"(floor {floor_s}) | decode {r['median_decode_throughput']:10.1f} tok/s"
+    )
+
+
+def _is_rank0() -> bool:
+    from srt.distributed import get_tp_rank, model_parallel_is_initialized
+
+    return not model_parallel_is_initialized() or get_tp_rank() == 0
+
+
+def latency_test(args: argparse.Namespace, model_config: Any) -> list[dict[str, Any]]:
+    """Every variant x (batch size, input length, output length): warm-up, then a timed run."""
     from srt.model_executor.model_runner import ModelRunner
+    from srt.utils.decode_floor import decode_reads, measure_copy_bandwidth
 
+    say = print if _is_rank0() else (lambda *a, **k: None)
     results: list[dict[str, Any]] = []
     fused_modes = [False] if args.disable_fused_rope_kv else [True, False]
-    model = model_config = None
+    model = None
+    bandwidth = None
+    shapes = list(itertools.product(args.batch_size, args.input_len, args.output_len))
     for fused in fused_modes:
         sargs = build_server_args(args, fused)
+        if bandwidth is None and torch.device(sargs.device).type == "cuda" and model is None:
+            bandwidth = measure_copy_bandwidth(torch.device(sargs.device))  # before the weights
+            if bandwidth:
+                say(f"# device copy bandwidth: {bandwidth / 1e9:.0f} GB/s (1 GiB, read + write)")
         runner = ModelRunner(sargs, model_config, model)  # the second variant reuses the weights
         model, model_config = runner.model, runner.model_config
         graph_modes = [False] + ([True] if runner.cuda_graph_runner is not None else [])
         if args.no_eager and len(graph_modes) > 1:
             graph_modes = [True]
         name = "fused" if fused else "unfused"
-        print(
+        say(
             f"# {name}: device={runner.device} dtype={runner.dtype} kv={runner.kv_dtype} "
             f"backend={sargs.attention_backend} page_size={sargs.page_size} "
             f"graphs={runner.cuda_graph_runner is not None}",
             flush=True,
         )
-        run_batch(runner, 1, min(args.input_len, 16), 3, graph_modes[-1], args.seed)  # warm-up
         for use_graph in graph_modes:
-            for bs in args.batch_size:
-                r = run_batch(runner, bs, args.input_len, args.output_len, use_graph, args.seed)
+            warmed: set[tuple[int, int]] = set()
+            for bs, il, ol in shapes:
+                if (bs, il) not in warmed:  # compile/tune this prefill and decode shape first
+                    run_batch(runner, bs, il, min(ol, 4), use_graph, args.seed)
+                    warmed.add((bs, il))
+                trace = _trace_path(args, name, use_graph, (bs, il, ol)) if args.profile else None
+                r = run_batch(runner, bs, il, ol, use_graph, args.seed, trace)
+                reads = decode_reads(runner, bs, il + ol // 2)
                 r.update(
+                    run_name=args.run_name,
                     variant=name,
                     cuda_graph=use_graph,
                     device=str(runner.device),
                     model=args.model_preset or args.model_path or "tiny",
+                    decode_floor_latency=reads.total / bandwidth if bandwidth else None,
+                    decode_weight_bytes=reads.weight_bytes,
+                    decode_kv_bytes=reads.kv_bytes,
+                    copy_bandwidth=bandwidth,
                 )
                 results.append(r)
-                print(
-                    f"{name:8s} graph={int(use_graph)} bs={bs:4d} | prefill "
-                    f"{r['prefill_latency_s'] * 1e3:9.2f} ms | decode step "
-                    f"{r['decode_step_latency_s'] * 1e3:8.3f} ms | decode "
-                    f"{r['decode_tokens_per_s']:10.1f} tok/s",
-                    flush=True,
-                )
+                say(_fmt_row(name, use_graph, r), flush=True)
         runner.cuda_graph_runner = None
         del runner
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    _summary(results)
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+    mark_matches(results)
+    if _is_rank0():
+        _summary(results)
     return results
 
 
-def _summary(results: list[dict[str, Any]]) -> None:
-    by_key = {(r["variant"], r["cuda_graph"], r["batch_size"]): r for r in results}
-    for (variant, graph, bs), r in sorted(by_key.items()):
-        if variant == "fused" and ("unfused", graph, bs) in by_key:
-            u = by_key[("unfused", graph, bs)]
-            gain = r["decode_tokens_per_s"] / u["decode_tokens_per_s"] - 1
-            print(f"fused vs unfused graph={int(graph)} bs={bs}: decode {gain * 100:+.1f}%")
-    ref: dict[int, Any] = {}
-    mismatches = []
+def mark_matches(results: list[dict[str, Any]]) -> None:
+    """Set ``tokens_match`` (and ``passed``): same output ids as the first result of the shape."""
+    ref: dict[tuple[int, int, int], Any] = {}
     for r in results:
-        first = ref.setdefault(r["batch_size"], r)
-        if r["output_ids"] != first["output_ids"]:
-            mismatches.append(f"{r['variant']}/graph={int(r['cuda_graph'])}/bs={r['batch_size']}")
+        key = (r["batch_size"], r["input_len"], r["output_len"])
+        r["tokens_match"] = r["passed"] = r["output_ids"] == ref.setdefault(key, r["output_ids"])
+
+
+def _summary(results: list[dict[str, Any]]) -> None:
+    by_key = {(r["variant"], r["cuda_graph"], r["batch_size"], r["input_len"]): r for r in results}
+    for (variant, graph, bs, il), r in sorted(by_key.items()):
+        u = by_key.get(("unfused", graph, bs, il))
+        if variant == "fused" and u is not None:
+            gain = r["decode_tokens_per_s"] / u["decode_tokens_per_s"] - 1
+            print(f"fused vs unfused graph={int(graph)} bs={bs} in={il}: decode {gain * 100:+.1f}%")
+    mismatches = [
+        f"{r['variant']}/graph={int(r['cuda_graph'])}/bs={r['batch_size']}/in={r['input_len']}"
+        for r in results
+        if not r["tokens_match"]
+    ]
     variants = sorted({(r["variant"], r["cuda_graph"]) for r in results})
     names = ", ".join(f"{v}{'+graph' if g else ''}" for v, g in variants)
     if mismatches:
@@ -212,6 +288,87 @@ def _summary(results: list[dict[str, Any]]) -> None:
         print(f"output tokens: MATCH across all variants ({names})")
 
 
+RESULT_FIELDS = (
+    "run_name",
+    "batch_size",
+    "input_len",
+    "output_len",
+    "prefill_latency",
+    "prefill_throughput",
+    "median_decode_latency",
+    "median_decode_throughput",
+    "total_latency",
+    "overall_throughput",
+    "variant",
+    "cuda_graph",
+    "device",
+    "model",
+    "decode_floor_latency",
+    "tokens_match",
+)
+
+
+def write_results(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    """Append SGLang-style rows to --result-filename; write --json-out (rank 0 only)."""
+    if not _is_rank0():
+        return
+    if args.result_filename:
+        with open(args.result_filename, "a", encoding="utf-8") as f:
+            for r in results:
+                f.write(json.dumps({k: r.get(k) for k in RESULT_FIELDS}) + "\n")
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run the benchmark (or the correctness test); return one dict per measurement, each with
+    ``passed`` (its tokens match the other variants'). Bad input raises CLIError / ValueError
+    before anything is allocated."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(message)s", stream=sys.stderr)
+    check_model_path(args)
+    started_tp = False
+    if args.tp_size > 1:
+        from srt.distributed import init_distributed_environment, model_parallel_is_initialized
+
+        if not model_parallel_is_initialized():
+            dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            init_distributed_environment(args.tp_size, backend="nccl" if dev == "cuda" else "gloo")
+            started_tp = True
+    try:
+        from srt.model_executor.model_builder import build_model_config
+
+        model_config = build_model_config(build_server_args(args, True))
+        if args.correctness_test:
+            from srt.bench_correctness import correctness_test
+
+            return correctness_test(args, model_config)
+        check_lengths(model_config, args, args.input_len)
+        results = latency_test(args, model_config)
+        write_results(args, results)
+        return results
+    finally:
+        if started_tp:
+            from srt.distributed import destroy_distributed_environment
+
+            destroy_distributed_environment()
+
+
+__all__ = ["build_parser", "build_server_args", "cli_main", "main", "parse_args", "run_batch"]
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    """``python -m srt.bench_one_batch``: 0 when all outputs match, 1 on a mismatch, 2 on bad
+    input (one ``error:`` line; ``--debug`` adds the traceback)."""
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+
+    def body() -> int:
+        results = main(argv)
+        return 0 if all(r["passed"] for r in results) else EXIT_MISMATCH
+
+    return run_cli(body, debug)
+
+
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    sys.exit(cli_main())

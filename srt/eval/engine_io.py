@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One prompt's outcome: its text, or the error that rejected it (then text is None)."""
+
+    text: str | None
+    error: str | None = None
 
 
 def _engine_class() -> type:
@@ -68,14 +80,30 @@ def prompt_token_ids(tokenizer: Any, text: str) -> tuple[str, list[int]]:
     return text, list(tokenizer(text)["input_ids"])
 
 
-def generate_texts(
+def _texts_of(engine: Any, outputs: Any, n: int) -> list[str]:
+    if isinstance(outputs, dict):  # a single request may come back unwrapped
+        outputs = [outputs]
+    if len(outputs) != n:
+        raise RuntimeError(f"engine returned {len(outputs)} outputs for {n}")
+    texts = []
+    for out in outputs:
+        text = out.get("text")
+        if text is None:
+            text = engine.tokenizer.decode(out["output_ids"], skip_special_tokens=True)
+        texts.append(text)
+    return texts
+
+
+def generate_completions(
     engine: Any,
     input_ids: Sequence[list[int]],
     sampling_params: dict[str, Any],
     batch_size: int,
     desc: str = "generate",
-) -> list[str]:
-    """Generate a completion for every prompt, ``batch_size`` prompts per Engine call.
+) -> list[Completion]:
+    """Generate for every prompt, ``batch_size`` prompts per Engine call; a prompt the Engine
+    rejects (a ValueError, e.g. prompt + max_new_tokens beyond the context length) becomes an
+    error Completion and the others go on.
 
     Parameters
     ----------
@@ -86,29 +114,53 @@ def generate_texts(
 
     Returns
     -------
-    list[str]
-        The decoded completions in prompt order (the Engine's ``text``, or its ``output_ids``
-        decoded without special tokens when it returns no text).
+    list[Completion]
+        In prompt order: the Engine's ``text`` (or its ``output_ids`` decoded without special
+        tokens when it returns no text), or the rejection's message.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    texts: list[str] = []
+    done: list[Completion] = []
     # This bar counts every prompt; the Engine's own per-call bar would only add noise.
     extra = {"progress_bar": False} if _accepts(engine.generate, "progress_bar") else {}
+
+    def call(chunk: list[list[int]]) -> list[str]:
+        outs = engine.generate(input_ids=chunk, sampling_params=dict(sampling_params), **extra)
+        return _texts_of(engine, outs, len(chunk))
+
     with tqdm(total=len(input_ids), desc=desc, unit="prompt", file=sys.stderr) as bar:
         for start in range(0, len(input_ids), batch_size):
             chunk = [list(ids) for ids in input_ids[start : start + batch_size]]
-            outputs = engine.generate(
-                input_ids=chunk, sampling_params=dict(sampling_params), **extra
-            )
-            if isinstance(outputs, dict):  # a single request may come back unwrapped
-                outputs = [outputs]
-            if len(outputs) != len(chunk):
-                raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(chunk)}")
-            for out in outputs:
-                text = out.get("text")
-                if text is None:
-                    text = engine.tokenizer.decode(out["output_ids"], skip_special_tokens=True)
-                texts.append(text)
+            try:
+                done += [Completion(t) for t in call(chunk)]
+            except ValueError:
+                # The Engine checks a whole call before running it: retry one by one, so that
+                # only the rejected prompts fail.
+                for i, ids in enumerate(chunk):
+                    try:
+                        done.append(Completion(call([ids])[0]))
+                    except ValueError as e:
+                        logger.warning("prompt %d rejected: %s", start + i, e)
+                        done.append(Completion(None, f"{type(e).__name__}: {e}"))
             bar.update(len(chunk))
+    return done
+
+
+def generate_texts(
+    engine: Any,
+    input_ids: Sequence[list[int]],
+    sampling_params: dict[str, Any],
+    batch_size: int,
+    desc: str = "generate",
+) -> list[str]:
+    """`generate_completions` for callers that want every prompt answered: the texts in prompt
+    order; a rejected prompt raises its ValueError."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    texts: list[str] = []
+    extra = {"progress_bar": False} if _accepts(engine.generate, "progress_bar") else {}
+    for start in range(0, len(input_ids), batch_size):
+        chunk = [list(ids) for ids in input_ids[start : start + batch_size]]
+        outs = engine.generate(input_ids=chunk, sampling_params=dict(sampling_params), **extra)
+        texts += _texts_of(engine, outs, len(chunk))
     return texts

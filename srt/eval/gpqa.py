@@ -5,6 +5,7 @@ Usage::
     python -m srt.eval.gpqa --model-path /models/Qwen3-8B --data gpqa_diamond.csv \
         --num-repeats 4 --compare-unfused --output gpqa.jsonl
     python -m srt.eval.gpqa --load-format dummy --device cpu --data my.csv --max-new-tokens 8
+    python -m srt.eval.gpqa --base-url http://127.0.0.1:30000/v1 --data gpqa_diamond.csv
 
 ``--data`` is a local CSV in the public GPQA schema (``Question``, ``Correct Answer``,
 ``Incorrect Answer 1..3``; other columns are ignored). No questions ship with this package:
@@ -13,8 +14,12 @@ the dataset's authors ask that it not be published in plain text.
 Conventions follow openai/simple-evals: one ``random.Random(seed)`` first samples
 ``--num-examples`` rows (if fewer than the file has), then draws a permutation of the four
 choices for every (row, repeat). The prompt goes through the tokenizer's chat template when it
-has one. The last stdout line is a JSON object: ``accuracy``, ``stderr``, ``num_examples``,
-``fused`` (and ``unfused_accuracy``, ``agreement`` with ``--compare-unfused``).
+has one. With ``--base-url`` the questions go to any OpenAI-compatible server's chat completions
+instead (its chat template applies; srt/eval/openai_client.py). A question the engine or server
+rejects (e.g. prompt + ``--max-new-tokens`` beyond the context length) is recorded as an error row
+(score 0) and the run goes on. The last stdout line is a JSON object: ``accuracy``, ``stderr``,
+``num_examples``, ``num_errors``, ``fused`` (and ``unfused_accuracy``, ``agreement`` with
+``--compare-unfused``). Bad input: one ``error: ...`` line, exit status 2.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
+import os
 import random
 import sys
 import time
@@ -30,13 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from srt.eval.engine_io import generate_texts, make_engine, prompt_token_ids
+from srt.eval.engine_io import Completion, generate_completions, make_engine, prompt_token_ids
 from srt.eval.multichoice import (
     LETTERS,
     extract_choice_letter,
     format_multichoice_question,
     mean_and_stderr,
 )
+from srt.server_args import DTYPES
+from srt.utils.cli import ArgumentParser, run_cli
 
 QUESTION = "Question"
 CORRECT = "Correct Answer"
@@ -76,19 +85,25 @@ def load_gpqa_csv(path: str | Path) -> list[dict[str, str]]:
     if not path.is_file():
         raise FileNotFoundError(f"--data: GPQA CSV not found: {path}")
     # utf-8-sig: tolerate a byte-order mark in front of the header.
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if reader.fieldnames is None:
-            raise GPQADataError(f"--data: {path} is empty (no header row)")
-        header = [name.strip() for name in reader.fieldnames]
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        if missing:
-            raise GPQADataError(
-                f"--data: {path} lacks GPQA column(s) {missing}; it has {header}. "
-                f"Required: {list(REQUIRED_COLUMNS)}"
-            )
-        reader.fieldnames = header
-        rows = list(reader)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames is None:
+                raise GPQADataError(f"--data: {path} is empty (no header row)")
+            header = [name.strip() for name in reader.fieldnames]
+            missing = [c for c in REQUIRED_COLUMNS if c not in header]
+            if missing:
+                raise GPQADataError(
+                    f"--data: {path} lacks GPQA column(s) {missing}; it has {header}. "
+                    f"Required: {list(REQUIRED_COLUMNS)}"
+                )
+            reader.fieldnames = header
+            rows = list(reader)
+    except UnicodeDecodeError as e:
+        raise GPQADataError(
+            f"--data is not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start}; "
+            f"re-save it as UTF-8 ({path})"
+        ) from None
     if not rows:
         raise GPQADataError(f"--data: {path} has a header but no data rows")
     for i, row in enumerate(rows):
@@ -138,12 +153,17 @@ def build_examples(
 
 
 def score_responses(
-    examples: Sequence[GPQAExample], prompts: Sequence[str], responses: Sequence[str]
+    examples: Sequence[GPQAExample],
+    prompts: Sequence[str],
+    responses: Sequence[str | Completion],
 ) -> list[dict[str, Any]]:
-    """One record per example: prompt, response, extracted letter, correct letter, score."""
+    """One record per example: prompt, response, extracted letter, correct letter, score, and
+    ``error`` (a rejected request: no response, score 0)."""
     records = []
-    for ex, prompt, response in zip(examples, prompts, responses, strict=True):
-        extracted = extract_choice_letter(response)
+    for ex, prompt, item in zip(examples, prompts, responses, strict=True):
+        done = item if isinstance(item, Completion) else Completion(item)
+        response = done.text
+        extracted = extract_choice_letter(response) if response is not None else None
         records.append(
             {
                 "row": ex.row,
@@ -155,6 +175,7 @@ def score_responses(
                 "extracted": extracted,
                 "correct": ex.correct_letter,
                 "score": float(extracted == ex.correct_letter),
+                "error": done.error,
             }
         )
     return records
@@ -173,7 +194,8 @@ def summarize(
         "num_examples": len({r["row"] for r in records}),
         "num_repeats": len({r["repeat"] for r in records}),
         "num_samples": len(records),
-        "num_unparsed": sum(r["extracted"] is None for r in records),
+        "num_unparsed": sum(r["extracted"] is None and not r.get("error") for r in records),
+        "num_errors": sum(bool(r.get("error")) for r in records),
         "fused": fused,
     }
     if unfused_records is not None:
@@ -208,9 +230,23 @@ def _run_one(args: argparse.Namespace, examples, engine_factory, fused: bool):
             "seed": args.seed,
         }
         desc = f"GPQA ({'fused' if fused else 'unfused'})"
-        responses = generate_texts(engine, ids, sampling_params, args.batch_size, desc)
+        responses = generate_completions(engine, ids, sampling_params, args.batch_size, desc)
     finally:
         engine.shutdown()
+    return score_responses(examples, prompts, responses)
+
+
+def _run_remote(args: argparse.Namespace, examples: Sequence[GPQAExample]):
+    """Every example through an OpenAI-compatible server's chat completions."""
+    from srt.eval.openai_client import ChatSampling, OpenAIChatClient
+
+    client = OpenAIChatClient(
+        args.base_url, args.model, api_key=args.api_key, timeout=args.request_timeout
+    )
+    print(f"# server {client.base_url}, model {client.model}", file=sys.stderr, flush=True)
+    prompts = [format_multichoice_question(ex.question, ex.choices) for ex in examples]
+    sampling = ChatSampling(args.max_new_tokens, args.temperature, args.seed)
+    responses = client.complete_all(prompts, sampling, args.batch_size, f"GPQA ({client.model})")
     return score_responses(examples, prompts, responses)
 
 
@@ -222,7 +258,10 @@ def run_gpqa(
     rows = load_gpqa_csv(args.data)
     examples = build_examples(rows, args.num_examples, args.num_repeats, args.seed)
     start = time.perf_counter()
-    records = _run_one(args, examples, engine_factory, fused=True)
+    if getattr(args, "base_url", None):
+        records = _run_remote(args, examples)
+    else:
+        records = _run_one(args, examples, engine_factory, fused=True)
     unfused = None
     if args.compare_unfused:
         unfused = _run_one(args, examples, engine_factory, fused=False)
@@ -246,59 +285,120 @@ def run_gpqa(
     return summary
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m srt.eval.gpqa``."""
-    p = argparse.ArgumentParser(
-        prog="python -m srt.eval.gpqa", description=__doc__.split("\n\n")[0]
+def build_parser() -> ArgumentParser:
+    """The command line of ``python -m srt.eval.gpqa`` (defaults shown in --help)."""
+    p = ArgumentParser(prog="python -m srt.eval.gpqa", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="local GPQA CSV (UTF-8)")
+    e = p.add_argument_group("offline engine (default)")
+    e.add_argument("--model-path", default=None, help="HF checkpoint folder or Hub id")
+    e.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "dummy"],
+        help="dummy: seeded random weights (the embedded tiny model without --model-path)",
     )
-    p.add_argument("--model-path", default=None, help="HF checkpoint folder")
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3", "fp8_e5m2"])
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--data", required=True, help="local GPQA CSV")
-    p.add_argument("--num-examples", type=int, default=None, help="sample this many rows")
-    p.add_argument("--num-repeats", type=int, default=1, help="passes over the rows")
-    p.add_argument("--seed", type=int, default=0, help="choice shuffling and sampling seed")
-    p.add_argument("--max-new-tokens", type=int, default=2048)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--batch-size", type=int, default=32, help="prompts per generate call")
-    p.add_argument("--compare-unfused", action="store_true", help="also run unfused, compare")
-    p.add_argument("--output", default=None, help="per-example JSONL")
+    e.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda if any")
+    e.add_argument("--dtype", default="auto", choices=DTYPES, help="model dtype")
+    e.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8_e4m3", "fp8_e5m2"],
+        help="KV-cache dtype (auto = --dtype)",
+    )
+    e.add_argument("--page-size", type=int, default=1, help="KV-cache page size in tokens")
+    e.add_argument("--disable-cuda-graph", action="store_true", help="decode eagerly")
+    e.add_argument("--compare-unfused", action="store_true", help="also run unfused, compare")
+    s = p.add_argument_group("OpenAI-compatible server")
+    s.add_argument(
+        "--base-url",
+        default=None,
+        help="e.g. http://127.0.0.1:30000/v1: ask this server instead of the offline engine",
+    )
+    s.add_argument("--model", default=None, help="model name (default: the server's first)")
+    s.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+        help="bearer token (default: $OPENAI_API_KEY, else EMPTY)",
+    )
+    s.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    r = p.add_argument_group("eval")
+    r.add_argument("--num-examples", type=int, default=None, help="sample this many rows")
+    r.add_argument("--num-repeats", type=int, default=1, help="passes over the rows")
+    r.add_argument("--seed", type=int, default=0, help="choice shuffling and sampling seed")
+    r.add_argument("--max-new-tokens", type=int, default=2048, help="tokens per answer")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    r.add_argument(
+        "--batch-size", type=int, default=32, help="prompts per generate call / concurrent requests"
+    )
+    r.add_argument("--output", default=None, help="per-example JSONL")
+    r.add_argument("--log-level", default="info", help="logging level (loading messages: info)")
     return p
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and validate the command line (errors exit with status 2 and a message)."""
+    """Parse and validate the command line (errors: one ``error:`` line, exit status 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model_path is None and args.load_format != "dummy":
-        parser.error("give --model-path, or --load-format dummy for the embedded tiny model")
+    if args.base_url is None and args.model_path is None and args.load_format != "dummy":
+        parser.error(
+            "give --model-path, --load-format dummy for the embedded tiny model, or --base-url"
+        )
+    if args.base_url is not None and args.compare_unfused:
+        parser.error("--compare-unfused needs the offline engine, not --base-url")
     for name in ("num_repeats", "max_new_tokens", "batch_size", "page_size"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1 ({getattr(args, name)})")
     if args.num_examples is not None and args.num_examples < 1:
-        parser.error("--num-examples must be >= 1")
+        parser.error(f"--num-examples must be >= 1 ({args.num_examples})")
     if args.temperature < 0:
-        parser.error("--temperature must be >= 0")
+        parser.error(f"--temperature must be >= 0 ({args.temperature})")
+    if args.request_timeout <= 0:
+        parser.error(f"--request-timeout must be > 0 ({args.request_timeout})")
+    if args.device == "cuda" and args.base_url is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda but no CUDA device is visible (cuda)")
     return args
+
+
+def _check_model_path(args: argparse.Namespace) -> None:
+    """--model-path: a local checkpoint folder or a Hub id (resolved in place)."""
+    if args.model_path is None or args.base_url is not None:
+        return
+    from srt.model_loader.hub import resolve_model_path
+
+    path = resolve_model_path(args.model_path, name="--model-path")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(
+            f"--model-path has no config.json: not an HF checkpoint ({args.model_path})"
+        )
+    args.model_path = path
 
 
 def main(
     argv: Sequence[str] | None = None,
     engine_factory: Callable[[argparse.Namespace, bool], Any] = make_engine,
 ) -> int:
-    """Entry point: run, print the summary as the last line of JSON; 2 on bad input."""
-    args = parse_args(argv)
-    try:
+    """Entry point: run, print the summary as the last line of JSON; 2 (one ``error:`` line,
+    ``--debug`` adds the traceback) on bad input."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+
+    def body() -> int:
+        args = parse_args(argv)
+        logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
+        _check_model_path(args)
         summary = run_gpqa(args, engine_factory)
-    except (FileNotFoundError, GPQADataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary))
-    return 0
+        if summary["num_errors"]:
+            print(
+                f"# {summary['num_errors']} of {summary['num_samples']} requests failed: "
+                "error rows (score 0) in --output",
+                file=sys.stderr,
+            )
+        print(json.dumps(summary))
+        return 0
+
+    return run_cli(body, "--debug" in argv)
 
 
 __all__ = [

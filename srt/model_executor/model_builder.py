@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import torch
 
 from srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
 
 # Llama-3-8B: 32 layers, hidden 4096, 32 q / 8 kv heads, D 128, FFN 14336.
 LLAMA3_8B: dict[str, Any] = {
@@ -123,6 +126,7 @@ def tiny_config_dict() -> dict[str, Any]:
 def build_model_config(args: ServerArgs) -> Any:
     """ModelConfig of the checkpoint (or the tiny config) with the JSON overrides applied."""
     from srt.configs.model_config import ModelConfig, read_config_json
+    from srt.model_loader.hub import resolve_model_path
 
     overrides = args.model_overrides
     if args.model_path is None:
@@ -130,10 +134,11 @@ def build_model_config(args: ServerArgs) -> Any:
         if overrides.get("architectures") not in (None, cfg["architectures"]):
             cfg = {}  # a preset replaces the tiny config rather than patching it
         return ModelConfig.from_hf({**cfg, **overrides})
+    path = resolve_model_path(args.model_path)  # a local directory, or a Hub id's snapshot
     if not overrides:
-        return ModelConfig.from_hf(args.model_path)
-    cfg = {**read_config_json(args.model_path), **overrides}
-    return ModelConfig.from_hf(cfg, path=args.model_path)
+        return ModelConfig.from_hf(path)
+    cfg = {**read_config_json(path), **overrides}
+    return ModelConfig.from_hf(cfg, path=path)
 
 
 def load_model(
@@ -144,11 +149,22 @@ def load_model(
     Dummy weights are the loader's seeded CPU-generated ones (identical on every device), except
     for big models on CUDA (the bench presets), which are drawn on the device: generating
     billions of numbers on the CPU would dominate the benchmark's start-up.
+
+    Before allocating anything it logs what it loads (path, parameters, dtype, device) and
+    raises `NotEnoughMemoryError` (a ValueError) when the weights cannot fit in the device's
+    available memory.
     """
     from srt.model_loader.loader import get_model
+    from srt.model_loader.weight_memory import check_weight_memory, describe_load, weight_footprint
 
     config = dataclasses.replace(model_config, dtype=dtype)
     load_format = "dummy" if args.model_path is None else args.load_format
+    footprint = weight_footprint(config, dtype, args.tp_size)
+    what = config.path or (
+        f"a {config.num_hidden_layers}-layer, {config.hidden_size}-wide model (no checkpoint)"
+    )
+    logger.info(describe_load(what, config.architecture, footprint, device, load_format))
+    check_weight_memory(footprint, device, what)
     if load_format != "dummy" or device.type != "cuda" or _num_params(config) < 2e8:
         return get_model(config, load_format, device, args.random_seed)
     from srt.models.registry import get_model_class

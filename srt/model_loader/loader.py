@@ -203,9 +203,16 @@ def load_model(
 
 
 def load_tokenizer(path: str | None):
-    """transformers.AutoTokenizer from a local checkpoint directory, or None if it has none."""
-    if path is None or not os.path.isdir(path):
+    """transformers.AutoTokenizer from a local checkpoint directory (or a Hub id, resolved to its
+    cached snapshot), or None if it has none."""
+    if path is None:
         return None
+    if not os.path.isdir(path):
+        from srt.model_loader.hub import looks_like_hub_id, resolve_model_path
+
+        if not looks_like_hub_id(path):
+            return None
+        path = resolve_model_path(path)
     names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
     if not any(os.path.isfile(os.path.join(path, n)) for n in names):
         return None

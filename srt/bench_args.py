@@ -1,0 +1,183 @@
+"""The command line of ``python -m srt.bench_one_batch`` and the checks that need no GPU.
+
+SGLang's flag names (model flags of its ServerArgs, benchmark flags of its BenchArgs), help on
+every flag with its default shown. `validate_args` and `check_model_path` reject bad values
+before anything is built; `check_lengths` needs the model config (its context length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import torch
+
+from srt.model_executor.model_builder import PRESETS
+from srt.server_args import DTYPES
+from srt.utils.cli import ArgumentParser, CLIError, check_positive
+
+
+def build_parser() -> ArgumentParser:
+    """The command line of ``python -m srt.bench_one_batch`` (SGLang's flag names)."""
+    p = ArgumentParser(
+        prog="python -m srt.bench_one_batch",
+        description="Benchmark one static batch: prefill, then decode, fused vs unfused "
+        "RoPE + KV write (SGLang's bench_one_batch).",
+    )
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--model-path", default=None, help="HF checkpoint dir or Hub id (default: tiny config)"
+    )
+    m.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "dummy", "safetensors", "pt"],
+        help="how weights are read; dummy = seeded random weights",
+    )
+    m.add_argument(
+        "--model-preset",
+        default=None,
+        choices=sorted(PRESETS),
+        help="dummy model of a real model's shape (implies dummy weights)",
+    )
+    m.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda if any")
+    m.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bf16 on CUDA, fp32 CPU")
+    m.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8_e4m3", "fp8_e5m2"],
+        help="KV-cache dtype (auto = --dtype)",
+    )
+    m.add_argument("--page-size", type=int, default=1, help="KV-cache page size in tokens")
+    m.add_argument(
+        "--attention-backend",
+        default=None,
+        choices=["torch_native", "triton"],
+        help="default: triton on CUDA, torch_native on CPU (triton on CPU: TRITON_INTERPRET=1)",
+    )
+    m.add_argument("--context-length", type=int, default=None, help="default: the model's")
+    m.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (torchrun)")
+    m.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="size the KV pool from this share of GPU memory (default: just what the batch needs)",
+    )
+    m.add_argument("--disable-cuda-graph", action="store_true", help="decode eagerly only")
+    m.add_argument(
+        "--cuda-graph-max-bs", type=int, default=None, help="largest graph (default: max bs)"
+    )
+    m.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts")
+    b = p.add_argument_group("benchmark")
+    b.add_argument("--run-name", default="default", help="run_name of the result rows")
+    b.add_argument("--batch-size", type=int, nargs="+", default=[1, 8], help="batch sizes")
+    b.add_argument("--input-len", type=int, nargs="+", default=[128], help="prompt lengths")
+    b.add_argument("--output-len", type=int, nargs="+", default=[32], help="tokens generated")
+    b.add_argument(
+        "--result-filename",
+        default="result.jsonl",
+        help="append one JSON row per measurement (SGLang's fields); '' to skip",
+    )
+    b.add_argument("--json-out", default=None, help="also write all results as one JSON file")
+    b.add_argument(
+        "--correctness-test",
+        action="store_true",
+        help="decode real prompts and check the outputs across variants instead of timing",
+    )
+    b.add_argument(
+        "--cut-len",
+        type=int,
+        default=4,
+        help="correctness test: prefill this many prompt tokens, then feed the rest one by one",
+    )
+    b.add_argument(
+        "--profile",
+        action="store_true",
+        help="torch-profiler trace of one decode step per shape (in $SGLANG_TORCH_PROFILER_DIR)",
+    )
+    b.add_argument("--profile-prefix", default="profile", help="trace file name prefix")
+    b.add_argument(
+        "--no-eager", action="store_true", help="with CUDA graphs, skip the eager decode variant"
+    )
+    b.add_argument(
+        "--disable-fused-rope-kv",
+        action="store_true",
+        help="run only the unfused path (RoPE op + set_kv_buffer)",
+    )
+    b.add_argument("--log-level", default="info", help="logging level (loading messages: info)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and check the flags that need no model (bad ones: one ``error:`` line, exit 2)."""
+    args = build_parser().parse_args(argv)
+    try:
+        validate_args(args)
+    except CLIError as e:
+        build_parser().error(str(e))
+    return args
+
+
+def validate_args(args: argparse.Namespace) -> None:
+    """Raise CLIError for a flag value that can never work."""
+    check_positive("--batch-size", args.batch_size)
+    check_positive("--input-len", args.input_len)
+    check_positive("--output-len", args.output_len)
+    check_positive("--page-size", args.page_size)
+    check_positive("--tp-size", args.tp_size)
+    if args.context_length is not None:
+        check_positive("--context-length", args.context_length)
+    if args.cuda_graph_max_bs is not None:
+        check_positive("--cuda-graph-max-bs", args.cuda_graph_max_bs)
+    if args.correctness_test:
+        check_positive("--cut-len", args.cut_len, minimum=0)
+    frac = args.mem_fraction_static
+    if frac is not None and not 0.0 < frac <= 1.0:
+        raise CLIError("--mem-fraction-static must be in (0, 1]", frac)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CLIError("--device cuda but no CUDA device is visible", args.device)
+    on_cpu = args.device == "cpu" or (args.device is None and not torch.cuda.is_available())
+    if args.attention_backend == "triton" and on_cpu:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise CLIError(
+                "--attention-backend triton on CPU runs only in Triton's interpreter: "
+                "set TRITON_INTERPRET=1 (slow) or use torch_native",
+                args.attention_backend,
+            )
+    if args.tp_size > 1:
+        from srt.distributed import launched_by_torchrun
+
+        if not launched_by_torchrun():
+            raise CLIError(
+                f"--tp-size > 1 runs one process per rank: torchrun --nproc-per-node "
+                f"{args.tp_size} -m srt.bench_one_batch ...",
+                args.tp_size,
+            )
+        if int(os.environ["WORLD_SIZE"]) != args.tp_size:
+            raise CLIError("--tp-size must equal torchrun's WORLD_SIZE", args.tp_size)
+
+
+def check_model_path(args: argparse.Namespace) -> None:
+    """Resolve --model-path (a local dir or a Hub id) in place; raise CLIError if unusable."""
+    if args.model_path is None:
+        return
+    from srt.model_loader.hub import resolve_model_path
+
+    path = resolve_model_path(args.model_path, name="--model-path")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise CLIError("--model-path has no config.json: not an HF checkpoint", args.model_path)
+    args.model_path = path
+
+
+def check_lengths(model_config: Any, args: argparse.Namespace, lens: list[int]) -> None:
+    """Raise CLIError when the longest prompt + --output-len exceeds the context length."""
+    model_ctx = int(getattr(model_config, "max_position_embeddings", 0) or 0)
+    ctx = args.context_length or model_ctx
+    need = max(lens) + max(args.output_len)
+    if ctx and need > ctx:
+        source = "--context-length" if args.context_length else "the model's context length"
+        raise CLIError(
+            f"--input-len + --output-len exceeds {source} {ctx}",
+            f"{max(lens)} + {max(args.output_len)} = {need}",
+        )

@@ -1,0 +1,1 @@
+"""Small helpers shared by the command-line jobs (no import-time work)."""
