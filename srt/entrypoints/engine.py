@@ -33,6 +33,7 @@ from srt.distributed import (
     model_parallel_is_initialized,
 )
 from srt.entrypoints.outputs import RequestError, StreamState, error_output, final_output
+from srt.entrypoints.request_checks import check_input_ids, fit_context
 from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
 from srt.sampling.sampling_params import SamplingParams
@@ -188,59 +189,6 @@ class Engine:
         return frozenset(ids)
 
     # ---- requests ----
-    def _check_input_ids(self, input_ids: Any) -> list[int]:
-        """input_ids as a list of ints in the vocabulary (bools, floats, strings raise)."""
-        if isinstance(input_ids, torch.Tensor):
-            input_ids = input_ids.tolist()
-        if not isinstance(input_ids, (list, tuple)):
-            raise TypeError(f"input_ids must be a list of ints, got {type(input_ids).__name__}")
-        bad = next((t for t in input_ids if isinstance(t, bool) or not isinstance(t, int)), None)
-        if bad is not None:
-            raise TypeError(
-                f"input_ids must be ints, got {type(bad).__name__} ({bad!r}) in the request"
-            )
-        if not input_ids:
-            raise ValueError("a request needs at least one input token")
-        vocab = int(self.model_runner.model_config.vocab_size)
-        outside = [t for t in input_ids if not 0 <= t < vocab]
-        if outside:
-            raise ValueError(f"input_ids {outside[:5]} outside the vocabulary [0, {vocab})")
-        return [int(t) for t in input_ids]
-
-    def _fit_context(
-        self, ids: list[int], params: SamplingParams
-    ) -> tuple[list[int], SamplingParams, dict[str, Any]]:
-        """Reject (or, with allow_auto_truncate, cut) a request longer than the context.
-
-        Returns the prompt, the sampling params and the meta_info to report (empty if uncut).
-        """
-        ctx = self.model_runner.context_len
-        n, m = len(ids), params.max_new_tokens
-        if n + m <= ctx:
-            return ids, params, {}
-        if not self.server_args.allow_auto_truncate:
-            raise ValueError(
-                f"prompt of {n} tokens + max_new_tokens {m} = {n + m} exceeds the context length"
-                f" {ctx}; shorten the prompt, lower max_new_tokens or set allow_auto_truncate"
-            )
-        keep = min(n, ctx - 1)
-        new_m = min(m, ctx - keep)
-        params = dataclasses.replace(
-            params, max_new_tokens=new_m, min_new_tokens=min(params.min_new_tokens, new_m)
-        )
-        logger.warning(
-            "request truncated to the context length %d: prompt %d -> %d tokens, "
-            "max_new_tokens %d -> %d",
-            ctx,
-            n,
-            keep,
-            m,
-            new_m,
-        )
-        cut = {"prompt_tokens": n, "kept_prompt_tokens": keep, "max_new_tokens": m}
-        cut["capped_max_new_tokens"] = new_m
-        return ids[:keep], params, {"truncation": cut}
-
     def _new_reqs(
         self, raw: Any, sampling_params: Any, return_logprob: bool
     ) -> list[Req | RequestError]:
@@ -253,10 +201,12 @@ class Engine:
             if isinstance(raw, str):
                 ids = self._tokenize(raw)
             else:
-                ids = self._check_input_ids(raw)
+                ids = check_input_ids(raw, int(self.model_runner.model_config.vocab_size))
             if params.stop and self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer: use stop_token_ids")
-            ids, params, meta = self._fit_context(ids, params)
+            ids, params, meta = fit_context(
+                ids, params, self.model_runner.context_len, self.server_args.allow_auto_truncate
+            )
             reqs = []
             for j, rid in enumerate(rids):
                 seed = params.sampling_seed
