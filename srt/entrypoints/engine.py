@@ -1,7 +1,9 @@
 """Engine: the offline entry point, `srt.Engine(...).generate(...)` as in SGLang.
 
-No server: the engine owns a ModelRunner and a Scheduler (continuous batching with admission
-control) and runs submitted requests to completion.
+The engine owns a ModelRunner and a Scheduler (continuous batching with admission control) and
+runs submitted requests to completion; `generate(..., stream=True)` yields increments and
+`async_generate` serves asyncio code. The HTTP server (http_server.py) drives the same engine
+from one EngineLoop thread.
 
 Tensor parallelism (tp_size > 1), two ways:
 - launched by torchrun (or inside an initialised TP group): this process is one rank; every rank
