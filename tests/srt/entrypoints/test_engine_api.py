@@ -11,6 +11,7 @@ import logging
 import math
 
 import pytest
+import torch
 from runner_fakes import FakeConfig, patch_builder
 
 import srt
@@ -228,3 +229,41 @@ def test_log_level(make_engine):
         log.setLevel(old)
     with pytest.raises(ValueError, match="log_level"):
         make_engine(log_level="loud")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_loop_thread_replays_cuda_graphs_like_generate():
+    """The server's loop thread replays graphs captured on the main thread: same tokens."""
+    import queue
+
+    from srt.entrypoints.engine_loop import EngineLoop, Submission
+
+    eng = srt.Engine(device="cuda", dtype="float32", max_total_tokens=8192, cuda_graph_max_bs=8)
+    try:
+        assert eng.model_runner.cuda_graph_runner is not None
+        prompts = [[5 + i] * (3 + 5 * i) for i in range(6)]
+        sp = dict(GREEDY, max_new_tokens=12)
+        ref = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sp)]
+        loop = EngineLoop(eng)
+        events: queue.Queue = queue.Queue()
+        try:
+            subs = []
+            for i, p in enumerate(prompts):
+                sink = lambda ev, i=i: events.put((i, ev))  # noqa: E731
+                sub = Submission({"input_ids": p, "sampling_params": sp}, sink, stream=True)
+                subs.append(sub)
+                loop.submit(sub)
+            got, streamed = {}, {i: [] for i in range(6)}
+            while len(got) < 6:
+                i, ev = events.get(timeout=120)
+                assert ev[0] in ("start", "chunk", "final"), ev
+                if ev[0] == "chunk":
+                    streamed[i] += ev[2]["output_ids"]
+                if ev[0] == "final":
+                    got[i] = ev[2]["output_ids"]
+        finally:
+            loop.close()
+        assert [got[i] for i in range(6)] == ref
+        assert [streamed[i] for i in range(6)] == ref
+    finally:
+        eng.shutdown()
