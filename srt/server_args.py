@@ -10,6 +10,7 @@ from typing import Any
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 ATTENTION_BACKENDS = ("torch_native", "triton")
 LOAD_FORMATS = ("auto", "dummy", "safetensors", "pt")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16")
 
 
@@ -44,6 +45,9 @@ class ServerArgs:
         cpu_max_total_tokens (CPU).
     max_running_requests : concurrent requests (rows of the req-to-token pool).
     json_model_override_args : JSON dict merged into the HF config (used by the bench presets).
+    allow_auto_truncate : a request whose prompt + max_new_tokens exceeds the context length is
+        cut to fit (reported in its meta_info["truncation"]) instead of rejected.
+    log_level : level of the "srt" loggers ("debug" ... "critical"); None leaves logging alone.
     tp_size : tensor-parallel ranks (one process each; NCCL on CUDA, gloo on CPU).
     dist_init_addr : "host:port" of the TP rendezvous for Engine-spawned ranks (None: a free
         local port); torchrun-launched ranks use its env:// instead.
@@ -74,6 +78,8 @@ class ServerArgs:
     dist_init_addr: str | None = None
     dist_timeout: float = 600.0
     json_model_override_args: str = "{}"
+    allow_auto_truncate: bool = False
+    log_level: str | None = None
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -107,6 +113,8 @@ class ServerArgs:
             raise ValueError(f"tp_size must be an int >= 1, got {self.tp_size!r}")
         if self.dist_timeout <= 0:
             raise ValueError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
+        if self.log_level is not None and str(self.log_level).lower() not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         try:
             overrides = json.loads(self.json_model_override_args)
         except json.JSONDecodeError as e:

@@ -1,7 +1,9 @@
 """Engine: the offline entry point, `srt.Engine(...).generate(...)` as in SGLang.
 
-No server: the engine owns a ModelRunner and a Scheduler (continuous batching with admission
-control) and runs submitted requests to completion.
+The engine owns a ModelRunner and a Scheduler (continuous batching with admission control) and
+runs submitted requests to completion; `generate(..., stream=True)` yields increments and
+`async_generate` serves asyncio code. The HTTP server (http_server.py) drives the same engine
+from one EngineLoop thread.
 
 Tensor parallelism (tp_size > 1), two ways:
 - launched by torchrun (or inside an initialised TP group): this process is one rank; every rank
@@ -12,12 +14,16 @@ Tensor parallelism (tp_size > 1), two ways:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
-import itertools
 import logging
 import os
 import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +34,8 @@ from srt.distributed import (
     launched_by_torchrun,
     model_parallel_is_initialized,
 )
+from srt.entrypoints.outputs import RequestError, StreamState, error_output, final_output
+from srt.entrypoints.request_checks import check_input_ids, fit_context
 from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
 from srt.sampling.sampling_params import SamplingParams
@@ -50,6 +58,33 @@ def _load_tokenizer(path: str | None) -> Any:
     except (ValueError, ImportError) as e:  # a model without a usable tokenizer still runs
         logger.warning("no tokenizer loaded from %s: %s", path, e)
         return None
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """The checked requests of one `generate` call.
+
+    Attributes
+    ----------
+    single : the call named one request (one prompt, n = 1): return a dict, not a list.
+    items : one Req or RequestError per output, prompt-major (n per prompt).
+    """
+
+    single: bool
+    items: tuple[Req | RequestError, ...]
+
+
+async def _async_chunks(chunks: Iterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """Each chunk of a streaming generate, the steps run in a worker thread."""
+    done = object()
+    try:
+        while True:
+            chunk = await asyncio.to_thread(next, chunks, done)
+            if chunk is done:
+                return
+            yield chunk  # type: ignore[misc]
+    finally:
+        chunks.close()  # type: ignore[attr-defined]
 
 
 class Engine:
@@ -100,6 +135,8 @@ class Engine:
             **kwargs,
         ).resolved()
         args = self.server_args
+        if args.log_level is not None:
+            logging.getLogger("srt").setLevel(args.log_level.upper())
         self._tp_workers = None
         self._owns_tp_group = False
         self._closed = False
@@ -128,7 +165,6 @@ class Engine:
             tok_path = args.tokenizer_path or args.model_path or TINY_TOKENIZER_DIR
             self.tokenizer = _load_tokenizer(tok_path)
         self.eos_token_ids = self._eos_token_ids()
-        self._rid = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(args.random_seed)
 
     def _start_tp_workers(self) -> None:
@@ -146,50 +182,122 @@ class Engine:
         self.eos_token_ids = self._tp_workers.info["eos_token_ids"]
 
     def _eos_token_ids(self) -> frozenset[int]:
-        ids: set[int] = set()
-        mc = self.model_runner.model_config
-        eos = getattr(getattr(mc, "hf_config", None), "eos_token_id", None)
-        if eos is None:
-            eos = getattr(mc, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(e) for e in eos)
+        # ModelConfig.eos_token_id is the HF config's eos_token_id as a tuple (hf_config is a
+        # read-only mapping, not an object with attributes).
+        eos = self.model_runner.model_config.eos_token_id
+        ids = {int(eos)} if isinstance(eos, int) else {int(e) for e in eos or ()}
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return frozenset(ids)
 
     # ---- requests ----
-    def _make_req(self, input_ids: list[int], params: SamplingParams, return_logprob: bool) -> Req:
-        vocab = int(self.model_runner.model_config.vocab_size)
-        if not input_ids:
-            raise ValueError("a request needs at least one input token")
-        bad = [t for t in input_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"input_ids {bad[:5]} outside the vocabulary [0, {vocab})")
-        ctx = self.model_runner.context_len
-        if len(input_ids) >= ctx:
-            raise ValueError(f"prompt of {len(input_ids)} tokens >= context length {ctx}")
-        seed = params.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-        generator = None
-        if not params.is_greedy:
-            generator = torch.Generator(device=self.model_runner.device).manual_seed(seed)
-        return Req(
-            rid=next(self._rid),
-            origin_input_ids=list(input_ids),
-            sampling_params=params,
-            return_logprob=return_logprob,
-            generator=generator,
-            eos_token_ids=self.eos_token_ids,
-            max_total_len=ctx,
-        )
+    def _new_reqs(
+        self, raw: Any, sampling_params: Any, return_logprob: bool
+    ) -> list[Req | RequestError]:
+        """The `n` requests of one prompt (str) or token list, or their errors."""
+        now = time.perf_counter()
+        rids = [uuid.uuid4().hex]
+        try:
+            params = SamplingParams.from_dict(sampling_params)
+            rids += [uuid.uuid4().hex for _ in range(params.n - 1)]
+            if isinstance(raw, str):
+                ids = self._tokenize(raw)
+            else:
+                ids = check_input_ids(raw, int(self.model_runner.model_config.vocab_size))
+            if params.stop and self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer: use stop_token_ids")
+            ids, params, meta = fit_context(
+                ids, params, self.model_runner.context_len, self.server_args.allow_auto_truncate
+            )
+            reqs = []
+            for j, rid in enumerate(rids):
+                seed = params.sampling_seed
+                if seed is None:
+                    seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+                else:
+                    seed += j
+                generator = None
+                if not params.is_greedy:
+                    device = self.model_runner.device
+                    generator = torch.Generator(device=device).manual_seed(seed)
+                req = Req(
+                    rid=rid,
+                    origin_input_ids=list(ids),
+                    sampling_params=params,
+                    return_logprob=bool(return_logprob),
+                    generator=generator,
+                    eos_token_ids=self.eos_token_ids,
+                    max_total_len=self.model_runner.context_len,
+                    decode=self._decode_for_stop if params.stop else None,
+                    created_time=now,
+                    meta=dict(meta),
+                )
+                self.scheduler.check_fits(req)
+                reqs.append(req)
+            return reqs
+        except (ValueError, TypeError) as e:
+            return [RequestError(rid, e) for rid in rids]
+
+    def _decode_for_stop(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _tokenize(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("this engine has no tokenizer: pass input_ids instead of prompt")
         return list(self.tokenizer.encode(prompt))
+
+    def make_requests(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool | list[bool] = False,
+    ) -> PreparedBatch:
+        """Check and build the requests of one `generate` call without running them.
+
+        A request with bad input or sampling parameters becomes a RequestError in its place
+        (its `n` places); the call itself raises only for a malformed call (both or neither of
+        prompt and input_ids, list lengths that do not match) and, for a single request, with
+        that request's error.
+        """
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("pass exactly one of prompt and input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            raws = [prompt] if single else list(prompt)
+            if not all(isinstance(p, str) for p in raws):
+                raise TypeError("prompt must be a string or a list of strings")
+        else:
+            if isinstance(input_ids, torch.Tensor):
+                input_ids = input_ids.tolist()
+            if not isinstance(input_ids, (list, tuple)):
+                raise TypeError(
+                    f"input_ids must be a list of ints or of lists, got {type(input_ids).__name__}"
+                )
+            single = not input_ids or not isinstance(input_ids[0], (list, tuple, torch.Tensor))
+            raws = [input_ids] if single else list(input_ids)
+        n = len(raws)
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != n:
+                raise ValueError(f"{len(sampling_params)} sampling_params for {n} requests")
+            per_req = sampling_params
+        else:
+            per_req = [sampling_params] * n
+        logprob_flags = return_logprob if isinstance(return_logprob, list) else [return_logprob] * n
+        if len(logprob_flags) != n:
+            raise ValueError(f"{len(logprob_flags)} return_logprob flags for {n} requests")
+        items: list[Req | RequestError] = []
+        for raw, sp, lp in zip(raws, per_req, logprob_flags, strict=True):
+            items.extend(self._new_reqs(raw, sp, lp))
+        if single and isinstance(items[0], RequestError):  # (n > 1: the same error n times)
+            raise items[0].error
+        return PreparedBatch(single=single and len(items) == 1, items=tuple(items))
+
+    def output(self, item: Req | RequestError) -> dict[str, Any]:
+        """The result dict of a finished request or of a rejected one."""
+        if isinstance(item, RequestError):
+            return error_output(item, with_text=self.tokenizer is not None)
+        return final_output(item, self.tokenizer)
 
     def generate(
         self,
@@ -198,28 +306,43 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool | list[bool] = False,
         progress_bar: bool | None = None,
-    ) -> dict[str, Any] | list[dict[str, Any]]:
+        stream: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one request or a batch.
 
         Parameters
         ----------
         prompt : a string or a list of strings (needs a tokenizer).
-        sampling_params : a dict (for all requests) or one dict per request; keys of
-            SamplingParams: max_new_tokens, temperature (0 = greedy), top_k, top_p, min_p,
-            stop_token_ids, ignore_eos, seed.
+        sampling_params : a dict (for all requests) or one dict per request, with SGLang's
+            keys (see SamplingParams): max_new_tokens, min_new_tokens, temperature (0 =
+            greedy), top_k, top_p, min_p, frequency/presence/repetition_penalty, stop,
+            stop_token_ids, ignore_eos, skip_special_tokens, no_stop_trim, n, sampling_seed
+            (alias seed).
         input_ids : token ids instead of prompt: a list of ints or a list of lists.
         return_logprob : also return each output token's log-probability.
-        progress_bar : show a tqdm bar (default: for 32 or more requests).
+        progress_bar : show a tqdm bar (default: for 32 or more requests; not when streaming).
+        stream : return an iterator of incremental dicts instead (see below).
 
         Returns
         -------
-        A dict for a single request, a list of dicts for a batch, each with `output_ids`,
-        `text` (with a tokenizer), `output_token_logprobs` (on request) and `meta_info`
-        (prompt_tokens, completion_tokens, finish_reason).
+        A dict for a single request (one prompt, n = 1), else a list of dicts (prompt-major,
+        the n outputs of a prompt next to each other), each with `output_ids`, `text` (with a
+        tokenizer), `output_token_logprobs` (on request) and `meta_info` (id, finish_reason,
+        prompt_tokens, completion_tokens, cached_tokens, e2e_latency, truncation if cut).
+        In a batch, a request with bad input or parameters does not run: its entry has
+        `error` (the message), no tokens and finish_reason {"type": "abort", ...}; the others
+        run. A single bad request raises its ValueError / TypeError.
+
+        With stream=True: an iterator of chunks, each with the new `output_ids` and `text`
+        since the previous chunk of that request, `meta_info` so far (finish_reason set in its
+        last chunk) and, for a batch, `index` (its position in the list above). Closing the
+        iterator early aborts the requests still running and frees their memory.
         """
         if self._closed:
             raise RuntimeError("generate() after shutdown()")
         if self._tp_workers is not None:
+            if stream:
+                raise ValueError("stream=True needs tp_size=1 or ranks launched by torchrun")
             return self._tp_workers.call(
                 "generate",
                 prompt=prompt,
@@ -228,39 +351,18 @@ class Engine:
                 return_logprob=return_logprob,
                 progress_bar=progress_bar,
             )
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt and input_ids")
-        if prompt is not None:
-            single = isinstance(prompt, str)
-            prompts = [prompt] if single else list(prompt)
-            if not all(isinstance(p, str) for p in prompts):
-                raise TypeError("prompt must be a string or a list of strings")
-            token_lists = [self._tokenize(p) for p in prompts]
-        else:
-            single = len(input_ids) > 0 and isinstance(input_ids[0], int)
-            token_lists = [list(input_ids)] if single else [list(x) for x in input_ids]
-        n = len(token_lists)
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != n:
-                raise ValueError(f"{len(sampling_params)} sampling_params for {n} requests")
-            params = [SamplingParams.from_dict(p) for p in sampling_params]
-        else:
-            params = [SamplingParams.from_dict(sampling_params)] * n
-        logprob_flags = return_logprob if isinstance(return_logprob, list) else [return_logprob] * n
-        reqs = [
-            self._make_req(t, p, bool(lp))
-            for t, p, lp in zip(token_lists, params, logprob_flags, strict=True)
-        ]
-        for r in reqs:
-            self.scheduler.check_fits(r)
+        batch = self.make_requests(prompt, sampling_params, input_ids, return_logprob)
+        if stream:
+            return self._stream(batch)
+        reqs = [r for r in batch.items if isinstance(r, Req)]
         for r in reqs:
             self.scheduler.add_request(r)
-        show = progress_bar if progress_bar is not None else n >= PROGRESS_MIN_REQUESTS
+        show = progress_bar if progress_bar is not None else len(reqs) >= PROGRESS_MIN_REQUESTS
         bar = None
         if show:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=n, desc="generate", file=sys.stderr)
+            bar = tqdm(total=len(reqs), desc="generate", file=sys.stderr)
         try:
             self.scheduler.run_until_idle(bar)
         except BaseException:
@@ -269,25 +371,57 @@ class Engine:
         finally:
             if bar is not None:
                 bar.close()
-        outs = [self._output(r) for r in reqs]
-        return outs[0] if single else outs
+        outs = [self.output(x) for x in batch.items]
+        return outs[0] if batch.single else outs
 
-    def _output(self, req: Req) -> dict[str, Any]:
-        out: dict[str, Any] = {"output_ids": list(req.output_ids)}
-        if self.tokenizer is not None:
-            out["text"] = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
-        meta: dict[str, Any] = {
-            "id": req.rid,
-            "prompt_tokens": len(req.origin_input_ids),
-            "completion_tokens": len(req.output_ids),
-            "finish_reason": req.finished_reason,
-        }
-        if req.return_logprob:
-            out["output_token_logprobs"] = list(req.output_token_logprobs)
-            pairs = zip(req.output_token_logprobs, req.output_ids, strict=True)
-            meta["output_token_logprobs"] = [(lp, tok, None) for lp, tok in pairs]
-        out["meta_info"] = meta
-        return out
+    def _stream(self, batch: PreparedBatch) -> Iterator[dict[str, Any]]:
+        """The chunks of `generate(..., stream=True)`."""
+        states: dict[int, StreamState] = {}
+        pending: list[tuple[int, dict[str, Any]]] = []
+        for i, item in enumerate(batch.items):
+            if isinstance(item, RequestError):
+                pending.append((i, self.output(item)))
+            else:
+                self.scheduler.add_request(item)
+                states[i] = StreamState(item, self.tokenizer)
+        try:
+            while True:
+                for i, chunk in pending:
+                    if not batch.single:
+                        chunk["index"] = i
+                    yield chunk
+                if not self.scheduler.has_work():
+                    return
+                self.scheduler.step()
+                pending = []
+                for i, st in states.items():
+                    chunk = st.next_chunk()
+                    if chunk is not None:
+                        pending.append((i, chunk))
+        except BaseException:
+            self.scheduler.abort_all()  # an error, or the consumer closed the iterator
+            raise
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool | list[bool] = False,
+        stream: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
+        """`generate` for asyncio code: the forward passes run in a worker thread.
+
+        Returns what `generate` returns; with stream=True an async iterator of the same
+        chunks (`async for chunk in await engine.async_generate(..., stream=True)`).
+        The engine runs one call at a time: do not overlap calls on one engine.
+        """
+        if not stream:
+            return await asyncio.to_thread(
+                self.generate, prompt, sampling_params, input_ids, return_logprob, False
+            )
+        chunks = self.generate(prompt, sampling_params, input_ids, return_logprob, stream=True)
+        return _async_chunks(chunks)  # type: ignore[arg-type]
 
     def shutdown(self) -> None:
         """Release the model, the KV cache and the CUDA graphs."""

@@ -8,6 +8,7 @@ allocates the KV slots those steps write; `free_req` gives everything back.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ class Req:
     `output_ids[-1]` at position `kv_len`.
     """
 
-    rid: int
+    rid: int | str
     origin_input_ids: list[int]
     sampling_params: SamplingParams
     return_logprob: bool = False
@@ -42,6 +43,11 @@ class Req:
     req_pool_idx: int | None = None
     kv_len: int = 0
     finished_reason: dict[str, Any] | None = None
+    # Token ids -> text, for stop strings (None: stop strings are not checked).
+    decode: Callable[[list[int]], str] | None = None
+    created_time: float = 0.0  # time.perf_counter() when the request was made
+    finished_time: float = 0.0  # when the scheduler finished it (0.0 while running)
+    meta: dict[str, Any] = field(default_factory=dict)  # extra meta_info (e.g. truncation)
 
     @property
     def finished(self) -> bool:
@@ -56,23 +62,40 @@ class Req:
         return max(len(self.origin_input_ids), total - 1)
 
     def check_finished(self) -> None:
-        """Set finished_reason after a token was appended to output_ids."""
+        """Set finished_reason after a token was appended to output_ids.
+
+        Stop tokens, EOS and stop strings count only once min_new_tokens were generated.
+        """
         params = self.sampling_params
         if not self.output_ids:
             if params.max_new_tokens == 0:
                 self.finished_reason = {"type": "length", "length": 0}
             return
         last = self.output_ids[-1]
-        if last in params.stop_token_ids:
-            self.finished_reason = {"type": "stop", "matched": last}
-        elif not params.ignore_eos and last in self.eos_token_ids:
-            self.finished_reason = {"type": "stop", "matched": last}
-        elif len(self.output_ids) >= params.max_new_tokens:
+        if len(self.output_ids) >= params.min_new_tokens:
+            if last in params.stop_token_ids:
+                self.finished_reason = {"type": "stop", "matched": last}
+            elif not params.ignore_eos and last in self.eos_token_ids:
+                self.finished_reason = {"type": "stop", "matched": last}
+            elif params.stop and self.decode is not None:
+                matched = self._matched_stop_str()
+                if matched is not None:
+                    self.finished_reason = {"type": "stop", "matched": matched}
+            if self.finished_reason is not None:
+                return
+        if len(self.output_ids) >= params.max_new_tokens:
             self.finished_reason = {"type": "length", "length": len(self.output_ids)}
         elif self.max_total_len and len(self.origin_input_ids) + len(self.output_ids) >= (
             self.max_total_len
         ):
             self.finished_reason = {"type": "length", "length": len(self.output_ids)}
+
+    def _matched_stop_str(self) -> str | None:
+        """The first stop string in the text of the last tokens (enough to hold any of them)."""
+        stops = self.sampling_params.stop
+        tail = self.output_ids[-(max(len(s) for s in stops) + 8) :]
+        text = self.decode(tail)  # type: ignore[misc]
+        return next((s for s in stops if s in text), None)
 
 
 def pages_needed(num_tokens: int, page_size: int) -> int:

@@ -11,6 +11,7 @@ need, so a decode step never runs out of memory and no request is ever retracted
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -18,7 +19,16 @@ import torch
 
 from srt.distributed import tensor_model_parallel_broadcast
 from srt.managers.schedule_batch import Req, ScheduleBatch, pages_needed
+from srt.sampling.penalties import PenaltyInputs, apply_penalties
 from srt.sampling.sampler import sample
+
+
+def _penalty_inputs(req: Req) -> PenaltyInputs:
+    params = req.sampling_params
+    banned = set(params.stop_token_ids)
+    if not params.ignore_eos:
+        banned |= req.eos_token_ids
+    return PenaltyInputs(params, req.origin_input_ids, req.output_ids, frozenset(banned))
 
 
 class Scheduler:
@@ -62,6 +72,7 @@ class Scheduler:
         self.check_fits(req)
         if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
             req.check_finished()
+            req.finished_time = time.perf_counter()
             self.finished_early.append(req)
         else:
             self.waiting.append(req)
@@ -92,10 +103,13 @@ class Scheduler:
     # ---- steps ----
     def _finish(self, req: Req, finished: list[Req]) -> None:
         self.batch.free_req(req)
+        req.finished_time = time.perf_counter()
         finished.append(req)
 
     def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
         want_lp = any(r.return_logprob for r in reqs)
+        if any(r.sampling_params.has_penalties for r in reqs):
+            logits = apply_penalties(logits, [_penalty_inputs(r) for r in reqs])  # [B, V]
         next_ids, logprobs = sample(
             logits, [r.sampling_params for r in reqs], [r.generator for r in reqs], want_lp
         )
@@ -151,6 +165,24 @@ class Scheduler:
         self.waiting.clear()
         self.running = []
         return dropped
+
+    def abort(self, rid: int | str) -> Req | None:
+        """Drop one waiting or running request (e.g. its client left), freeing its memory.
+
+        Call between steps. Returns the request, or None if no unfinished request has that id.
+        """
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                req.finished_reason = {"type": "abort"}
+                return req
+        for req in self.running:
+            if req.rid == rid:
+                self.batch.free_req(req)
+                self.running.remove(req)
+                req.finished_reason = {"type": "abort"}
+                return req
+        return None
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.finished_early)

@@ -2,38 +2,92 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
+
+# Accepted as the old name of sampling_seed.
+SEED_ALIAS = "seed"
+PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
+
+
+def _number(name: str, value: Any) -> float:
+    """`value` as a finite float; bools, strings and NaN/inf raise (naming `name`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def _integer(name: str, value: Any) -> int:
+    """`value` as an int; an integral float (3.0) is accepted, 2.5, "0.5", True and NaN raise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{name} must be an integer, got {value}")
+    return int(value)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request is decoded.
+    """How one request is decoded (SGLang's `sampling_params` names and semantics).
 
     Attributes
     ----------
     max_new_tokens : tokens to generate at most (>= 0).
+    min_new_tokens : stop tokens, EOS and stop strings are ignored before this many tokens.
     temperature : 0 means greedy (argmax); > 0 divides the logits before sampling.
     top_k : keep the k most likely tokens (-1: all).
     top_p : keep the smallest set of tokens whose probability reaches top_p (1.0: all).
     min_p : drop tokens whose probability is below min_p * max probability (0.0: none).
-    stop_token_ids : generation stops after emitting any of these (the token is kept).
+    frequency_penalty : in [-2, 2]; subtracted from a token's logit once per time it was
+        generated.
+    presence_penalty : in [-2, 2]; subtracted once from the logit of every generated token.
+    repetition_penalty : in (0, 2]; tokens of the prompt or the output get their logit divided
+        by it (positive logits) or multiplied by it (negative ones). 1.0 is off.
+    stop : stop strings; generation stops once the output text contains one, and the text is
+        cut before it (unless no_stop_trim). output_ids keep every generated token.
+    stop_token_ids : generation stops after emitting any of these (output_ids keep the token,
+        the text drops it unless no_stop_trim).
     ignore_eos : do not stop at the model's EOS token.
-    seed : seeds this request's sampling generator (same seed, same tokens, whatever the batch).
+    skip_special_tokens : drop special tokens when decoding the text.
+    no_stop_trim : keep the matched stop string / stop token in the text.
+    n : outputs per prompt (each one a separate request; seeded ones get seeds s, s+1, ...).
+    sampling_seed : seeds this request's sampling generator (same seed, same tokens, whatever
+        the batch). `seed` is accepted as an alias by `from_dict`.
     """
 
     max_new_tokens: int = 128
+    min_new_tokens: int = 0
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
     min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    seed: int | None = None
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    sampling_seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {self.max_new_tokens!r}")
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
+            _integer(name, getattr(self, name))
+        for name in ("temperature", "top_p", "min_p") + PENALTIES:
+            _number(name, getattr(self, name))
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}"
+            )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k == 0 or self.top_k < -1:
@@ -42,17 +96,52 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise TypeError(f"stop must be a string or a list of non-empty strings: {self.stop!r}")
+        for t in self.stop_token_ids:
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise TypeError(f"stop_token_ids must be ints, got {t!r}")
+        if self.sampling_seed is not None:
+            if isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int):
+                raise TypeError(f"sampling_seed must be an int or None, got {self.sampling_seed!r}")
+        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def seed(self) -> int | None:
+        """Alias of sampling_seed (the name this package used before)."""
+        return self.sampling_seed
 
     @property
     def is_greedy(self) -> bool:
         """Argmax decoding (temperature 0 or top_k 1)."""
         return self.temperature == 0.0 or self.top_k == 1
 
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any penalty (or min_new_tokens) changes the logits before sampling."""
+        return (
+            self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or self.min_new_tokens > 0
+        )
+
     @classmethod
     def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
-        """Build from the `sampling_params` dict of `Engine.generate` (unknown keys raise)."""
+        """Build from the `sampling_params` dict of `Engine.generate` (unknown keys raise).
+
+        `stop` may be a string or a list of strings, `stop_token_ids` an int or a list of ints,
+        `seed` stands for `sampling_seed`; None values mean the default.
+        """
         if params is None:
             return cls()
         if isinstance(params, SamplingParams):
@@ -60,16 +149,21 @@ class SamplingParams:
         if not isinstance(params, dict):
             raise TypeError(f"sampling_params must be a dict, got {type(params).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
+        unknown = sorted(set(params) - known - {SEED_ALIAS})
         if unknown:
             raise ValueError(f"sampling_params has unknown keys {unknown}; known: {sorted(known)}")
-        kw = dict(params)
-        stop = kw.get("stop_token_ids")
+        kw = {k: v for k, v in params.items() if v is not None}
+        if SEED_ALIAS in kw:
+            seed = kw.pop(SEED_ALIAS)
+            if kw.setdefault("sampling_seed", seed) != seed:
+                raise ValueError(f"seed={seed!r} and sampling_seed={kw['sampling_seed']!r} differ")
+        stop = kw.get("stop")
         if stop is not None:
-            kw["stop_token_ids"] = (stop,) if isinstance(stop, int) else tuple(int(t) for t in stop)
-        else:
-            kw.pop("stop_token_ids", None)
-        for name in ("temperature", "top_p", "min_p"):
+            kw["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+        stop_ids = kw.get("stop_token_ids")
+        if stop_ids is not None:
+            kw["stop_token_ids"] = (stop_ids,) if isinstance(stop_ids, int) else tuple(stop_ids)
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
             if name in kw:
-                kw[name] = float(kw[name])
+                kw[name] = _integer(name, kw[name])
         return cls(**kw)

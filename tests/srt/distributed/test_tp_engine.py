@@ -35,7 +35,7 @@ def _run_engine(tp: int, **kw) -> tuple[list, list]:
         )
         if tp > 1:  # a bad request fails on every rank alike; the engine stays usable
             with pytest.raises(ValueError, match="vocabulary"):
-                engine.generate(input_ids=[[5000]], sampling_params=GREEDY)
+                engine.generate(input_ids=[5000], sampling_params=GREEDY)  # one request raises
             again = engine.generate(input_ids=PROMPTS[1], sampling_params=GREEDY)
             assert again["output_ids"] == outs[1]["output_ids"]
             procs = engine._tp_workers.procs

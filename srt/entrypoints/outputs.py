@@ -1,0 +1,144 @@
+"""Output dicts of `Engine.generate`: whole results, streamed increments and per-request errors.
+
+Format as SGLang's: `text` (with a tokenizer), `output_ids`, `meta_info` (`id` a string,
+`finish_reason`, `prompt_tokens`, `completion_tokens`, `cached_tokens`, `e2e_latency`, plus
+`truncation` when allow_auto_truncate cut the request), `output_token_logprobs` on request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from srt.managers.schedule_batch import Req
+
+REPLACEMENT_CHAR = "\ufffd"  # what a partial UTF-8 sequence decodes to
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """A request rejected before it ran (bad input or sampling parameters).
+
+    Attributes
+    ----------
+    rid : the id it would have had.
+    error : the ValueError / TypeError raised while checking it.
+    """
+
+    rid: str
+    error: Exception
+
+    @property
+    def message(self) -> str:
+        return str(self.error)
+
+
+def output_text(req: Req, tokenizer: Any) -> str:
+    """The request's text so far; a matched stop token or string is cut off (SGLang's trim)."""
+    params = req.sampling_params
+    ids = req.output_ids
+    reason = req.finished_reason or {}
+    trim = reason.get("type") == "stop" and not params.no_stop_trim
+    matched = reason.get("matched")
+    if trim and isinstance(matched, int) and ids and ids[-1] == matched:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+    if trim and isinstance(matched, str):
+        pos = text.find(matched)
+        if pos >= 0:
+            text = text[:pos]
+    return text
+
+
+def meta_info(req: Req) -> dict[str, Any]:
+    """SGLang's meta_info of a request (finish_reason None while it runs)."""
+    end = req.finished_time or time.perf_counter()
+    meta: dict[str, Any] = {
+        "id": str(req.rid),
+        "finish_reason": req.finished_reason,
+        "prompt_tokens": len(req.origin_input_ids),
+        "completion_tokens": len(req.output_ids),
+        "cached_tokens": 0,  # no prefix cache: every prompt token is computed
+        "e2e_latency": end - req.created_time,
+    }
+    meta.update(req.meta)
+    return meta
+
+
+def final_output(req: Req, tokenizer: Any) -> dict[str, Any]:
+    """The whole result of a finished request."""
+    out: dict[str, Any] = {"output_ids": list(req.output_ids)}
+    if tokenizer is not None:
+        out["text"] = output_text(req, tokenizer)
+    meta = meta_info(req)
+    if req.return_logprob:
+        out["output_token_logprobs"] = list(req.output_token_logprobs)
+        pairs = zip(req.output_token_logprobs, req.output_ids, strict=True)
+        meta["output_token_logprobs"] = [(lp, tok, None) for lp, tok in pairs]
+    out["meta_info"] = meta
+    return out
+
+
+def error_output(err: RequestError, with_text: bool) -> dict[str, Any]:
+    """The entry of a rejected request: no tokens, `error`, finish_reason abort with message."""
+    out: dict[str, Any] = {"output_ids": [], "error": err.message}
+    if with_text:
+        out["text"] = ""
+    out["meta_info"] = {
+        "id": err.rid,
+        "finish_reason": {"type": "abort", "message": err.message, "status_code": 400},
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "e2e_latency": 0.0,
+    }
+    return out
+
+
+class StreamState:
+    """Turns a running request into incremental chunks (new ids and new text per step).
+
+    Text that could still change is held back: a trailing partial UTF-8 character, and, while
+    the request has stop strings, the last (longest stop string - 1) characters, so a stop
+    string is never streamed before it is cut.
+    """
+
+    def __init__(self, req: Req, tokenizer: Any) -> None:
+        self.req = req
+        self.tokenizer = tokenizer
+        self.sent_ids = 0
+        self.sent_chars = 0
+        self.done = False
+
+    def _visible_text(self) -> str:
+        text = output_text(self.req, self.tokenizer)
+        if self.req.finished:
+            return text
+        text = text.rstrip(REPLACEMENT_CHAR)
+        stops = self.req.sampling_params.stop
+        if stops:
+            text = text[: max(0, len(text) - (max(len(s) for s in stops) - 1))]
+        return text
+
+    def next_chunk(self) -> dict[str, Any] | None:
+        """The increment since the last call, or None if there is nothing new."""
+        req = self.req
+        if self.done or (len(req.output_ids) == self.sent_ids and not req.finished):
+            return None
+        chunk: dict[str, Any] = {"output_ids": req.output_ids[self.sent_ids :]}
+        if self.tokenizer is not None:
+            text = self._visible_text()
+            chunk["text"] = text[self.sent_chars :]
+            self.sent_chars = max(self.sent_chars, len(text))
+        meta = meta_info(req)
+        if req.return_logprob:
+            new_lps = req.output_token_logprobs[self.sent_ids :]
+            chunk["output_token_logprobs"] = list(new_lps)
+            meta["output_token_logprobs"] = [
+                (lp, tok, None) for lp, tok in zip(new_lps, chunk["output_ids"], strict=True)
+            ]
+        chunk["meta_info"] = meta
+        self.sent_ids = len(req.output_ids)
+        self.done = req.finished
+        return chunk
