@@ -39,20 +39,24 @@ def silu_and_mul(
         raise ValueError(f"input must be [..., 2 * d], got shape {tuple(input.shape)}")
     d = input.shape[-1] // 2
     shape = (*input.shape[:-1], d)
-    if out is None:
-        out = input.new_empty(shape)
-    else:
+    if out is not None:
         C.check_tensor("out", out, (input.dtype,))
         if tuple(out.shape) != shape:
             raise ValueError(f"out must be {shape}, got {tuple(out.shape)}")
         C.check_device("out", out, input.device)
     x2 = _rows("input", input, 2 * d)
-    o2 = _rows("out", out, d)
+    o2 = None if out is None else _rows("out", out, d)
     if select_backend(input.device, has_cuda=False) == "native":
-        o2.copy_(silu_and_mul_native(x2))
+        y = silu_and_mul_native(input)
+        if out is None:
+            return y
+        o2.copy_(y.view(o2.shape))
         return out
     from sgl_ext.triton.activation import silu_and_mul_launch
 
+    if out is None:
+        out = torch.empty(shape, dtype=input.dtype, device=input.device)
+        o2 = out.view(-1, d)
     silu_and_mul_launch(x2, o2)
     return out
 

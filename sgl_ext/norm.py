@@ -48,27 +48,25 @@ def fused_add_rmsnorm_native(
 
 
 def _check(
-    input: object, weight: object, eps: object, residual: object = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate and return 2-D views [rows, N] of input (and residual); never copies."""
+    input: object, weight: object, eps: object, weight_in_fp32: bool, residual: object = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Validate (metadata only) and return [rows, N] views of input and residual; no copies."""
     C.check_tensor("input", input, C.INPUT_DTYPES)
     C.check_tensor("weight", weight, C.INPUT_DTYPES)
     assert isinstance(input, torch.Tensor) and isinstance(weight, torch.Tensor)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative float, got {eps!r}")
-    if input.ndim < 1 or input.shape[-1] == 0:
-        raise ValueError(f"input must be [..., hidden] with hidden > 0, got {tuple(input.shape)}")
-    n = input.shape[-1]
-    if n > MAX_HIDDEN:
-        raise ValueError(f"input hidden size {n} exceeds {MAX_HIDDEN}")
-    if weight.shape != (n,):
-        raise ValueError(f"weight must be [{n}] (input's last dim), got {tuple(weight.shape)}")
-    if not weight.is_contiguous():
-        raise ValueError("weight must be contiguous")
+    n = input.shape[-1] if input.ndim else 0
+    if n == 0 or n > MAX_HIDDEN:
+        raise ValueError(f"input must be [..., hidden], 0 < hidden <= {MAX_HIDDEN}, got {n}")
+    if weight.shape != (n,) or weight.stride(0) != 1:
+        raise ValueError(f"weight must be contiguous [{n}] (input's last dim)")
+    if not weight_in_fp32 and weight.dtype != input.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} must equal input dtype {input.dtype}")
     C.check_device("weight", weight, input.device)
     x2 = _rows("input", input)
     if residual is None:
-        return x2, x2
+        return x2, None
     C.check_tensor("residual", residual)
     assert isinstance(residual, torch.Tensor)
     if residual.shape != input.shape or residual.dtype != input.dtype:
@@ -78,6 +76,16 @@ def _check(
         )
     C.check_device("residual", residual, input.device)
     return x2, _rows("residual", residual)
+
+
+def _dest(name: str, t: object, like: torch.Tensor) -> torch.Tensor:
+    """[rows, N] view of a caller-given output with like's shape, dtype and device."""
+    C.check_tensor(name, t, (like.dtype,))
+    assert isinstance(t, torch.Tensor)
+    if t.shape != like.shape:
+        raise ValueError(f"{name} must have input's shape {tuple(like.shape)}")
+    C.check_device(name, t, like.device)
+    return _rows(name, t)
 
 
 def _rows(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -91,6 +99,10 @@ def _rows(name: str, t: torch.Tensor) -> torch.Tensor:
             f"{name} of shape {tuple(t.shape)} and strides {t.stride()} cannot be seen as "
             "[rows, hidden] without a copy"
         ) from None
+
+
+def _new(like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
 
 
 def rmsnorm(
@@ -107,7 +119,7 @@ def rmsnorm(
     Parameters
     ----------
     input : [..., N] bf16/fp16/fp32, last dim contiguous (leading dims may be one strided dim).
-    weight : [N], contiguous, the dtype of input (or float32 with weight_in_fp32).
+    weight : [N], contiguous, the dtype of input (any float dtype with weight_in_fp32).
     eps : variance epsilon (>= 0).
     out : optional [..., N] output of input's dtype (may be input itself); new tensor if None.
     enable_pdl : accepted for sgl_kernel compatibility; no effect.
@@ -117,22 +129,19 @@ def rmsnorm(
     -------
     out : [..., N], input's dtype.
     """
-    x2, _ = _check(input, weight, eps)
-    if not weight_in_fp32 and weight.dtype != input.dtype:
-        raise TypeError(f"weight dtype {weight.dtype} must equal input dtype {input.dtype}")
-    if out is None:
-        out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    else:
-        C.check_tensor("out", out, (input.dtype,))
-        if out.shape != input.shape:
-            raise ValueError(f"out must have input's shape {tuple(input.shape)}")
-        C.check_device("out", out, input.device)
-    o2 = _rows("out", out)
+    x2, _ = _check(input, weight, eps, weight_in_fp32)
+    o2 = None if out is None else _dest("out", out, input)
     if select_backend(input.device, has_cuda=False) == "native":
-        o2.copy_(rmsnorm_native(x2, weight, eps, weight_in_fp32))
+        y = rmsnorm_native(input, weight, eps, weight_in_fp32)
+        if out is None:
+            return y
+        o2.copy_(y.view(o2.shape))
         return out
     from sgl_ext.triton.norm import rmsnorm_launch
 
+    if out is None:
+        out = _new(input)
+        o2 = out.view(x2.shape)
     rmsnorm_launch(x2, weight, eps, o2, weight_in_fp32=weight_in_fp32)
     return out
 
@@ -145,41 +154,51 @@ def fused_add_rmsnorm(
     enable_pdl: bool | None = None,
     *,
     weight_in_fp32: bool = False,
+    inplace: bool = True,
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
-) -> None:
-    """residual = input + residual; input = RMSNorm(residual) * weight (sgl_kernel's
-    `fused_add_rmsnorm`, in place), in one pass.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual = input + residual; input = RMSNorm(residual) * weight, in one pass
+    (sgl_kernel's `fused_add_rmsnorm`: in place by default).
 
     Parameters
     ----------
-    input : [..., N] bf16/fp16/fp32, last dim contiguous; receives the normalised output
-        unless `out` is given.
-    residual : [..., N], input's dtype; receives the sum unless `residual_out` is given.
+    input : [..., N] bf16/fp16/fp32, last dim contiguous (leading dims one strided dim).
+    residual : [..., N], input's dtype and layout rules.
     weight : [N], as for `rmsnorm`. eps : variance epsilon.
     enable_pdl : accepted for sgl_kernel compatibility; no effect.
     weight_in_fp32 : gpt-oss rounding order (see `rmsnorm`).
-    out, residual_out : optional [..., N] destinations (out of place; the inputs stay intact).
+    inplace : True (sgl_kernel): input receives the normalised output, residual the sum.
+        False: input and residual stay intact and the results go to `out` / `residual_out`
+        (new tensors where None).
+    out, residual_out : optional [..., N] destinations of input's dtype (inplace=False only).
+
+    Returns
+    -------
+    (normalised, sum) : [..., N] each, input's dtype; the tensors written.
     """
-    x2, r2 = _check(input, weight, eps, residual)
-    if not weight_in_fp32 and weight.dtype != input.dtype:
-        raise TypeError(f"weight dtype {weight.dtype} must equal input dtype {input.dtype}")
-    dests = []
-    for name, t, default in (("out", out, x2), ("residual_out", residual_out, r2)):
-        if t is None:
-            dests.append(default)
-            continue
-        C.check_tensor(name, t, (input.dtype,))
-        if t.shape != input.shape:
-            raise ValueError(f"{name} must have input's shape {tuple(input.shape)}")
-        C.check_device(name, t, input.device)
-        dests.append(_rows(name, t))
-    o2, ro2 = dests
+    x2, r2 = _check(input, weight, eps, weight_in_fp32, residual)
+    assert r2 is not None
+    if inplace and (out is not None or residual_out is not None):
+        raise ValueError("out / residual_out need inplace=False")
+    if inplace:
+        out, residual_out = input, residual
+    o2 = None if out is None else _dest("out", out, input)
+    ro2 = None if residual_out is None else _dest("residual_out", residual_out, input)
     if select_backend(input.device, has_cuda=False) == "native":
-        y, s = fused_add_rmsnorm_native(x2, r2, weight, eps, weight_in_fp32)
-        ro2.copy_(s)
-        o2.copy_(y)
-        return
+        y, s = fused_add_rmsnorm_native(input, residual, weight, eps, weight_in_fp32)
+        if ro2 is not None:  # the sum first: residual_out may alias input
+            ro2.copy_(s.view(ro2.shape))
+        if o2 is not None:
+            o2.copy_(y.view(o2.shape))
+        return (y if out is None else out), (s if residual_out is None else residual_out)
     from sgl_ext.triton.norm import rmsnorm_launch
 
+    if out is None:
+        out = _new(input)
+        o2 = out.view(x2.shape)
+    if residual_out is None:
+        residual_out = _new(input)
+        ro2 = residual_out.view(x2.shape)
     rmsnorm_launch(x2, weight, eps, o2, r2, ro2, weight_in_fp32=weight_in_fp32)
+    return out, residual_out

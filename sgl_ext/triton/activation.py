@@ -32,7 +32,7 @@ def silu_and_mul_launch(x: torch.Tensor, out: torch.Tensor) -> None:
     rows, d = out.shape
     if rows == 0 or d == 0:
         return
-    block = min(BLOCK, triton.next_power_of_2(d))
+    block = min(BLOCK, 1 << (d - 1).bit_length())
     _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](
         x, out, d, x.stride(0), out.stride(0), BLOCK=block, EMULATE=interpreting(), num_warps=4
     )

@@ -74,8 +74,8 @@ def rmsnorm_launch(
     n_rows, n = x.shape
     if n_rows == 0:
         return
-    block_n = triton.next_power_of_2(n)
-    block_m = max(1, min(1024 // block_n, triton.next_power_of_2(n_rows)))
+    block_n = 1 << (n - 1).bit_length()  # next power of two (host ints: no triton helper)
+    block_m = max(1, min(1024 // block_n, 1 << (n_rows - 1).bit_length()))
     num_warps = max(1, min(16, block_m * block_n // 512))
     has_res = residual is not None
     r = residual if has_res else x

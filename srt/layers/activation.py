@@ -1,7 +1,7 @@
 """SiluAndMul: the gated activation of Llama-style MLPs.
 
-On CUDA (or with SGL_EXT_BACKEND=triton) one sgl_ext kernel (`silu_and_mul`); elsewhere the
-torch-native reference, which rounds in the same order.
+Through sgl_ext's `silu_and_mul`: on CUDA (or with SGL_EXT_BACKEND=triton) one kernel launch;
+elsewhere the torch-native reference, which rounds in the same order.
 """
 
 from __future__ import annotations
@@ -9,28 +9,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sgl_ext._backend import select_backend
 from sgl_ext.activation import silu_and_mul, silu_and_mul_native
-
-
-def kernel_backend(device: torch.device) -> bool:
-    """Whether the sgl_ext kernel (not the torch-native reference) serves tensors on device."""
-    return select_backend(device, has_cuda=False) != "native"
 
 
 class SiluAndMul(nn.Module):
     """x: [..., 2 * d] (gate | up) -> silu(gate) * up: [..., d], x's dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if kernel_backend(x.device) and x.stride(-1) == 1:
-            return self.forward_cuda(x)
+        if x.stride(-1) == 1 and (x.ndim == 2 or x.is_contiguous()):
+            # sgl_ext picks the kernel (CUDA, or SGL_EXT_BACKEND=triton) or the native math.
+            return silu_and_mul(x)
         return self.forward_native(x)
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
-        """The torch-native reference (CPU path)."""
+        """The torch-native reference (any layout)."""
         return silu_and_mul_native(x)
-
-    def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
-        """One sgl_ext kernel launch."""
-        x = x if x.ndim == 2 or x.is_contiguous() else x.contiguous()
-        return silu_and_mul(x)

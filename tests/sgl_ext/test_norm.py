@@ -62,9 +62,14 @@ def test_fused_add_rmsnorm_in_place(backend, name, dtype, rows, n):
     backend(name)
     x, r, w = _inputs(rows, n, dtype, seed=1)
     s = x + r  # the rounded sum the model computes
-    fused_add_rmsnorm(x, r, w, 1e-6)
-    assert torch.equal(bits(r), bits(s))
+    x0, r0 = x.clone(), r.clone()
+    new_out, new_res = fused_add_rmsnorm(x0, r0, w, 1e-6, inplace=False)  # fresh outputs
+    assert torch.equal(x0, x) and torch.equal(r0, r)
+    got = fused_add_rmsnorm(x, r, w, 1e-6)
+    assert got[0] is x and got[1] is r
+    assert torch.equal(bits(r), bits(s)) and torch.equal(bits(new_res), bits(s))
     _check(x, _ref(s, w, 1e-6), dtype)
+    assert torch.equal(bits(new_out), bits(x))
 
 
 @pytest.mark.parametrize("name", ["native", "triton"])
@@ -81,7 +86,10 @@ def test_fused_add_rmsnorm_out_of_place_strided(backend, name, weight_in_fp32):
     wide0, r0 = wide.clone(), r.clone()
     out = poison(torch.empty(2, 5, 33, dtype=dtype, device=DEV))
     res = poison(torch.empty(2, 5, 33, dtype=dtype, device=DEV))
-    fused_add_rmsnorm(x, r, w, 1e-6, weight_in_fp32=weight_in_fp32, out=out, residual_out=res)
+    got = fused_add_rmsnorm(
+        x, r, w, 1e-6, weight_in_fp32=weight_in_fp32, inplace=False, out=out, residual_out=res
+    )
+    assert got[0] is out and got[1] is res
     assert torch.equal(bits(wide), bits(wide0)) and torch.equal(bits(r), bits(r0))
     assert torch.equal(bits(res), bits(x + r))
     _check(out, _ref(x + r, w, 1e-6), dtype)
@@ -111,7 +119,12 @@ def test_bad_input_raises_before_launch(backend, name):
         (ValueError, "residual", lambda: fused_add_rmsnorm(x, r[:3], w)),
         (ValueError, "residual", lambda: fused_add_rmsnorm(x, r.half().float()[:, :32], w)),
         (ValueError, "input", lambda: rmsnorm(x.t(), torch.ones(7))),
-        (TypeError, "residual_out", lambda: fused_add_rmsnorm(x, r, w, residual_out=r.half())),
+        (ValueError, "inplace", lambda: fused_add_rmsnorm(x, r, w, out=torch.empty_like(x))),
+        (
+            TypeError,
+            "residual_out",
+            lambda: fused_add_rmsnorm(x, r, w, inplace=False, residual_out=r.half()),
+        ),
     ]
     for exc, word, call in cases:
         with pytest.raises(exc, match=word):
@@ -126,7 +139,7 @@ def test_cuda_bf16_model_shapes(rows, n):
     """Llama/Qwen shapes on the GPU: Triton vs the native path, and the exact residual sum."""
     x, r, w = _inputs(rows, n, torch.bfloat16, seed=5, device="cuda")
     out, res = poison(torch.empty_like(x)), poison(torch.empty_like(x))
-    fused_add_rmsnorm(x, r, w, 1e-5, out=out, residual_out=res)
+    fused_add_rmsnorm(x, r, w, 1e-5, inplace=False, out=out, residual_out=res)
     ref_out, ref_res = fused_add_rmsnorm_native(x, r, w, 1e-5)
     assert torch.equal(bits(res), bits(ref_res))
     _check(out, _ref(ref_res, w, 1e-5), torch.bfloat16)
