@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from srt.layers.attention.triton_ops.kv_load import load_kv_tile
+from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
 
 @triton.jit
@@ -207,7 +208,7 @@ def num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
     then multiples of 8, always within the same power-of-two range) splits exactly like the eager
     batch it serves and both give the same bits.
     """
-    b = triton.next_power_of_2(max(1, batch_size))
+    b = _pow2(max(1, batch_size))
     want = max(1, 2 * num_sms // (b * num_kv_heads))
     return min(MAX_KV_SPLITS, 1 << (want.bit_length() - 1))
 
@@ -217,7 +218,7 @@ def decode_scratch_shape(
 ) -> tuple[int, int, int, int]:
     """Shape of the float32 partial-output scratch [B, Hq, splits, BLOCK_DV] (the log-sum-exp
     scratch is its first three dims)."""
-    return batch_size, num_q_heads, splits, max(16, triton.next_power_of_2(v_head_dim))
+    return batch_size, num_q_heads, splits, max(16, _pow2(v_head_dim))
 
 
 def decode_attention_fwd(
@@ -254,7 +255,7 @@ def decode_attention_fwd(
     if num_splits < 1 or num_splits > MAX_KV_SPLITS or num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two in [1, {MAX_KV_SPLITS}]")
     group = Hq // Hkv
-    block_dv = max(16, triton.next_power_of_2(DV))
+    block_dv = max(16, _pow2(DV))
     if num_splits > 1:
         shape = decode_scratch_shape(B, Hq, DV, num_splits)
         if mid_o is None:
@@ -295,8 +296,8 @@ def decode_attention_fwd(
         GROUP=group,
         D=D,
         DV=DV,
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_H=max(16, _pow2(group)),
+        BLOCK_D=max(16, _pow2(D)),
         BLOCK_DV=block_dv,
         BLOCK_N=32,
         PAGE_SIZE=kv.page_size,

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from srt.layers.attention.triton_ops.kv_load import load_kv_tile
+from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
 
 @triton.jit
@@ -205,8 +206,8 @@ def extend_attention_fwd(
         GROUP=Hq // Hkv,
         D=D,
         DV=DV,
-        BLOCK_D=max(16, triton.next_power_of_2(D)),
-        BLOCK_DV=max(16, triton.next_power_of_2(DV)),
+        BLOCK_D=max(16, _pow2(D)),
+        BLOCK_DV=max(16, _pow2(DV)),
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
         PAGE_SIZE=kv.page_size,
