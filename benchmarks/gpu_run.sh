@@ -17,7 +17,8 @@
 #   qknorm     bench_qk_norm_rope tables (Qwen3-8B / Qwen3-32B shapes)
 #   moe        bench_moe (gpt-oss-20b shape): routed-expert kernel vs torch, floor
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
-#   profile    per-kernel breakdown of one decode step (llama3-8b bs 1 and 64)
+#   profile    per-kernel breakdown of one decode step (PROFILE_PRESETS, default llama3-8b and
+#              qwen3-8b; bs 1 and 64), eager wall per decoder layer
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -68,9 +69,13 @@ t_e2e() {
       --input-len 512 --output-len 32
   done
 }
+PROFILE_PRESETS=${PROFILE_PRESETS:-llama3-8b qwen3-8b}
 t_profile() {
-  for bs in 1 64; do
-    timeout 200 python benchmarks/profile_decode.py --model-preset llama3-8b --batch-size $bs
+  for m in $PROFILE_PRESETS; do
+    for bs in 1 64; do
+      timeout 200 python benchmarks/profile_decode.py --model-preset "$m" --batch-size $bs \
+        || echo "profile $m bs=$bs: FAILED rc=$?"
+    done
   done
 }
 
