@@ -75,7 +75,9 @@ def rmsnorm_launch(
     if n_rows == 0:
         return
     block_n = 1 << (n - 1).bit_length()  # next power of two (host ints: no triton helper)
-    block_m = max(1, min(1024 // block_n, 1 << (n_rows - 1).bit_length()))
+    # Rows per program from the row width only: a row's reduction order (and so its bits) must not
+    # depend on how many rows there are (a padded CUDA-graph batch equals the eager one).
+    block_m = max(1, 1024 // block_n)
     num_warps = max(1, min(16, block_m * block_n // 512))
     has_res = residual is not None
     r = residual if has_res else x
