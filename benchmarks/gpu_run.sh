@@ -11,6 +11,8 @@
 # Targets:
 #   info       GPU name, torch/triton versions, device-copy bandwidth
 #   tests      every test file's GPU tests (the CPU ones too: the whole suite)
+#   layers     the decoder-layer tests only (norm / SiLU kernels, attention backends, models,
+#              graph runner), for a quick check of issue 15's work
 #   memcheck   compute-sanitizer memcheck over the kernel sweep
 #   rope       bench_rope_kv tables: bf16 graph + eager, fp8, GPT-J, partial rotary, vs peers
 #   eager      host time per eager call: ours vs SGLang / FlashInfer and set_kv_buffer vs indexing
@@ -45,6 +47,10 @@ print(f"device copy 1 GiB: {2 * x.numel() * 4 / ms / 1e6:.0f} GB/s (read + write
 EOF
 }
 t_tests() { timeout 540 python -m pytest -q -p no:cacheprovider tests -x -rfE; }
+t_layers() {
+  timeout 400 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_norm.py \
+    tests/sgl_ext/test_activation.py tests/srt/layers tests/srt/models tests/srt/model_executor
+}
 t_memcheck() {
   timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
     python tests/sgl_ext/gpu_memcheck_sweep.py
