@@ -33,6 +33,6 @@ def silu_and_mul_launch(x: torch.Tensor, out: torch.Tensor) -> None:
     if rows == 0 or d == 0:
         return
     block = min(BLOCK, 1 << (d - 1).bit_length())
-    _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](
+    _silu_and_mul_kernel[(rows, -(-d // block))](
         x, out, d, x.stride(0), out.stride(0), BLOCK=block, EMULATE=interpreting(), num_warps=4
     )

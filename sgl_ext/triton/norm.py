@@ -82,7 +82,7 @@ def rmsnorm_launch(
     has_res = residual is not None
     r = residual if has_res else x
     ro = residual_out if has_res else out
-    _rmsnorm_kernel[(triton.cdiv(n_rows, block_m),)](
+    _rmsnorm_kernel[(-(-n_rows // block_m),)](
         x,
         r,
         weight,

@@ -191,7 +191,7 @@ def extend_attention_fwd(
     block_m = max(1, (16 if interpreting() else 64) // block_h, 16 // block_h)
     block_d = max(16, _pow2(D))
     BLOCK_N = 32
-    grid = (B, Hkv, triton.cdiv(max_extend_len, block_m))
+    grid = (B, Hkv, -(-max_extend_len // block_m))
     _extend_kernel[grid](
         q,
         kv.k_buffer,
