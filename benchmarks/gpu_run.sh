@@ -19,6 +19,8 @@
 #   qknorm     bench_qk_norm_rope tables (Qwen3-8B / Qwen3-32B shapes)
 #   moe        bench_moe (gpt-oss-20b shape): routed-expert kernel vs torch, floor
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
+#   layerbench bench_layers: add+RMSNorm / RMSNorm / SiLU-and-mul kernels vs torch-native and
+#              split-KV decode attention, with floors (llama3-8b, qwen3-8b shapes)
 #   profile    per-kernel breakdown of one decode step (PROFILE_PRESETS, default llama3-8b and
 #              qwen3-8b; bs 1 and 64), eager wall per decoder layer
 set -u
@@ -75,6 +77,7 @@ t_e2e() {
       --input-len 512 --output-len 32
   done
 }
+t_layerbench() { timeout 300 python benchmarks/bench_layers.py; }
 PROFILE_PRESETS=${PROFILE_PRESETS:-llama3-8b qwen3-8b}
 t_profile() {
   for m in $PROFILE_PRESETS; do
