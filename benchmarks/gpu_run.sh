@@ -11,6 +11,8 @@
 # Targets:
 #   info       GPU name, torch/triton versions, device-copy bandwidth
 #   tests      every test file's GPU tests (the CPU ones too: the whole suite)
+#   layers     the decoder-layer tests only (norm / SiLU kernels, attention backends, models,
+#              graph runner), for a quick check of issue 15's work
 #   memcheck   compute-sanitizer memcheck over the kernel sweep
 #   rope       bench_rope_kv tables: bf16 graph + eager, fp8, GPT-J, partial rotary, vs peers
 #   eager      host time per eager call: ours vs SGLang / FlashInfer and set_kv_buffer vs indexing
@@ -20,8 +22,11 @@
 #   moe_sweep  bench_moe --sweep: launch configurations per T, best printed as MOE_CONFIGS lines
 #              (MOE_SWEEP_ARGS=--mxfp4 for the MXFP4 kernels)
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
-#   profile    per-kernel breakdown of one decode step (llama3-8b bs 1 and 64)
 #   cli        bench_one_batch / gpqa CLI GPU tests, --correctness-test with graphs, floor + --profile
+#   layerbench bench_layers: add+RMSNorm / RMSNorm / SiLU-and-mul kernels vs torch-native and
+#              split-KV decode attention, with floors (llama3-8b, qwen3-8b shapes)
+#   profile    per-kernel breakdown of one decode step (PROFILE_PRESETS, default llama3-8b and
+#              qwen3-8b; bs 1 and 64), eager wall per decoder layer
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -48,6 +53,10 @@ print(f"device copy 1 GiB: {2 * x.numel() * 4 / ms / 1e6:.0f} GB/s (read + write
 EOF
 }
 t_tests() { timeout 540 python -m pytest -q -p no:cacheprovider tests -x -rfE; }
+t_layers() {
+  timeout 400 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_norm.py \
+    tests/sgl_ext/test_activation.py tests/srt/layers tests/srt/models tests/srt/model_executor
+}
 t_memcheck() {
   timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
     python tests/sgl_ext/gpu_memcheck_sweep.py
@@ -80,9 +89,14 @@ t_e2e() {
       --input-len 512 --output-len 32 --result-filename "$LOGS/e2e_result.jsonl"
   done
 }
+t_layerbench() { timeout 300 python benchmarks/bench_layers.py; }
+PROFILE_PRESETS=${PROFILE_PRESETS:-llama3-8b qwen3-8b}
 t_profile() {
-  for bs in 1 64; do
-    timeout 200 python benchmarks/profile_decode.py --model-preset llama3-8b --batch-size $bs
+  for m in $PROFILE_PRESETS; do
+    for bs in 1 64; do
+      timeout 200 python benchmarks/profile_decode.py --model-preset "$m" --batch-size $bs \
+        || echo "profile $m bs=$bs: FAILED rc=$?"
+    done
   done
 }
 t_cli() {

@@ -113,7 +113,11 @@ def main(argv: list[str] | None = None) -> None:
                 step(use_graph)
             torch.cuda.synchronize()
         mode = "cuda graph" if use_graph else "eager"
-        print(f"\n## {mode}: wall {wall_ms:.3f} ms per step (forward + argmax + host work)")
+        layers = int(runner.model_config.num_hidden_layers)
+        print(
+            f"\n## {mode}: wall {wall_ms:.3f} ms per step (forward + argmax + host work), "
+            f"{wall_ms * 1e3 / layers:.1f} us per decoder layer ({layers} layers)"
+        )
         print(_kernel_table(prof, a.steps, a.top))
 
 

@@ -2,7 +2,14 @@
 
 from sgl_ext import _ops  # noqa: F401  (registers torch.ops.sgl_ext.* for torch.compile)
 from sgl_ext._common import FP8_DTYPES, INPUT_DTYPES, set_debug_checks
+from sgl_ext.activation import silu_and_mul, silu_and_mul_native
 from sgl_ext.kv_cache import set_kv_buffer, set_kv_buffer_native
+from sgl_ext.norm import (
+    fused_add_rmsnorm,
+    fused_add_rmsnorm_native,
+    rmsnorm,
+    rmsnorm_native,
+)
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
     apply_rope_native,
@@ -14,8 +21,14 @@ __all__ = [
     "INPUT_DTYPES",
     "FusedSetKVBufferArg",
     "apply_rope_native",
+    "fused_add_rmsnorm",
+    "fused_add_rmsnorm_native",
+    "rmsnorm",
+    "rmsnorm_native",
     "apply_rope_with_cos_sin_cache_inplace",
     "set_debug_checks",
     "set_kv_buffer",
     "set_kv_buffer_native",
+    "silu_and_mul",
+    "silu_and_mul_native",
 ]

@@ -1,9 +1,16 @@
-"""RMSNorm with the optional fused residual add of SGLang's decoder layers."""
+"""RMSNorm with the optional fused residual add of SGLang's decoder layers.
+
+Through sgl_ext's `rmsnorm` / `fused_add_rmsnorm`: on CUDA (or with SGL_EXT_BACKEND=triton) one
+kernel launch per call, one pass over each row; elsewhere the torch-native reference, which rounds
+in the same order.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from sgl_ext.norm import fused_add_rmsnorm, fused_add_rmsnorm_native, rmsnorm, rmsnorm_native
 
 
 class RMSNorm(nn.Module):
@@ -26,18 +33,39 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x: [..., hidden]. With `residual`, returns (norm(x + residual), x + residual)."""
-        if residual is not None:
-            x = x + residual
-            residual = x
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        if self.weight_in_fp32:
-            out = (self.weight.float() * xf).to(dtype)
-        else:
-            out = self.weight * xf.to(dtype)
-        return out if residual is None else (out, residual)
+        """x: [..., hidden]. With `residual`, returns (norm(x + residual), x + residual).
+
+        Out of place: x and residual are never modified. Outputs have x's dtype.
+        """
+        eps, fp32w = self.variance_epsilon, self.weight_in_fp32
+        if not self._fits(x, residual):
+            return self.forward_native(x, residual)
+        # sgl_ext picks the kernel (CUDA, or SGL_EXT_BACKEND=triton) or the same native math.
+        if residual is None:
+            return rmsnorm(x, self.weight, eps, weight_in_fp32=fp32w)
+        return fused_add_rmsnorm(x, residual, self.weight, eps, weight_in_fp32=fp32w, inplace=False)
+
+    def _fits(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """Whether the sgl_ext ops take these operands as they are (else: native math)."""
+        if x.dtype != self.weight.dtype and not self.weight_in_fp32:
+            return False
+        if x.stride(-1) != 1 or not (x.ndim == 2 or x.is_contiguous()):
+            return False
+        return residual is None or (
+            residual.dtype == x.dtype
+            and residual.shape == x.shape
+            and residual.stride(-1) == 1
+            and (residual.ndim == 2 or residual.is_contiguous())
+        )
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The torch-native reference (any dtypes and layouts)."""
+        eps, fp32w = self.variance_epsilon, self.weight_in_fp32
+        if residual is None:
+            return rmsnorm_native(x, self.weight, eps, fp32w)
+        return fused_add_rmsnorm_native(x, residual, self.weight, eps, fp32w)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"

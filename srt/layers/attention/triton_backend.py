@@ -17,7 +17,11 @@ from sgl_ext import FP8_DTYPES
 from srt.layers.attention.base_attn_backend import AttentionBackend
 from srt.layers.attention.kv_utils import layer_buffers
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv
-from srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+from srt.layers.attention.triton_ops.decode_attention import (
+    decode_attention_fwd,
+    decode_scratch_shape,
+    num_kv_splits,
+)
 from srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from srt.layers.attention.triton_ops.kv_load import (
     KV_FP8_E4M3,
@@ -109,14 +113,75 @@ class TritonAttnBackend(AttentionBackend):
     req_to_token_pool : ReqToTokenPool (`req_to_token` int32 [max_reqs, max_ctx]); taken from the
         first ForwardBatch when None.
     device : model device.
+    num_kv_splits : force the decode KV split count (a power of two <= 16); None picks it from
+        the batch size, the KV heads and the GPU's SM count (1 off the GPU).
     """
 
-    def __init__(self, req_to_token_pool=None, device: torch.device | str = "cuda") -> None:
+    def __init__(
+        self,
+        req_to_token_pool=None,
+        device: torch.device | str = "cuda",
+        num_kv_splits: int | None = None,
+    ) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.device = torch.device(device)
         self.forward_metadata: _DecodeMetadata | None = None
         self.cuda_graph_metadata: _DecodeMetadata | None = None
         self.max_extend_len = 0
+        self.num_kv_splits = num_kv_splits
+        self._num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda"
+            else 1
+        )
+        # Decode split scratch, kept for the backend's life (captured graphs hold its pointers):
+        # base buffers per (rows rounded up to a power of two, Hq, Dv, splits), views per B.
+        self._scratch_base: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # KVArgs per layer id, valid while the pool and the layer's scales are the same objects
+        # (pools never reallocate their buffers): (pool, k_scale, v_scale, KVArgs).
+        self._kv_args: dict[int, tuple] = {}
+
+    def _layer_kv(self, layer: RadixAttention, forward_batch: ForwardBatch) -> KVArgs:
+        pool = forward_batch.token_to_kv_pool
+        hit = self._kv_args.get(layer.layer_id)
+        # identity only: == on a scale tensor would compare on the device and sync
+        if (
+            hit is not None
+            and hit[0] is pool
+            and hit[1] is layer.k_scale
+            and hit[2] is layer.v_scale
+        ):
+            return hit[3]
+        kv = kv_args(layer, forward_batch)
+        self._kv_args[layer.layer_id] = (pool, layer.k_scale, layer.v_scale, kv)
+        return kv
+
+    def _splits(self, batch_size: int, num_kv_heads: int) -> int:
+        if self.num_kv_splits is not None:
+            return self.num_kv_splits
+        return num_kv_splits(batch_size, num_kv_heads, self._num_sms)
+
+    def _decode_scratch(
+        self, B: int, Hq: int, Dv: int, splits: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mid_o [B, Hq, splits, BLOCK_DV], mid_lse [B, Hq, splits]) float32, reused by every
+        layer and step (the layers run one after another on one stream)."""
+        key = (B, Hq, Dv, splits, device)
+        views = self._scratch.get(key)
+        if views is None:
+            rows = 1 << max(0, B - 1).bit_length()  # B rounded up to a power of two
+            bkey = (rows, Hq, Dv, splits, device)
+            base = self._scratch_base.get(bkey)
+            if base is None:
+                shape = decode_scratch_shape(rows, Hq, Dv, splits)
+                base = (
+                    torch.empty(shape, dtype=torch.float32, device=device),
+                    torch.empty(shape[:3], dtype=torch.float32, device=device),
+                )
+                self._scratch_base[bkey] = base
+            views = self._scratch[key] = (base[0][:B], base[1][:B])
+        return views
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         if self.req_to_token_pool is None:
@@ -178,7 +243,12 @@ class TritonAttnBackend(AttentionBackend):
         B = q.shape[0]
         Hq = layer.tp_q_head_num
         q3 = q.view(B, Hq, layer.qk_head_dim)  # [B, Hq, D] (no copy)
-        o = q.new_empty(B, Hq, layer.v_head_dim)  # [B, Hq, Dv]
+        Dv = layer.v_head_dim
+        o = q.new_empty(B, Hq, Dv)  # [B, Hq, Dv]
+        splits = self._splits(B, layer.tp_k_head_num)
+        mid_o, mid_lse = (
+            self._decode_scratch(B, Hq, Dv, splits, q.device) if splits > 1 else (None, None)
+        )
         decode_attention_fwd(
             q3,
             o,
@@ -186,12 +256,15 @@ class TritonAttnBackend(AttentionBackend):
             md.req_pool_indices,
             md.seq_lens,
             layer.scaling,
-            kv_args(layer, forward_batch),
+            self._layer_kv(layer, forward_batch),
             sinks,
             layer.sliding_window_size,
             layer.logit_cap,
+            splits,
+            mid_o,
+            mid_lse,
         )
-        return o.view(B, Hq * layer.v_head_dim)
+        return o.view(B, Hq * Dv)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
         if save_kv_cache:
@@ -212,7 +285,7 @@ class TritonAttnBackend(AttentionBackend):
             fb.extend_start_loc,
             self.max_extend_len,
             layer.scaling,
-            kv_args(layer, fb),
+            self._layer_kv(layer, fb),
             sinks,
             layer.sliding_window_size,
             layer.logit_cap,

@@ -1,9 +1,16 @@
 """Triton decode attention over the paged KV cache: one query token per request.
 
-One program per (request, KV head) handles the GROUP query heads that share that KV head, so each
-cached K/V tile is read once per group (GQA), streaming the request's keys in blocks with an
-online softmax. Sliding window, logit cap, attention sinks, page_size >= 1 and fp8 caches. The
-launch reads only device tensors and fixed shapes, so it captures in a CUDA graph.
+One program per (request, KV head, KV split) handles the GROUP query heads that share that KV
+head, so each cached K/V tile is read once per group (GQA), streaming its share of the request's
+keys in blocks with an online softmax. Sliding window, logit cap, attention sinks, page_size >= 1
+and fp8 caches.
+
+Flash-decoding: with NUM_SPLITS > 1 each request's visible keys are cut into NUM_SPLITS equal
+chunks (a multiple of BLOCK_N each, computed on the device from the request's length), every
+chunk writes its normalised partial output and log-sum-exp to a float32 scratch buffer, and a
+second kernel merges them (adding the sink column). With NUM_SPLITS == 1 the first kernel writes
+the output itself. The split count depends only on host-known shapes, so the launch reads only
+device tensors and fixed shapes and captures in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import triton
 import triton.language as tl
 
 from srt.layers.attention.triton_ops.kv_load import load_kv_tile
+from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
 
 @triton.jit
@@ -21,6 +29,8 @@ def _decode_kernel(
     K,
     V,
     Out,
+    MidO,
+    MidLse,
     Sinks,
     ReqToToken,
     ReqPoolIdx,
@@ -37,6 +47,8 @@ def _decode_kernel(
     stride_ot,
     stride_oh,
     stride_r2t,
+    stride_mid_b,
+    stride_mid_h,
     k_page_stride,
     k_off_stride,
     k_head_stride,
@@ -58,9 +70,11 @@ def _decode_kernel(
     USE_WINDOW: tl.constexpr,
     USE_CAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
+    split = tl.program_id(2)
     req = tl.load(ReqPoolIdx + b).to(tl.int64)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     qpos = seq_len - 1
@@ -73,17 +87,22 @@ def _decode_kernel(
     q = tl.load(q_ptr, mask=gm[:, None] & (d[None, :] < D), other=0).to(tl.float32)
     m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if HAS_SINKS:
+    if HAS_SINKS and NUM_SPLITS == 1:  # split: the merge kernel adds the sink column
         m_i = tl.load(Sinks + heads, mask=gm, other=0).to(tl.float32)
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     n0 = tl.zeros([], dtype=tl.int32)  # a tensor: the loop counter's type is fixed
     if USE_WINDOW:
         n0 = tl.maximum(qpos - window, n0)
+    end = seq_len
+    if NUM_SPLITS > 1:  # this program's chunk of keys [n0, end)
+        chunk = tl.cdiv(tl.cdiv(seq_len - n0, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        n0 = n0 + split * chunk
+        end = tl.minimum(n0 + chunk, seq_len)
     # a while loop: dynamic bounds also work under TRITON_INTERPRET (numpy 2.4 scalars)
-    while n0 < seq_len:
+    while n0 < end:
         j = n0 + tl.arange(0, BLOCK_N)
-        jm = j < seq_len
+        jm = j < end
         slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
         k = load_kv_tile(
             K,
@@ -127,24 +146,96 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
         n0 += BLOCK_N
-    l_i = tl.where(gm, l_i, 1.0)  # padding heads (not stored): avoid 0 / 0
-    out = acc / l_i[:, None]
-    o_ptr = Out + b * stride_ot + heads[:, None] * stride_oh + dv[None, :]
-    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=gm[:, None] & (dv[None, :] < DV))
+    om = gm[:, None] & (dv[None, :] < DV)
+    if NUM_SPLITS == 1:
+        l_i = tl.where(gm, l_i, 1.0)  # padding heads (not stored): avoid 0 / 0
+        out = acc / l_i[:, None]
+        o_ptr = Out + b * stride_ot + heads[:, None] * stride_oh + dv[None, :]
+        tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=om)
+    else:  # partial result of this chunk: acc / l and lse (an empty chunk: 0 and -inf)
+        seen = l_i > 0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+        row = b * stride_mid_b + heads * stride_mid_h + split  # [BLOCK_H]
+        tl.store(MidLse + row, lse, mask=gm)
+        tl.store(MidO + row[:, None] * BLOCK_DV + dv[None, :], out, mask=om)
+
+
+@triton.jit
+def _merge_kernel(
+    MidO,
+    MidLse,
+    Out,
+    Sinks,
+    stride_mid_b,
+    stride_mid_h,
+    stride_ot,
+    stride_oh,
+    DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    """Out[b, h] = the chunks' partial outputs weighted by their softmax mass (+ the sink)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, NUM_SPLITS)
+    dv = tl.arange(0, BLOCK_DV)
+    row = b * stride_mid_b + h * stride_mid_h + s  # [NUM_SPLITS]
+    lse = tl.load(MidLse + row)
+    m = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(Sinks + h).to(tl.float32)
+        m = tl.maximum(m, sink)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m)  # [NUM_SPLITS]; 0 for empty chunks
+    den = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        den += tl.exp(sink - m)
+    o = tl.load(MidO + row[:, None] * BLOCK_DV + dv[None, :])  # [NUM_SPLITS, BLOCK_DV]
+    out = tl.sum(w[:, None] * o, axis=0) / den
+    o_ptr = Out + b * stride_ot + h * stride_oh + dv
+    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=dv < DV)
+
+
+MAX_KV_SPLITS = 16
+
+
+def num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
+    """KV splits per request: enough programs for ~2 waves over the SMs, a power of two.
+
+    Depends on the batch size rounded up to a power of two, so a CUDA-graph bucket (1, 2, 4, 8,
+    then multiples of 8, always within the same power-of-two range) splits exactly like the eager
+    batch it serves and both give the same bits.
+    """
+    b = _pow2(max(1, batch_size))
+    want = max(1, 2 * num_sms // (b * num_kv_heads))
+    return min(MAX_KV_SPLITS, 1 << (want.bit_length() - 1))
+
+
+def decode_scratch_shape(
+    batch_size: int, num_q_heads: int, v_head_dim: int, splits: int
+) -> tuple[int, int, int, int]:
+    """Shape of the float32 partial-output scratch [B, Hq, splits, BLOCK_DV] (the log-sum-exp
+    scratch is its first three dims)."""
+    return batch_size, num_q_heads, splits, max(16, _pow2(v_head_dim))
 
 
 def decode_attention_fwd(
-    q,
-    o,
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    sm_scale,
+    q: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
     kv,
-    sinks=None,
-    window=-1,
-    logit_cap=0.0,
-):
+    sinks: torch.Tensor | None = None,
+    window: int = -1,
+    logit_cap: float = 0.0,
+    num_splits: int = 1,
+    mid_o: torch.Tensor | None = None,
+    mid_lse: torch.Tensor | None = None,
+) -> torch.Tensor:
     """o[b, h] = attention of q[b, h] over request b's cached keys 0..seq_lens[b]-1.
 
     Parameters
@@ -154,16 +245,34 @@ def decode_attention_fwd(
     kv : KVArgs from triton_backend: the layer's caches ([slots, H, D] or [pages, ps, H, D];
         fp8 caches as uint8 views), page size, fp8 kind, scales.
     sinks : float [Hq] or None; window : -1 or window-left; logit_cap : 0 for none.
+    num_splits : KV chunks per request (a power of two <= MAX_KV_SPLITS); > 1 adds the merge
+        launch and needs the scratch buffers.
+    mid_o : float32 contiguous `decode_scratch_shape(B, Hq, Dv, num_splits)`;
+    mid_lse : float32 contiguous [B, Hq, num_splits]. Allocated here when None.
     """
     B, Hq, D = q.shape
     Hkv, DV = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
+    if num_splits < 1 or num_splits > MAX_KV_SPLITS or num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two in [1, {MAX_KV_SPLITS}]")
     group = Hq // Hkv
-    grid = (B, Hkv)
-    _decode_kernel[grid](
+    block_dv = max(16, _pow2(DV))
+    if num_splits > 1:
+        shape = decode_scratch_shape(B, Hq, DV, num_splits)
+        if mid_o is None:
+            mid_o = q.new_empty(shape, dtype=torch.float32)
+        if mid_lse is None:
+            mid_lse = q.new_empty(shape[:3], dtype=torch.float32)
+        if tuple(mid_o.shape) != shape or tuple(mid_lse.shape) != shape[:3]:
+            raise ValueError(f"mid_o / mid_lse must be {shape} / {shape[:3]}")
+    else:
+        mid_o = mid_lse = o  # unused
+    _decode_kernel[(B, Hkv, num_splits)](
         q,
         kv.k_buffer,
         kv.v_buffer,
         o,
+        mid_o,
+        mid_lse,
         sinks if sinks is not None else q,
         req_to_token,
         req_pool_indices,
@@ -180,14 +289,16 @@ def decode_attention_fwd(
         o.stride(0),
         o.stride(1),
         req_to_token.stride(0),
+        Hq * num_splits,
+        num_splits,
         *kv.k_strides,
         *kv.v_strides,
         GROUP=group,
         D=D,
         DV=DV,
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=max(16, triton.next_power_of_2(D)),
-        BLOCK_DV=max(16, triton.next_power_of_2(DV)),
+        BLOCK_H=max(16, _pow2(group)),
+        BLOCK_D=max(16, _pow2(D)),
+        BLOCK_DV=block_dv,
         BLOCK_N=32,
         PAGE_SIZE=kv.page_size,
         KV_FP8=kv.fp8,
@@ -198,5 +309,21 @@ def decode_attention_fwd(
         USE_CAP=logit_cap > 0,
         # fp32 models: exact IEEE products; bf16/fp16 models: TF32 tensor cores.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        NUM_SPLITS=num_splits,
     )
+    if num_splits > 1:
+        _merge_kernel[(B, Hq)](
+            mid_o,
+            mid_lse,
+            o,
+            sinks if sinks is not None else q,
+            Hq * num_splits,
+            num_splits,
+            o.stride(0),
+            o.stride(1),
+            DV=DV,
+            BLOCK_DV=block_dv,
+            NUM_SPLITS=num_splits,
+            HAS_SINKS=sinks is not None,
+        )
     return o

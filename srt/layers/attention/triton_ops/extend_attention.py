@@ -2,9 +2,10 @@
 
 The new tokens' K/V are already in the cache (saved by the backend or by the fused RoPE kernel),
 so every key is read from the pool through req_to_token: one code path for prefix and new
-tokens. One program per (request, query head, block of BLOCK_M new tokens); causal, GQA, sliding
-window, logit cap, sinks, page_size >= 1, fp8 caches. Matmuls accumulate in fp32: exact IEEE
-products for fp32 models, TF32 tensor cores for bf16/fp16 models.
+tokens. One program per (request, KV head, block of BLOCK_M new tokens) covers the GROUP query
+heads of that KV head (rows = token x head, so each K/V tile is loaded once per group); causal,
+GQA, sliding window, logit cap, sinks, page_size >= 1, fp8 caches. Matmuls accumulate in fp32:
+exact IEEE products for fp32 models, TF32 tensor cores for bf16/fp16 models.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_ext._backend import interpreting
 from srt.layers.attention.triton_ops.kv_load import load_kv_tile
+from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
 
 @triton.jit
@@ -49,6 +52,7 @@ def _extend_kernel(
     GROUP: tl.constexpr,
     D: tl.constexpr,
     DV: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -63,28 +67,32 @@ def _extend_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    kvh = tl.program_id(1)
     mb = tl.program_id(2)
-    kvh = h // GROUP
     n_ext = tl.load(ExtLens + b).to(tl.int32)
     if mb * BLOCK_M >= n_ext:
         return
     prefix = tl.load(PrefixLens + b).to(tl.int32)
     tok0 = tl.load(StartLoc + b).to(tl.int64)
     req = tl.load(ReqPoolIdx + b).to(tl.int64)
-    m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    mm = m < n_ext
-    qpos = prefix + m  # [BLOCK_M]
+    # One row per (new token, query head of this KV head): [BLOCK_M * BLOCK_H] rows, token-major,
+    # so every K/V tile is loaded once for the whole group.
+    r = tl.arange(0, BLOCK_M * BLOCK_H)
+    m = mb * BLOCK_M + r // BLOCK_H
+    g = r % BLOCK_H
+    h = kvh * GROUP + g
+    mm = (m < n_ext) & (g < GROUP)
+    qpos = prefix + m  # [ROWS]
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    q_ptr = Q + (tok0 + m)[:, None] * stride_qt + h * stride_qh + d[None, :]
+    q_ptr = Q + (tok0 + m)[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptr, mask=mm[:, None] & (d[None, :] < D), other=0).to(tl.float32)
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.zeros([BLOCK_M * BLOCK_H], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M * BLOCK_H], dtype=tl.float32)
     if HAS_SINKS:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + h).to(tl.float32)
+        m_i = tl.load(Sinks + h, mask=g < GROUP, other=0).to(tl.float32)
         l_i = l_i + 1.0
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M * BLOCK_H, BLOCK_DV], dtype=tl.float32)
     hi = prefix + tl.minimum(n_ext, (mb + 1) * BLOCK_M)  # keys [lo, hi) can be visible
     lo = tl.zeros([], dtype=tl.int32)  # a tensor: the loop counter's type is fixed
     if USE_WINDOW:
@@ -110,7 +118,7 @@ def _extend_kernel(
             KV_FP8,
             K_SCALE_MODE,
         )
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [ROWS, BLOCK_N]
         if USE_CAP:
             s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
         vis = jm[None, :] & (j[None, :] <= qpos[:, None])
@@ -142,7 +150,7 @@ def _extend_kernel(
         n0 += BLOCK_N
     l_i = tl.where(mm, l_i, 1.0)  # padding rows (not stored): avoid 0 / 0
     out = acc / l_i[:, None]
-    o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h * stride_oh + dv[None, :]
+    o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :]
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=mm[:, None] & (dv[None, :] < DV))
 
 
@@ -175,8 +183,15 @@ def extend_attention_fwd(
     T, Hq, D = q.shape
     B = req_pool_indices.shape[0]
     Hkv, DV = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
-    BLOCK_M, BLOCK_N = 16, 32
-    grid = (B, Hq, triton.cdiv(max_extend_len, BLOCK_M))
+    group = Hq // Hkv
+    block_h = _pow2(group)
+    # ~64 (token, head) rows per program on the GPU: the group's heads share every K/V tile load
+    # and the dots get a tensor-core sized M (16 rows under the interpreter, whose cost grows
+    # with the tile; tl.dot needs M >= 16).
+    block_m = max(1, (16 if interpreting() else 64) // block_h, 16 // block_h)
+    block_d = max(16, _pow2(D))
+    BLOCK_N = 32
+    grid = (B, Hkv, -(-max_extend_len // block_m))
     _extend_kernel[grid](
         q,
         kv.k_buffer,
@@ -202,12 +217,13 @@ def extend_attention_fwd(
         req_to_token.stride(0),
         *kv.k_strides,
         *kv.v_strides,
-        GROUP=Hq // Hkv,
+        GROUP=group,
         D=D,
         DV=DV,
-        BLOCK_D=max(16, triton.next_power_of_2(D)),
-        BLOCK_DV=max(16, triton.next_power_of_2(DV)),
-        BLOCK_M=BLOCK_M,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        BLOCK_DV=max(16, _pow2(DV)),
+        BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         PAGE_SIZE=kv.page_size,
         KV_FP8=kv.fp8,
@@ -219,5 +235,6 @@ def extend_attention_fwd(
         # fp32 models: exact IEEE products. bf16/fp16 models: TF32 tensor cores (q/k/v values are
         # exact in TF32; only the probabilities are rounded, to 10 mantissa bits).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=8 if block_m * block_h * block_d >= 8192 else 4,
     )
     return o

@@ -16,6 +16,12 @@ KV_FP8_NONE, KV_FP8_E4M3, KV_FP8_E5M2 = 0, 1, 2
 SCALE_NONE, SCALE_FLOAT, SCALE_PTR = 0, 1, 2
 
 
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (host ints; triton.next_power_of_2 is a slower
+    constexpr function)."""
+    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
+
+
 @triton.jit
 def fp8_bytes_to_f32(b, KV_FP8: tl.constexpr):
     """uint8 fp8 codes -> float32 (exact; e4m3fn or e5m2, finite codes)."""

@@ -10,10 +10,10 @@ from attn_reference import run_scenario
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _backend():
+def _backend(num_kv_splits=None):
     from srt.layers.attention.triton_backend import TritonAttnBackend
 
-    return TritonAttnBackend(None, DEV)
+    return TritonAttnBackend(None, DEV, num_kv_splits=num_kv_splits)
 
 
 @pytest.mark.parametrize(
@@ -32,6 +32,88 @@ def test_triton_backend(kw):
     if kw.get("scale") == "tensor":
         kw = {**kw, "scale": torch.tensor([0.25], device=DEV)}
     run_scenario(_backend, device=DEV, **kw)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(page_size=4, hq=8, hkv=2, use_sinks=True),
+        dict(window=3, cap=5.0, hq=3, hkv=1, kv_dtype=torch.float8_e4m3fn, scale=0.5),
+    ],
+)
+def test_triton_backend_split_kv(kw):
+    """Flash-decoding (4 KV chunks per request + the merge kernel) on the shared scenario."""
+    run_scenario(lambda: _backend(num_kv_splits=4), device=DEV, **kw)
+
+
+@pytest.mark.parametrize(
+    "splits, window, sinks, cap, page_size",
+    [
+        (1, -1, True, 0.0, 1),
+        (2, -1, False, 0.0, 16),
+        (16, 100, True, 0.0, 4),
+        (4, -1, False, 3.0, 1),
+    ],
+)
+def test_decode_split_kv_long_sequences(splits, window, sinks, cap, page_size):
+    """Decode over 2, 33 and 257 cached keys (chunks of unequal fill, empty chunks, windows that
+    start mid-chunk) against the float64 reference; the output is poisoned first."""
+    from attn_reference import ref_attention
+    from fb_harness import Harness, make_kv_pool
+
+    from srt.layers.radix_attention import RadixAttention
+
+    g = torch.Generator().manual_seed(splits)
+    hq, hkv, d, lens = 4, 2, 16, [257, 2, 33]
+    pool = make_kv_pool(512, page_size, torch.float32, hkv, d, 1, DEV)
+    be = _backend(num_kv_splits=splits)
+    h = Harness(pool, be, max_reqs=4, max_ctx=300, device=DEV)
+    sink = torch.randn(hq, generator=g).to(DEV) if sinks else None
+    layer = RadixAttention(
+        hq, d, d**-0.5, hkv, 0, sliding_window_size=window, logit_cap=cap, sinks=sink
+    )
+    rows = [3, 0, 1]
+    fb = h.extend(rows, [[1] * (n - 1) for n in lens])
+    k_hist = torch.randn(sum(lens) - 3, hkv, d, generator=g).to(DEV)
+    v_hist = torch.randn(sum(lens) - 3, hkv, d, generator=g).to(DEV)
+    pool.set_kv_buffer(layer, fb.out_cache_loc, k_hist, v_hist)
+    fb = h.decode(rows, [2, 2, 2])
+    q = torch.randn(3, hq * d, generator=g).to(DEV)
+    k = torch.randn(3, hkv * d, generator=g).to(DEV)
+    v = torch.randn(3, hkv * d, generator=g).to(DEV)
+    out = layer(q, k, v, fb)
+    start = 0
+    for i, n in enumerate(lens):
+        kk = torch.cat([k_hist[start : start + n - 1].cpu(), k[i].view(1, hkv, d).cpu()])
+        vv = torch.cat([v_hist[start : start + n - 1].cpu(), v[i].view(1, hkv, d).cpu()])
+        start += n - 1
+        ref = ref_attention(
+            q[i].view(1, hq, d).cpu(),
+            kk,
+            vv,
+            torch.tensor([n - 1]),
+            d**-0.5,
+            window,
+            cap,
+            None if sink is None else sink.cpu(),
+        )
+        torch.testing.assert_close(out[i].view(1, hq, d).cpu().double(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_num_kv_splits_same_for_graph_bucket_and_eager_batch():
+    """A CUDA-graph bucket and every batch size it serves choose the same split count."""
+    from srt.layers.attention.triton_ops.decode_attention import MAX_KV_SPLITS, num_kv_splits
+    from srt.model_executor.cuda_graph_runner import get_batch_sizes_to_capture
+
+    buckets = get_batch_sizes_to_capture(160)
+    for sms in (132, 78):
+        for hkv in (1, 2, 8):
+            for raw in range(1, 161):
+                b = next(x for x in buckets if x >= raw)
+                s = num_kv_splits(raw, hkv, sms)
+                assert s == num_kv_splits(b, hkv, sms)
+                assert 1 <= s <= MAX_KV_SPLITS and s & (s - 1) == 0
+    assert num_kv_splits(1, 8, 132) == 16 and num_kv_splits(64, 8, 132) == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,0 +1,124 @@
+"""Kernel times of the decoder-layer ops against their torch-native paths, with floors.
+
+    python benchmarks/bench_layers.py [--presets llama3-8b qwen3-8b]
+
+Per preset shape (bf16): fused add+RMSNorm, RMSNorm, SiLU-and-mul at T = 1, 64, 512, 4096 tokens
+(sgl_ext kernel vs the torch-native math the layers used before), and decode attention at batch
+1 / 64 with 512 / 4096 cached tokens per request (the backend's split-KV choice vs one split).
+Each row prints the median µs (triton.testing.do_bench, warm-up included), the bytes moved and
+the floor = bytes / measured device-copy bandwidth. A failing row prints its error and the rest
+go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import torch
+import triton.testing as tt
+
+SHAPES = {  # hidden, intermediate, q heads, kv heads, head dim
+    "llama3-8b": (4096, 14336, 32, 8, 128),
+    "qwen3-8b": (4096, 12288, 32, 8, 128),
+}
+
+
+def _bench(fn) -> float:
+    return tt.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # µs
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    y = torch.empty_like(x)
+    ms = tt.do_bench(lambda: y.copy_(x), warmup=20, rep=100, return_mode="median")
+    return 2 * x.numel() * 4 / ms / 1e6  # GB/s
+
+
+def _row(name: str, fn, nbytes: int, bw: float) -> None:
+    try:
+        us = _bench(fn)
+        floor = nbytes / bw / 1e3
+        print(f"{name:48s} {us:9.2f} {floor:9.2f} {us / max(floor, 1e-9):6.1f}x")
+    except Exception as e:  # noqa: BLE001 - one failing row must not stop the table
+        print(f"{name:48s} FAILED {type(e).__name__}: {str(e)[:80]}")
+
+
+def bench_elementwise(preset: str, bw: float) -> None:
+    for T in (1, 64, 512, 4096):
+        _elementwise_rows(preset, T, bw)
+
+
+def _elementwise_rows(preset: str, T: int, bw: float) -> None:
+    from sgl_ext import fused_add_rmsnorm, rmsnorm, silu_and_mul
+    from sgl_ext.activation import silu_and_mul_native
+    from sgl_ext.norm import fused_add_rmsnorm_native, rmsnorm_native
+
+    hidden, inter = SHAPES[preset][:2]
+    x = torch.randn(T, hidden, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn_like(x)
+    w = torch.rand(hidden, device="cuda", dtype=torch.bfloat16) + 0.5
+    g = torch.randn(T, 2 * inter, device="cuda", dtype=torch.bfloat16)
+    nb = x.numel() * 2
+    gb = g.numel() * 2 * 3 // 2  # read gate and up, write half
+    rows = [
+        ("add+rmsnorm", "sgl_ext", lambda: fused_add_rmsnorm(x, r, w, 1e-5, inplace=False), 4 * nb),
+        ("add+rmsnorm", "torch-native", lambda: fused_add_rmsnorm_native(x, r, w, 1e-5), 4 * nb),
+        ("rmsnorm", "sgl_ext", lambda: rmsnorm(x, w, 1e-5), 2 * nb),
+        ("rmsnorm", "torch-native", lambda: rmsnorm_native(x, w, 1e-5), 2 * nb),
+        ("silu_and_mul", "sgl_ext", lambda: silu_and_mul(g), gb),
+        ("silu_and_mul", "torch-native", lambda: silu_and_mul_native(g), gb),
+    ]
+    for op, impl, fn, nbytes in rows:
+        _row(f"{preset} {op} T={T} {impl}", fn, nbytes, bw)
+
+
+def bench_decode(preset: str, bw: float) -> None:
+    for B in (1, 64):
+        for L in (512, 4096):
+            _decode_rows(preset, B, L, bw)
+
+
+def _decode_rows(preset: str, B: int, L: int, bw: float) -> None:
+    from srt.layers.attention.triton_backend import KVArgs
+    from srt.layers.attention.triton_ops.decode_attention import (
+        decode_attention_fwd,
+        num_kv_splits,
+    )
+    from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, SCALE_NONE
+
+    _, _, hq, hkv, d = SHAPES[preset]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kb = torch.randn(B * L + 1, hkv, d, device="cuda", dtype=torch.bfloat16)  # slot 0: padding
+    vb = torch.randn_like(kb)
+    r2t = (torch.arange(B * L, device="cuda", dtype=torch.int32) + 1).view(B, L)
+    req_rows = torch.arange(B, device="cuda")
+    lens = torch.full((B,), L, device="cuda", dtype=torch.int64)
+    q = torch.randn(B, hq, d, device="cuda", dtype=torch.bfloat16)
+    o = torch.empty_like(q)
+    st = (kb.stride(0), 0, kb.stride(1))
+    kv = KVArgs(kb, vb, 1, st, st, KV_FP8_NONE, SCALE_NONE, SCALE_NONE, kb, vb, 1.0, 1.0)
+    nbytes = 2 * B * L * hkv * d * 2  # K and V read once
+    auto = num_kv_splits(B, hkv, sms)
+    for s in sorted({1, auto}):
+        tag = "auto" if s == auto else "1 split"
+        fn = functools.partial(
+            decode_attention_fwd, q, o, r2t, req_rows, lens, d**-0.5, kv, num_splits=s
+        )
+        _row(f"{preset} decode B={B} L={L} splits={s} ({tag})", fn, nbytes, bw)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--presets", nargs="+", default=list(SHAPES), choices=sorted(SHAPES))
+    a = p.parse_args(argv)
+    bw = copy_bandwidth()
+    print(f"# {torch.cuda.get_device_name()}: device copy {bw:.0f} GB/s (read + write)")
+    print(f"{'op':48s} {'us':>9s} {'floor us':>9s} {'ratio':>7s}")
+    for preset in a.presets:
+        bench_elementwise(preset, bw)
+        bench_decode(preset, bw)
+
+
+if __name__ == "__main__":
+    main()

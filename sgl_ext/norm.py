@@ -1,0 +1,204 @@
+"""RMSNorm and fused residual-add + RMSNorm, source-compatible with sgl_kernel's `rmsnorm` and
+`fused_add_rmsnorm`.
+
+One Triton launch per call on CUDA (one pass over each row); the torch-native functions below are
+the CPU path and the test oracle. Both round in the same order (SGLang / HF):
+
+    s   = round(x + residual)                       # in x's dtype (fused_add_rmsnorm only)
+    xn  = float32(s) * rsqrt(mean(float32(s)^2) + eps)
+    out = weight * round(xn)                        # default (Llama, Qwen)
+    out = round(float32(weight) * xn)               # weight_in_fp32=True (gpt-oss)
+
+so the kernel and the reference differ only by the float32 reduction order and rsqrt.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_ext import _common as C
+from sgl_ext._backend import select_backend
+
+MAX_HIDDEN = 65536  # the Triton kernel keeps one row in one program's registers
+
+
+def rmsnorm_native(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, weight_in_fp32: bool = False
+) -> torch.Tensor:
+    """Reference RMSNorm of x [..., N] with weight [N]; returns a new tensor of x's dtype
+    (of the promoted dtype if weight's differs and weight_in_fp32 is False, as torch does)."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight_in_fp32:
+        return (weight.float() * xf).to(dtype)
+    return weight * xf.to(dtype)
+
+
+def fused_add_rmsnorm_native(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_in_fp32: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: (rmsnorm(x + residual), x + residual), both new tensors."""
+    s = x + residual
+    return rmsnorm_native(s, weight, eps, weight_in_fp32), s
+
+
+def _check(
+    input: object, weight: object, eps: object, weight_in_fp32: bool, residual: object = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Validate (metadata only) and return [rows, N] views of input and residual; no copies."""
+    C.check_tensor("input", input, C.INPUT_DTYPES)
+    C.check_tensor("weight", weight, C.INPUT_DTYPES)
+    assert isinstance(input, torch.Tensor) and isinstance(weight, torch.Tensor)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+    n = input.shape[-1] if input.ndim else 0
+    if n == 0 or n > MAX_HIDDEN:
+        raise ValueError(f"input must be [..., hidden], 0 < hidden <= {MAX_HIDDEN}, got {n}")
+    if weight.shape != (n,) or weight.stride(0) != 1:
+        raise ValueError(f"weight must be contiguous [{n}] (input's last dim)")
+    if not weight_in_fp32 and weight.dtype != input.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} must equal input dtype {input.dtype}")
+    C.check_device("weight", weight, input.device)
+    x2 = _rows("input", input)
+    if residual is None:
+        return x2, None
+    C.check_tensor("residual", residual)
+    assert isinstance(residual, torch.Tensor)
+    if residual.shape != input.shape or residual.dtype != input.dtype:
+        raise ValueError(
+            f"residual must match input ({tuple(input.shape)}, {input.dtype}), got "
+            f"({tuple(residual.shape)}, {residual.dtype})"
+        )
+    C.check_device("residual", residual, input.device)
+    return x2, _rows("residual", residual)
+
+
+def _dest(name: str, t: object, like: torch.Tensor) -> torch.Tensor:
+    """[rows, N] view of a caller-given output with like's shape, dtype and device."""
+    C.check_tensor(name, t, (like.dtype,))
+    assert isinstance(t, torch.Tensor)
+    if t.shape != like.shape:
+        raise ValueError(f"{name} must have input's shape {tuple(like.shape)}")
+    C.check_device(name, t, like.device)
+    return _rows(name, t)
+
+
+def _rows(name: str, t: torch.Tensor) -> torch.Tensor:
+    """[rows, N] view of t (last dim contiguous, leading dims one stride); never a copy."""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must be contiguous in its last dim")
+    try:
+        return t.view(-1, t.shape[-1])  # [rows, N]
+    except RuntimeError:
+        raise ValueError(
+            f"{name} of shape {tuple(t.shape)} and strides {t.stride()} cannot be seen as "
+            "[rows, hidden] without a copy"
+        ) from None
+
+
+def _new(like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+
+
+def rmsnorm(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
+    *,
+    weight_in_fp32: bool = False,
+) -> torch.Tensor:
+    """out = RMSNorm(input) * weight (sgl_kernel's `rmsnorm`).
+
+    Parameters
+    ----------
+    input : [..., N] bf16/fp16/fp32, last dim contiguous (leading dims may be one strided dim).
+    weight : [N], contiguous, the dtype of input (any float dtype with weight_in_fp32).
+    eps : variance epsilon (>= 0).
+    out : optional [..., N] output of input's dtype (may be input itself); new tensor if None.
+    enable_pdl : accepted for sgl_kernel compatibility; no effect.
+    weight_in_fp32 : apply the weight in float32 before the one rounding (gpt-oss order).
+
+    Returns
+    -------
+    out : [..., N], input's dtype.
+    """
+    x2, _ = _check(input, weight, eps, weight_in_fp32)
+    o2 = None if out is None else _dest("out", out, input)
+    if select_backend(input.device, has_cuda=False) == "native":
+        y = rmsnorm_native(input, weight, eps, weight_in_fp32)
+        if out is None:
+            return y
+        o2.copy_(y.view(o2.shape))
+        return out
+    from sgl_ext.triton.norm import rmsnorm_launch
+
+    if out is None:
+        out = _new(input)
+        o2 = out.view(x2.shape)
+    rmsnorm_launch(x2, weight, eps, o2, weight_in_fp32=weight_in_fp32)
+    return out
+
+
+def fused_add_rmsnorm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    enable_pdl: bool | None = None,
+    *,
+    weight_in_fp32: bool = False,
+    inplace: bool = True,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual = input + residual; input = RMSNorm(residual) * weight, in one pass
+    (sgl_kernel's `fused_add_rmsnorm`: in place by default).
+
+    Parameters
+    ----------
+    input : [..., N] bf16/fp16/fp32, last dim contiguous (leading dims one strided dim).
+    residual : [..., N], input's dtype and layout rules.
+    weight : [N], as for `rmsnorm`. eps : variance epsilon.
+    enable_pdl : accepted for sgl_kernel compatibility; no effect.
+    weight_in_fp32 : gpt-oss rounding order (see `rmsnorm`).
+    inplace : True (sgl_kernel): input receives the normalised output, residual the sum.
+        False: input and residual stay intact and the results go to `out` / `residual_out`
+        (new tensors where None).
+    out, residual_out : optional [..., N] destinations of input's dtype (inplace=False only).
+
+    Returns
+    -------
+    (normalised, sum) : [..., N] each, input's dtype; the tensors written.
+    """
+    x2, r2 = _check(input, weight, eps, weight_in_fp32, residual)
+    assert r2 is not None
+    if inplace and (out is not None or residual_out is not None):
+        raise ValueError("out / residual_out need inplace=False")
+    if inplace:
+        out, residual_out = input, residual
+    o2 = None if out is None else _dest("out", out, input)
+    ro2 = None if residual_out is None else _dest("residual_out", residual_out, input)
+    if select_backend(input.device, has_cuda=False) == "native":
+        y, s = fused_add_rmsnorm_native(input, residual, weight, eps, weight_in_fp32)
+        if ro2 is not None:  # the sum first: residual_out may alias input
+            ro2.copy_(s.view(ro2.shape))
+        if o2 is not None:
+            o2.copy_(y.view(o2.shape))
+        return (y if out is None else out), (s if residual_out is None else residual_out)
+    from sgl_ext.triton.norm import rmsnorm_launch
+
+    if out is None:
+        out = _new(input)
+        o2 = out.view(x2.shape)
+    if residual_out is None:
+        residual_out = _new(input)
+        ro2 = residual_out.view(x2.shape)
+    rmsnorm_launch(x2, weight, eps, o2, r2, ro2, weight_in_fp32=weight_in_fp32)
+    return out, residual_out

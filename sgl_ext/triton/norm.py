@@ -1,0 +1,104 @@
+"""Triton RMSNorm, optionally fused with the residual add: one launch, one pass over each row.
+
+Rounding follows the torch-native reference (`sgl_ext.norm.rmsnorm_native`): the residual sum is
+rounded to the input dtype before the statistics are taken, the statistics are float32, and the
+normalised row is rounded to the input dtype before the weight multiply (Llama / Qwen / HF order)
+unless WEIGHT_FP32 (gpt-oss: weight applied in float32, one rounding at the end).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_ext._backend import interpreting
+from sgl_ext.triton.rounding import cast_rne
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    X,
+    R,
+    W,
+    Out,
+    ROut,
+    n_rows,
+    N,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    WEIGHT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    cm = cols < N
+    mask = (rows < n_rows)[:, None] & cm[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        x = cast_rne(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty, EMULATE)
+        tl.store(ROut + rows[:, None] * stride_ro + cols[None, :], x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=1) / N  # [BLOCK_M]
+    xn = xf * tl.rsqrt(var + eps)[:, None]
+    w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
+    if WEIGHT_FP32:
+        y = xn * w[None, :]
+    else:
+        y = cast_rne(xn, X.dtype.element_ty, EMULATE).to(tl.float32) * w[None, :]
+    y = cast_rne(y, Out.dtype.element_ty, EMULATE)
+    tl.store(Out + rows[:, None] * stride_o + cols[None, :], y, mask=mask)
+
+
+def rmsnorm_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+    weight_in_fp32: bool = False,
+) -> None:
+    """Launch on checked 2-D operands.
+
+    x, out, residual, residual_out : [rows, N], last dim contiguous, rows strided; out may be x
+    and residual_out may be residual (in place). weight : [N], contiguous.
+    """
+    n_rows, n = x.shape
+    if n_rows == 0:
+        return
+    block_n = 1 << (n - 1).bit_length()  # next power of two (host ints: no triton helper)
+    # Rows per program from the row width only: a row's reduction order (and so its bits) must not
+    # depend on how many rows there are (a padded CUDA-graph batch equals the eager one).
+    block_m = max(1, 1024 // block_n)
+    num_warps = max(1, min(16, block_m * block_n // 512))
+    has_res = residual is not None
+    r = residual if has_res else x
+    ro = residual_out if has_res else out
+    _rmsnorm_kernel[(-(-n_rows // block_m),)](
+        x,
+        r,
+        weight,
+        out,
+        ro,
+        n_rows,
+        n,
+        x.stride(0),
+        r.stride(0),
+        out.stride(0),
+        ro.stride(0),
+        float(eps),
+        HAS_RESIDUAL=has_res,
+        WEIGHT_FP32=weight_in_fp32,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        EMULATE=interpreting(),
+        num_warps=num_warps,
+    )
