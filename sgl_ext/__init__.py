@@ -3,6 +3,10 @@
 from sgl_ext import _ops  # noqa: F401  (registers torch.ops.sgl_ext.* for torch.compile)
 from sgl_ext._common import FP8_DTYPES, INPUT_DTYPES, set_debug_checks
 from sgl_ext.kv_cache import set_kv_buffer, set_kv_buffer_native
+from sgl_ext.qk_norm_rope import (
+    apply_qk_norm_rope_native,
+    apply_qk_norm_rope_with_cos_sin_cache_inplace,
+)
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
     apply_rope_native,
@@ -13,6 +17,8 @@ __all__ = [
     "FP8_DTYPES",
     "INPUT_DTYPES",
     "FusedSetKVBufferArg",
+    "apply_qk_norm_rope_native",
+    "apply_qk_norm_rope_with_cos_sin_cache_inplace",
     "apply_rope_native",
     "apply_rope_with_cos_sin_cache_inplace",
     "set_debug_checks",
