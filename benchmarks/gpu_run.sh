@@ -14,7 +14,7 @@
 #   memcheck   compute-sanitizer memcheck over the kernel sweep
 #   rope       bench_rope_kv tables: bf16 graph + eager, fp8, GPT-J, partial rotary, vs peers
 #   eager      host time per eager call: ours vs SGLang / FlashInfer and set_kv_buffer vs indexing
-#   qknorm     bench_qk_norm_rope tables (Qwen3-8B / Qwen3-32B shapes)
+#   qknorm     q/k-norm op + Qwen3 GPU tests, bench_qk_norm_rope tables (Qwen3-8B / -32B shapes)
 #   moe        bench_moe (gpt-oss-20b shape): routed-expert kernel vs torch, floor
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   profile    per-kernel breakdown of one decode step (llama3-8b bs 1 and 64)
@@ -60,7 +60,16 @@ t_eager() {
   peers_env
   timeout 300 python benchmarks/bench_rope_kv.py --eager
 }
-t_qknorm() { peers_env; timeout 300 python benchmarks/bench_qk_norm_rope.py; }
+t_qknorm() {
+  # issue 17: the op's and Qwen3's GPU tests, then the tables (bf16 with the SGLang columns,
+  # fp8 without). Prebuilt peer modules: benchmarks/prepare_peers.sh (else nvcc builds them).
+  timeout 420 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_qk_norm_rope.py \
+    tests/srt/models/test_qwen3.py
+  peers_env
+  timeout 420 python benchmarks/bench_qk_norm_rope.py
+  timeout 240 python benchmarks/bench_qk_norm_rope.py --kv-dtype fp8_e4m3 --no-peers \
+    --tokens 1 32 512 8192 32768
+}
 t_moe() { timeout 300 python benchmarks/bench_moe.py; }
 t_e2e() {
   for m in $E2E_PRESETS; do
