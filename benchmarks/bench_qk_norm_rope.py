@@ -16,6 +16,7 @@ PYTHONPATH; prebuilt by prepare_peers.sh into SGL_EXT_CACHE_DIR).
 
 Usage: python benchmarks/bench_qk_norm_rope.py [--tokens 1 8 ...] [--shapes qwen3-8b qwen3-32b]
            [--kv-dtype bf16|fp8_e4m3] [--no-peers] [--json-out F]
+           [--fused-configs "block_h,num_warps[,order[,merged]]" ...]  (tuning columns)
 """
 
 from __future__ import annotations
@@ -159,6 +160,13 @@ def run(args) -> tuple[list[dict], float, float]:
             r["rope_kv"] = brk.graph_time_us(c.fused, reps)
             r["sep"] = brk.graph_time_us(c.separate, reps)
             r["floor"] = c.bytes / (bw * 1e9) * 1e6
+            for cfg in args.fused_configs:  # the launcher reads the override at capture
+                os.environ["SGL_EXT_TRITON_CONFIG"] = cfg
+                try:
+                    r[f"fused@{cfg}"] = brk.graph_time_us(c.qk_fused, reps)
+                    r[f"rope_kv@{cfg}"] = brk.graph_time_us(c.fused, reps)
+                finally:
+                    os.environ.pop("SGL_EXT_TRITON_CONFIG")
             if not args.no_peers:
                 for name, make in (("sg_2k", sglang_two_kernels), ("sg_qkr", sglang_qknorm_rope)):
                     try:
@@ -180,6 +188,7 @@ def run(args) -> tuple[list[dict], float, float]:
 
 def table(rows: list[dict], bw: float, empty: float, args) -> str:
     cols = [c for c in COLUMNS if any(c in r for r in rows)]
+    cols += [k for k in rows[0] if "@" in k] if rows else []
     head = (
         f"device: {torch.cuda.get_device_name()}; copy bw {bw:.0f} GB/s; empty kernel "
         f"{empty:.2f} µs; kv {args.kv_dtype}; neox, full rotary; µs per call in CUDA graph "
@@ -207,6 +216,12 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
     p.add_argument("--kv-dtype", default="bf16", choices=brk.KV_DTYPES)
     p.add_argument("--no-peers", action="store_true", help="skip the SGLang columns")
+    p.add_argument(
+        "--fused-configs",
+        nargs="*",
+        default=[],
+        help="also time fused and rope_kv with SGL_EXT_TRITON_CONFIG set to each (tuning)",
+    )
     p.add_argument("--json-out")
     args = p.parse_args()
     if not torch.cuda.is_available():
