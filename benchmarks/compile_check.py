@@ -19,7 +19,19 @@ PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32", "e4m3": "*fp8e4nv", "e
 
 
 def compile_one(
-    dtype, kv, rotate, write_kv, pair_mode, kbuf_mode, ks, tail, pdl, bh=4, merged=False, order=None
+    dtype,
+    kv,
+    rotate,
+    write_kv,
+    pair_mode,
+    kbuf_mode,
+    ks,
+    tail,
+    pdl,
+    bh=4,
+    merged=False,
+    order=None,
+    qk_norm=False,
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -29,7 +41,7 @@ def compile_one(
             continue
         if n.endswith("_ptr") or "stride" in n:  # as the JIT specialises 16-aligned arguments
             attrs[(idx,)] = [["tt.divisibility", 16]]
-        if n in ("q_ptr", "k_ptr", "v_ptr"):
+        if n in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr"):
             sig[n] = PTR[dtype]
         elif n in ("kbuf_ptr", "vbuf_ptr"):
             sig[n] = PTR[kv]
@@ -37,7 +49,7 @@ def compile_one(
             sig[n] = "*i64"
         elif n in ("cos_sin_ptr", "k_scale_ptr", "v_scale_ptr"):
             sig[n] = "*fp32"
-        elif n in ("k_scale_f", "v_scale_f"):
+        elif n in ("k_scale_f", "v_scale_f", "eps"):
             sig[n] = "fp32"
         else:
             sig[n] = "i64" if "stride" in n else "i32"
@@ -67,6 +79,7 @@ def compile_one(
         NUM_KV_BLOCKS=max(1, 8 // bh),
         MERGED=merged,
         GRID_ORDER=int(merged) if order is None else order,
+        QK_NORM=qk_norm,
     )
     for k in consts:
         sig[k] = "constexpr"
@@ -124,7 +137,18 @@ def main() -> int:
         compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh, merged)
     compile_one("bf16", "e4m3", True, True, 2, 1, 2, 1, True, 8, True)
     compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, 8, True, order=2)  # k/v first
-    print(f"compiled {n + 6} kernel variants for sm_90")
+    # q/k RMSNorm (QK_NORM): separate and merged programs, GPT-J words, partial rotary, fp8,
+    # RoPE only
+    for case, bh, merged in (
+        (("bf16", "bf16", True, True, 0, 0, 0, 0, True), 1, False),
+        (("bf16", "bf16", True, True, 0, 0, 0, 0, True), 8, True),
+        (("bf16", "e4m3", True, True, 2, 1, 2, 1, True), 4, False),
+        (("fp16", "fp16", True, True, 1, 1, 0, 1, False), 8, True),
+        (("fp32", "e5m2", True, True, 0, 0, 1, 0, True), 32, True),
+        (("bf16", "bf16", True, False, 0, 0, 0, 1, True), 2, False),
+    ):
+        compile_one(*case, bh, merged, qk_norm=True)
+    print(f"compiled {n + 12} kernel variants for sm_90")
     after, before = sass_loads_before_division()
     print(f"fp8 tensor-scale SASS: {before} loads before the first reciprocal, {after} after it")
     return 0 if after == 0 and before > 0 else 1

@@ -16,7 +16,7 @@
 #   memcheck   compute-sanitizer memcheck over the kernel sweep
 #   rope       bench_rope_kv tables: bf16 graph + eager, fp8, GPT-J, partial rotary, vs peers
 #   eager      host time per eager call: ours vs SGLang / FlashInfer and set_kv_buffer vs indexing
-#   qknorm     bench_qk_norm_rope tables (Qwen3-8B / Qwen3-32B shapes)
+#   qknorm     q/k-norm op + Qwen3 GPU tests, bench_qk_norm_rope tables (Qwen3-8B / -32B shapes)
 #   moe        MoE tests (test_moe*.py, GPU ones included) + bench_moe (gpt-oss-20b shape):
 #              routed-expert kernel vs torch, read floor; bf16 experts, then MXFP4 experts
 #   moe_sweep  bench_moe --sweep: launch configurations per T, best printed as MOE_CONFIGS lines
@@ -73,7 +73,19 @@ t_eager() {
   peers_env
   timeout 300 python benchmarks/bench_rope_kv.py --eager
 }
-t_qknorm() { peers_env; timeout 300 python benchmarks/bench_qk_norm_rope.py; }
+t_qknorm() {
+  # issue 17: the op's and Qwen3's GPU tests, then the tables (bf16 with the SGLang columns,
+  # fp8 without). Prebuilt peer modules: benchmarks/prepare_peers.sh (else nvcc builds them).
+  timeout 420 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_qk_norm_rope.py \
+    tests/srt/models/test_qwen3.py
+  peers_env
+  timeout 420 python benchmarks/bench_qk_norm_rope.py
+  timeout 240 python benchmarks/bench_qk_norm_rope.py --kv-dtype fp8_e4m3 --no-peers \
+    --tokens 1 32 512 8192 32768
+  # small-T tuning data: one head per program with 1, 2 or 4 warps (2-D grid, separate programs)
+  timeout 200 python benchmarks/bench_qk_norm_rope.py --no-peers --shapes qwen3-8b \
+    --tokens 1 8 32 --fused-configs 1,1,0,0 1,2,0,0 1,4,0,0 2,2,0,0
+}
 t_moe() {
   timeout 300 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe.py \
     tests/srt/layers/test_moe_triton.py -rfE

@@ -159,6 +159,81 @@ def sglang_fused(is_neox: bool, rope_dim: int, dtype: torch.dtype):
     return lambda pos, q, k, v, cs, kc, vc, loc: run(q, k, v, kc, vc, cs, pos, loc)
 
 
+def _sglang_jit(header: str) -> pathlib.Path:
+    root = _root("SGL_BENCH_SGLANG_DIR", f"sglang/kernels/jit/csrc/elementwise/{header}")
+    return root / "sglang" / "kernels" / "jit"
+
+
+# SGLang 0.5.23: `qknorm.cuh` (in-place RMSNorm of q and k heads, strided views), as load_jit.
+def build_sglang_qknorm(head_dim: int, pdl: bool, dtype: torch.dtype, arch: int):
+    jit = _sglang_jit("qknorm.cuh")
+    entry = f"QKNormKernel<{head_dim}, {'true' if pdl else 'false'}, {_CPP_DTYPE[dtype]}>::run"
+    wrapper = _FFI_INCLUDES + '#include "elementwise/qknorm.cuh"\nnamespace sglang {\n'
+    wrapper += f"TVM_FFI_DLL_EXPORT_TYPED_FUNC(qknorm, ({entry}));\n}}\n"
+    flags = [f"-DSGL_CUDA_ARCH={arch * 10}", "-std=c++20", "-O3", "--expt-relaxed-constexpr"]
+    header = [jit / "csrc/elementwise/qknorm.cuh"]
+    return _build(
+        "sglang_qknorm", [], header, wrapper, [jit / "include", jit / "csrc"], flags, arch
+    )
+
+
+def sglang_qknorm(head_dim: int, dtype: torch.dtype):
+    """fn(q, k, q_weight, k_weight, eps): RMSNorm in place of q [T, Hq, D], k [T, Hkv, D]."""
+    if dtype not in _CPP_DTYPE:
+        raise PeerUnavailable(f"SGLang's qknorm takes bf16/fp16, not {dtype}")
+    arch = _arch()
+    return _load(build_sglang_qknorm(head_dim, arch >= 90, dtype, arch))["qknorm"]
+
+
+# SGLang 0.5.23: `fused_qknorm_rope.cuh` (TRT-LLM's q/k norm + RoPE, no cache write; bf16, a
+# contiguous qkv, cos/sin computed from the base), built with its JIT_* defines.
+def build_sglang_qknorm_rope(head_dim: int, interleave: bool, arch: int):
+    jit = _sglang_jit("fused_qknorm_rope.cuh")
+    wrapper = _FFI_INCLUDES + '#include "elementwise/fused_qknorm_rope.cuh"\n'
+    wrapper += "TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_qk_norm_rope, sglang::fused_qk_norm_rope);\n"
+    flags = [
+        f"-DSGL_CUDA_ARCH={arch * 10}",
+        f"-DJIT_HEAD_DIM={head_dim}",
+        f"-DJIT_INTERLEAVE={int(interleave)}",
+        "-DJIT_YARN=0",
+        "-std=c++20",
+        "-O3",
+        "--expt-relaxed-constexpr",
+    ]
+    header = [jit / "csrc/elementwise/fused_qknorm_rope.cuh"]
+    includes = [jit / "include", jit / "csrc"]
+    return _build("sglang_qknorm_rope", [], header, wrapper, includes, flags, arch)
+
+
+def sglang_qknorm_rope(head_dim: int, is_neox: bool, base: float, hq: int, hkv: int):
+    """fn(qkv, q_weight, k_weight, pos32, eps): q/k norm + RoPE in place on a contiguous bf16
+    qkv [T, (Hq + 2 Hkv) * D] (positions int32, full rotary, no cache write)."""
+    run = _load(build_sglang_qknorm_rope(head_dim, not is_neox, _arch()))["fused_qk_norm_rope"]
+
+    def fn(qkv, qw, kw, pos32, eps):
+        # factor 1 (no YaRN), low/high unused, attention factor 1, rotary_dim = head_dim
+        run(
+            qkv,
+            qw,
+            kw,
+            pos32,
+            hq,
+            hkv,
+            hkv,
+            head_dim,
+            eps,
+            base,
+            int(is_neox),
+            1.0,
+            0.0,
+            0.0,
+            1.0,
+            head_dim,
+        )
+
+    return fn
+
+
 # FlashInfer 0.7.2: `flashinfer/data/csrc/rope.cu` + its binding, built as gen_rope_module does.
 def build_flashinfer(arch: int):
     data = _root("SGL_BENCH_FLASHINFER_DIR", "flashinfer/data/csrc/rope.cu") / "flashinfer/data"
@@ -242,6 +317,14 @@ if __name__ == "__main__":
             print(build_sglang(neox, dim, True, torch.bfloat16, arch))
         except PeerUnavailable as err:
             print("sglang:", err)
+    for build in (
+        lambda: build_sglang_qknorm(128, True, torch.bfloat16, arch),
+        lambda: build_sglang_qknorm_rope(128, False, arch),
+    ):
+        try:
+            print(build())
+        except PeerUnavailable as err:
+            print("sglang qknorm:", err)
     try:
         print(build_flashinfer(arch))
     except PeerUnavailable as err:

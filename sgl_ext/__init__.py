@@ -10,6 +10,10 @@ from sgl_ext.norm import (
     rmsnorm,
     rmsnorm_native,
 )
+from sgl_ext.qk_norm_rope import (
+    apply_qk_norm_rope_native,
+    apply_qk_norm_rope_with_cos_sin_cache_inplace,
+)
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
     apply_rope_native,
@@ -20,6 +24,8 @@ __all__ = [
     "FP8_DTYPES",
     "INPUT_DTYPES",
     "FusedSetKVBufferArg",
+    "apply_qk_norm_rope_native",
+    "apply_qk_norm_rope_with_cos_sin_cache_inplace",
     "apply_rope_native",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_native",

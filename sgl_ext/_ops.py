@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_ext import kv_cache, rope
+from sgl_ext import kv_cache, qk_norm_rope, rope
 
 _ROPE_MUTATES = ("query", "key", "k_buffer", "v_buffer")
 
@@ -39,6 +39,40 @@ def rope_kv_op(
 
 @rope_kv_op.register_fake
 def _rope_kv_fake(*args: object) -> None:
+    return None
+
+
+@torch.library.custom_op("sgl_ext::qk_norm_rope_kv", mutates_args=_ROPE_MUTATES)
+def qk_norm_rope_kv_op(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    eps: float,
+    is_neox: bool,
+    value: torch.Tensor | None,
+    k_buffer: torch.Tensor | None,
+    v_buffer: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    cache_loc: torch.Tensor | None,
+) -> None:
+    q_info, k_info = rope._check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
+    norm = qk_norm_rope._check_norm(query, head_size, q_norm_weight, k_norm_weight, eps)
+    kv = None
+    if value is not None:
+        arg = rope.FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
+        kv = rope._check_kv(key, arg, head_size)
+    qk_norm_rope._run(
+        positions, query, key, head_size, cos_sin_cache, norm, is_neox, q_info, k_info, kv
+    )
+
+
+@qk_norm_rope_kv_op.register_fake
+def _qk_norm_rope_kv_fake(*args: object) -> None:
     return None
 
 

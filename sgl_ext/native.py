@@ -111,3 +111,18 @@ def kv_write_native(
     """Store key/value ([T, H*D] or [T, H, D]) into the cache slots cache_loc."""
     scatter_native(k_buffer, k_lay, cache_loc, quantize_native(key, k_buffer.dtype, k_scale))
     scatter_native(v_buffer, v_lay, cache_loc, quantize_native(value, v_buffer.dtype, v_scale))
+
+
+def rms_norm_heads_native(
+    x: torch.Tensor, head_size: int, weight: torch.Tensor, eps: float
+) -> None:
+    """RMSNorm every head of x ([T, H*D] or [T, H, D]) over its D dims, in place.
+
+    The rounding of Qwen3's (and HF's) RMSNorm, so that the fused op's native path equals the
+    unfused torch norm bit for bit: normalise in float32, cast to x's dtype, then multiply by
+    the weight (x's dtype).
+    """
+    xs = x.unflatten(-1, (-1, head_size)) if x.ndim == 2 else x  # [T, H, D] view
+    xf = xs.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # [T, H, D] fp32
+    xs.copy_(weight * xf.to(x.dtype))

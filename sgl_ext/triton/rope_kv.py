@@ -16,7 +16,7 @@ in registers, so neither needs a gather.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import triton
@@ -25,6 +25,10 @@ import triton.language as tl
 from sgl_ext._backend import interpreting, pdl_capable
 from sgl_ext._common import KVLayout, fp8_max, scale_args
 from sgl_ext.triton.pairs import load_pairs, load_scale, quantize, reciprocal, store_pairs
+from sgl_ext.triton.qk_norm import load_norm_weights, query_in, query_out, rms_norm_head
+
+if TYPE_CHECKING:
+    from sgl_ext.qk_norm_rope import QKNorm
 
 
 @triton.jit
@@ -67,6 +71,8 @@ def _key_value(
     k_scale_f,
     v_scale_f,
     num_kv_heads,
+    kw_ptr,
+    eps,
     PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
@@ -85,6 +91,7 @@ def _key_value(
     K_FP8_MAX: tl.constexpr,
     V_FP8_MAX: tl.constexpr,
     EMULATE_FP8: tl.constexpr,
+    QK_NORM: tl.constexpr,
 ):
     """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
     Returns the token's (cos, sin), loaded after every other load of the block."""
@@ -101,18 +108,32 @@ def _key_value(
         v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
         k_s = load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
         v_s = load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
-        if BLOCK_TAIL > 0:  # pass-through dims of K (partial rotary) go to the cache too
-            dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]
-            t_mask = h_ok & (dt < HEAD_DIM)
-            k_tail = tl.load(k_row + dt, mask=t_mask)
+    if BLOCK_TAIL > 0:
+        dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]  # [1, BLOCK_TAIL] pass-through dims
+        t_mask = h_ok & (dt < HEAD_DIM)
+        if WRITE_KV or QK_NORM:  # they go to the cache too, and the norm reads them
+            k_tail = tl.load(k_row + dt, mask=t_mask, other=0.0)
+    else:
+        dt, t_mask = c, c_ok  # unused
+        k_tail = tl.zeros([1, 1], tl.float32)  # unused
     km = h_ok & c_ok
     if ROTATE:
         ka, kb = load_pairs(k_row, c, km, HALF, PAIR_MODE, IS_BF16)
     else:  # plain KV write: the whole head as one contiguous "pair" tile
         ka, kb = load_pairs(k_row, c, km, HALF, 0, IS_BF16)
+    if QK_NORM:
+        wa, wb, wt = load_norm_weights(
+            kw_ptr, c, c_ok, dt, dt < HEAD_DIM, HALF, PAIR_MODE, IS_BF16, BLOCK_TAIL > 0
+        )
     cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
     if ROTATE:
         KT: tl.constexpr = k_ptr.dtype.element_ty
+        if QK_NORM:  # RMSNorm of the whole head, rounded to the key dtype as torch does
+            ka, kb, k_tail = rms_norm_head(
+                ka, kb, k_tail.to(tl.float32), wa, wb, wt, eps, HEAD_DIM, BLOCK_TAIL > 0, KT
+            )
+            if BLOCK_TAIL > 0:
+                tl.store(k_row + dt, k_tail.to(KT), mask=t_mask)
         # Round to the key dtype: the cache stores exactly the key the op returns.
         ka, kb = (
             (ka * cos - kb * sin).to(KT).to(tl.float32),
@@ -171,6 +192,9 @@ def rope_kv_kernel(
     num_q_heads,
     num_kv_heads,
     max_pos,
+    qw_ptr,  # QK_NORM: RMSNorm weights [HEAD_DIM] of query and key heads, and the epsilon
+    kw_ptr,
+    eps,
     NUM_Q_BLOCKS: tl.constexpr,  # query head blocks per token
     NUM_KV_BLOCKS: tl.constexpr,  # key/value head blocks per token
     MERGED: tl.constexpr,  # program j does query block j and key/value block j (if any)
@@ -195,6 +219,7 @@ def rope_kv_kernel(
     V_FP8_MAX: tl.constexpr,
     EMULATE_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
+    QK_NORM: tl.constexpr = False,  # RMSNorm each q and k head (whole head) before RoPE
 ):
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
@@ -235,8 +260,26 @@ def rope_kv_kernel(
     # all before the first store.
     q_mask = (heads < num_q_heads) & c_ok  # all false past the last query block
     q_row = q_ptr + t * q_tok_stride + heads * q_head_stride
+    if QK_NORM and BLOCK_TAIL > 0:  # the query's pass-through dims are normalised too
+        dqt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]  # [1, BLOCK_TAIL]
+        qt_mask = (heads < num_q_heads) & (dqt < HEAD_DIM)
+    else:
+        dqt, qt_mask = c, q_mask  # unused
     if MERGED:
-        a, b = load_pairs(q_row, c, q_mask, HALF, PAIR_MODE, IS_BF16)
+        a, b, qt, wa, wb, wt = query_in(
+            q_row,
+            c,
+            q_mask,
+            dqt,
+            qt_mask,
+            qw_ptr,
+            HALF,
+            HEAD_DIM,
+            BLOCK_TAIL,
+            PAIR_MODE,
+            IS_BF16,
+            QK_NORM,
+        )
         if hb < NUM_KV_BLOCKS:
             cos, sin = _key_value(
                 t,
@@ -265,6 +308,8 @@ def rope_kv_kernel(
                 k_scale_f,
                 v_scale_f,
                 num_kv_heads,
+                kw_ptr,
+                eps,
                 PAGE_SIZE,
                 HEAD_DIM,
                 V_HEAD_DIM,
@@ -283,14 +328,68 @@ def rope_kv_kernel(
                 K_FP8_MAX,
                 V_FP8_MAX,
                 EMULATE_FP8,
+                QK_NORM,
             )
         else:
             cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
-        store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
+        query_out(
+            q_row,
+            c,
+            q_mask,
+            a,
+            b,
+            qt,
+            wa,
+            wb,
+            wt,
+            dqt,
+            qt_mask,
+            cos,
+            sin,
+            eps,
+            HALF,
+            HEAD_DIM,
+            BLOCK_TAIL,
+            PAIR_MODE,
+            QK_NORM,
+        )
     elif hb < NUM_Q_BLOCKS:
-        a, b = load_pairs(q_row, c, q_mask, HALF, PAIR_MODE, IS_BF16)
+        a, b, qt, wa, wb, wt = query_in(
+            q_row,
+            c,
+            q_mask,
+            dqt,
+            qt_mask,
+            qw_ptr,
+            HALF,
+            HEAD_DIM,
+            BLOCK_TAIL,
+            PAIR_MODE,
+            IS_BF16,
+            QK_NORM,
+        )
         cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
-        store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
+        query_out(
+            q_row,
+            c,
+            q_mask,
+            a,
+            b,
+            qt,
+            wa,
+            wb,
+            wt,
+            dqt,
+            qt_mask,
+            cos,
+            sin,
+            eps,
+            HALF,
+            HEAD_DIM,
+            BLOCK_TAIL,
+            PAIR_MODE,
+            QK_NORM,
+        )
     else:
         _key_value(
             t,
@@ -319,6 +418,8 @@ def rope_kv_kernel(
             k_scale_f,
             v_scale_f,
             num_kv_heads,
+            kw_ptr,
+            eps,
             PAGE_SIZE,
             HEAD_DIM,
             V_HEAD_DIM,
@@ -337,6 +438,7 @@ def rope_kv_kernel(
             K_FP8_MAX,
             V_FP8_MAX,
             EMULATE_FP8,
+            QK_NORM,
         )
 
 
@@ -436,8 +538,10 @@ def launch_rope_kv(
     k_info: tuple[int, int, int],
     kv: tuple | None,  # (value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
     enable_pdl: bool | None = None,
+    qk_norm: QKNorm | None = None,
 ) -> None:
-    """Launch the kernel. q/positions/cos_sin_cache None: KV write only; kv None: RoPE only."""
+    """Launch the kernel. q/positions/cos_sin_cache None: KV write only; kv None: RoPE only;
+    qk_norm: RMSNorm every q and k head before RoPE (needs q and cos_sin_cache)."""
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
@@ -485,7 +589,10 @@ def launch_rope_kv(
     tail = head_size - rot
     pair_mode = 0
     if rotate and not is_neox:
-        pair_mode = _gptj_mode([(query, q_tok, q_head), (key, k_tok, k_head)])
+        rows = [(query, q_tok, q_head), (key, k_tok, k_head)]
+        if qk_norm is not None:  # the weights load as pairs too
+            rows += [(qk_norm.q_weight, 0, 0), (qk_norm.k_weight, 0, 0)]
+        pair_mode = _gptj_mode(rows)
     kbuf_mode = pair_mode
     if pair_mode == 2 and (kbuf.dtype != key.dtype or not _word_aligned(kbuf, *k_lay.strides)):
         kbuf_mode = 1
@@ -522,6 +629,9 @@ def launch_rope_kv(
         num_q_heads,
         num_kv_heads,
         cos_sin_cache.shape[0] if rotate else 1,
+        qk_norm.q_weight if qk_norm is not None else key,  # unused pointers without the norm
+        qk_norm.k_weight if qk_norm is not None else key,
+        qk_norm.eps if qk_norm is not None else 0.0,
         NUM_Q_BLOCKS=num_q_blocks,
         NUM_KV_BLOCKS=num_kv_blocks,
         MERGED=merged,
@@ -546,6 +656,7 @@ def launch_rope_kv(
         V_FP8_MAX=fp8_max(vbuf.dtype),
         EMULATE_FP8=interp,
         USE_PDL=use_pdl,
+        QK_NORM=qk_norm is not None,
         num_warps=cfg.num_warps,
         **extra,
     )

@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+import sgl_ext
 from srt.configs.model_config import ModelConfig
 from srt.layers.layernorm import RMSNorm
 from srt.layers.linear import QKVParallelLinear, RowParallelLinear
 from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import get_rope
 from srt.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel, rope_attention
+from srt.models.utils import create_fused_set_kv_buffer_arg, enable_fused_set_kv_buffer
 
 if TYPE_CHECKING:
     from srt.model_executor.forward_batch_info import ForwardBatch
@@ -24,7 +26,15 @@ Qwen3MLP = LlamaMLP
 
 
 class Qwen3Attention(nn.Module):
-    """qkv projection -> q_norm / k_norm per head -> RoPE (+ fused KV write) -> attention."""
+    """qkv projection -> q_norm / k_norm per head -> RoPE (+ fused KV write) -> attention.
+
+    With the fused KV write enabled, one sgl_ext kernel does the norm, RoPE and the write.
+    """
+
+    # With the fused KV write enabled: q/k norm, RoPE and the cache write in one kernel
+    # (sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace). False (on a layer or the class)
+    # keeps the torch norm followed by the fused RoPE + KV op, for comparison.
+    fuse_qk_norm: bool = True
 
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
@@ -72,15 +82,51 @@ class Qwen3Attention(nn.Module):
         x = norm(x.reshape(-1, self.head_dim))  # [T * H, D] (a copy of the strided view)
         return x.view(T, -1)  # [T, H * D]
 
+    def _fused_qk_norm_rope(self, q: torch.Tensor, forward_batch: ForwardBatch) -> bool:
+        """Whether one kernel does q/k norm, RoPE and the KV write (metadata only)."""
+        return (
+            self.fuse_qk_norm
+            and self.q_norm.weight.dtype == q.dtype
+            and enable_fused_set_kv_buffer(forward_batch)
+        )
+
+    def _qk_norm_rope_attention(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D] (views of qkv): q/k normalised and rotated
+        in place, K and V stored by the same kernel, then attention without a second save."""
+        rope = self.rotary_emb
+        sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(
+            positions.reshape(-1),  # [T]
+            q,
+            k,
+            self.head_dim,
+            rope._cache_for(q.device),
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.q_norm.variance_epsilon,
+            is_neox=rope.is_neox_style,
+            fused_set_kv_buffer_arg=create_fused_set_kv_buffer_arg(v, self.attn, forward_batch),
+        )
+        return self.attn(q, k, v, forward_batch, save_kv_cache=False)
+
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)  # [T, (Hq + 2 Hkv) * D]
         # q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]: strided views of qkv
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self._norm_heads(q, self.q_norm)
-        k = self._norm_heads(k, self.k_norm)
-        out = rope_attention(self.rotary_emb, self.attn, positions, q, k, v, forward_batch)
+        if self._fused_qk_norm_rope(q, forward_batch):
+            out = self._qk_norm_rope_attention(positions, q, k, v, forward_batch)
+        else:
+            q = self._norm_heads(q, self.q_norm)
+            k = self._norm_heads(k, self.k_norm)
+            out = rope_attention(self.rotary_emb, self.attn, positions, q, k, v, forward_batch)
         out, _ = self.o_proj(out)  # [T, hidden]
         return out
 

@@ -1,0 +1,123 @@
+"""Triton helpers of the q/k RMSNorm in the rope_kv kernel (QK_NORM): the weights loaded like
+the rotary pairs, the norm over whole heads with the unfused path's rounding, and the query
+side's load / normalise-rotate-store.
+
+Each head's rotary dims arrive as pairs (a, b) [BH, BLOCK_HALF] (see pairs.load_pairs) and, for
+partial rotary, its pass-through dims as a tail [BH, BLOCK_TAIL]; the sum of squares runs over
+both, so the norm covers the whole head.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from sgl_ext.triton.pairs import load_pairs, store_pairs
+
+
+@triton.jit
+def load_norm_weights(
+    w_ptr,
+    c,
+    c_ok,
+    dt,
+    t_ok,
+    HALF: tl.constexpr,
+    MODE: tl.constexpr,
+    IS_BF16: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+):
+    """The RMSNorm weight of a head, laid out like its rotary pairs ([1, BLOCK_HALF] each, as in
+    load_pairs) plus its pass-through dims dt ([1, BLOCK_TAIL]; zeros without a tail), fp32."""
+    wa, wb = load_pairs(w_ptr, c, c_ok, HALF, MODE, IS_BF16)
+    if HAS_TAIL:
+        wt = tl.load(w_ptr + dt, mask=t_ok, other=0.0).to(tl.float32)
+    else:
+        wt = tl.zeros([1, 1], tl.float32)
+    return wa, wb, wt
+
+
+@triton.jit
+def _norm_round(x, rstd, w, DT: tl.constexpr):
+    """Qwen3's rounding: (x * rstd) cast to DT, times the weight in DT (the product of two
+    16-bit floats is exact in fp32, so one rounding), returned as fp32."""
+    return ((x * rstd).to(DT).to(tl.float32) * w).to(DT).to(tl.float32)
+
+
+@triton.jit
+def rms_norm_head(
+    a, b, tail, wa, wb, wt, eps, HEAD_DIM: tl.constexpr, HAS_TAIL: tl.constexpr, DT: tl.constexpr
+):
+    """RMSNorm over whole heads: a, b [BH, BLOCK_HALF] rotary pairs and tail [BH, BLOCK_TAIL]
+    pass-through dims (fp32, zeros where masked). Returns the normalised (a, b, tail), each
+    rounded to DT as the unfused torch norm stores it, in fp32."""
+    ss = tl.sum(a * a + b * b, axis=1)  # [BH]
+    if HAS_TAIL:
+        ss += tl.sum(tail * tail, axis=1)
+    rstd = tl.rsqrt(ss / HEAD_DIM + eps)[:, None]  # [BH, 1]
+    a = _norm_round(a, rstd, wa, DT)
+    b = _norm_round(b, rstd, wb, DT)
+    if HAS_TAIL:
+        tail = _norm_round(tail, rstd, wt, DT)
+    return a, b, tail
+
+
+@triton.jit
+def query_in(
+    q_row,
+    c,
+    q_mask,
+    dqt,
+    qt_mask,
+    qw_ptr,
+    HALF: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+    PAIR_MODE: tl.constexpr,
+    IS_BF16: tl.constexpr,
+    QK_NORM: tl.constexpr,
+):
+    """Load the query pairs (a, b) fp32 [BH, BLOCK_HALF]; with QK_NORM also the pass-through
+    dims qt [BH, BLOCK_TAIL] and the norm weights (wa, wb [1, BLOCK_HALF], wt [1, BLOCK_TAIL])."""
+    a, b = load_pairs(q_row, c, q_mask, HALF, PAIR_MODE, IS_BF16)
+    qt = tl.zeros([1, 1], tl.float32)  # unused without the norm or a tail
+    wa, wb, wt = qt, qt, qt
+    if QK_NORM:
+        if BLOCK_TAIL > 0:
+            qt = tl.load(q_row + dqt, mask=qt_mask, other=0.0).to(tl.float32)
+        wa, wb, wt = load_norm_weights(
+            qw_ptr, c, c < HALF, dqt, dqt < HEAD_DIM, HALF, PAIR_MODE, IS_BF16, BLOCK_TAIL > 0
+        )
+    return a, b, qt, wa, wb, wt
+
+
+@triton.jit
+def query_out(
+    q_row,
+    c,
+    q_mask,
+    a,
+    b,
+    qt,
+    wa,
+    wb,
+    wt,
+    dqt,
+    qt_mask,
+    cos,
+    sin,
+    eps,
+    HALF: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+    PAIR_MODE: tl.constexpr,
+    QK_NORM: tl.constexpr,
+):
+    """Normalise (QK_NORM) and rotate the query pairs (a, b) and store them in place (with the
+    normalised pass-through dims qt)."""
+    if QK_NORM:
+        QT: tl.constexpr = q_row.dtype.element_ty
+        a, b, qt = rms_norm_head(a, b, qt, wa, wb, wt, eps, HEAD_DIM, BLOCK_TAIL > 0, QT)
+        if BLOCK_TAIL > 0:
+            tl.store(q_row + dqt, qt.to(QT), mask=qt_mask)
+    store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
