@@ -21,7 +21,7 @@ class VocabParallelEmbedding(nn.Module):
     num_embeddings : vocabulary size V.
     embedding_dim : hidden size.
     params_dtype : parameter dtype (default: torch's default dtype).
-    tp_rank, tp_size : TP position (default: the TP group's).
+    tp_rank, tp_size : this rank's TP position (default: TP 1).
     """
 
     def __init__(
@@ -29,8 +29,8 @@ class VocabParallelEmbedding(nn.Module):
         num_embeddings: int,
         embedding_dim: int,
         params_dtype: torch.dtype | None = None,
-        tp_rank: int | None = None,
-        tp_size: int | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
         prefix: str = "",
     ) -> None:
         super().__init__()

@@ -117,9 +117,11 @@ class ModelRunner:
         return build_model_config(self.server_args)
 
     def _load_model(self) -> torch.nn.Module:
-        from srt.model_executor.model_builder import load_model
+        from srt.model_executor.model_builder import build_model
 
-        return load_model(self.model_config, self.server_args, self.dtype, self.device)
+        return build_model(
+            self.model_config, self.server_args, self.dtype, self.device, self.tp_rank, self.tp_size
+        )
 
     def _kv_shape(self) -> tuple[int, int, int, int]:
         """(layers, kv_heads, head_dim, v_head_dim) of the KV cache."""
