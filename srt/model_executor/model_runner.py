@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from srt.configs.model_config import resolve_dtype as config_dtype_by_name
+from srt.configs.model_config import checkpoint_dtype
 from srt.distributed import (
     get_tp_local_rank,
     get_tp_rank,
@@ -31,10 +31,11 @@ logger = logging.getLogger(__name__)
 _KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
-def resolve_dtype(name: str, device: torch.device, config_dtype: torch.dtype | None) -> torch.dtype:
-    """ "auto": the checkpoint's half dtype on CUDA (bf16 if it is fp32), float32 on CPU."""
+def runtime_dtype(name: str, device: torch.device, config_dtype: torch.dtype | None) -> torch.dtype:
+    """The model dtype the runner uses for ServerArgs.dtype `name`; "auto" depends on the device:
+    the checkpoint's half dtype on CUDA (bf16 if it is fp32), float32 on CPU."""
     if name != "auto":
-        return config_dtype_by_name(name)
+        return checkpoint_dtype(name)
     if device.type != "cuda":
         return torch.float32
     if config_dtype in (torch.float16, torch.bfloat16):
@@ -84,7 +85,7 @@ class ModelRunner:
         self.page_size = args.page_size
         torch.manual_seed(args.random_seed)
         self.model_config = model_config if model_config is not None else self._model_config()
-        self.dtype = resolve_dtype(
+        self.dtype = runtime_dtype(
             args.dtype, self.device, getattr(self.model_config, "dtype", None)
         )
         self.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, self.dtype)

@@ -19,11 +19,11 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from srt.configs.load_config import LOAD_FORMATS
 from srt.configs.model_config import ModelConfig
 from srt.models.registry import get_model_class
 
 SAFE_INDEX = "model.safetensors.index.json"
-LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 
 
 @contextlib.contextmanager
