@@ -28,6 +28,8 @@ class GptOssMLP(nn.Module):
 
     def __init__(self, config: ModelConfig, tp_rank: int = 0, tp_size: int = 1) -> None:
         super().__init__()
+        if config.num_local_experts <= 0 or config.num_experts_per_tok <= 0:
+            raise ValueError("gpt-oss config needs num_local_experts and num_experts_per_tok")
         self.top_k = config.num_experts_per_tok
         self.router = ReplicatedLinear(config.hidden_size, config.num_local_experts, bias=True)
         self.experts = TopKExperts(
@@ -85,18 +87,6 @@ class GptOssForCausalLM(CausalLM):
 
     model_cls = GptOssModel
     stacked_params_mapping = QKV_STACKED_PARAMS
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        quant_config: object = None,
-        prefix: str = "",
-        tp_rank: int = 0,
-        tp_size: int = 1,
-    ) -> None:
-        if config.num_local_experts <= 0 or config.num_experts_per_tok <= 0:
-            raise ValueError("gpt-oss config needs num_local_experts and num_experts_per_tok")
-        super().__init__(config, quant_config, prefix, tp_rank, tp_size)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors (bf16 or MXFP4 experts); returns the loaded parameter names."""
