@@ -54,7 +54,7 @@ EOF
 t_tests() { timeout 540 python -m pytest -q -p no:cacheprovider tests -x -rfE; }
 t_memcheck() {
   timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python tests/sgl_ext/gpu_memcheck_sweep.py
+    python -m tests.sgl_ext.gpu_memcheck_sweep
 }
 t_rope() {
   peers_env
@@ -94,16 +94,16 @@ t_peers() { peers_env; timeout 300 python benchmarks/peers.py; }
 t_pool() {
   timeout 200 python -m pytest -q -p no:cacheprovider tests/srt/mem_cache -rfE
   local S="timeout 150 compute-sanitizer --error-exitcode 9"
-  $S --tool racecheck python tests/srt/mem_cache/gpu_stream_check.py --replays 20
+  $S --tool racecheck python -m tests.srt.mem_cache.gpu_stream_check --replays 20
   echo "racecheck rc=$?"
-  $S --tool memcheck python tests/srt/mem_cache/gpu_stream_check.py --replays 10
+  $S --tool memcheck python -m tests.srt.mem_cache.gpu_stream_check --replays 10
   echo "memcheck rc=$?"
 }
 t_cuda() {
   if [ ! -d sgl_ext/cuda ]; then echo "no sgl_ext/cuda in this tree: skipped"; return 0; fi
   timeout 300 python -m pytest -q -p no:cacheprovider tests/sgl_ext/test_cuda_rope_kv.py -rfE
   SGL_EXT_BACKEND=cuda timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python tests/sgl_ext/gpu_memcheck_sweep.py
+    python -m tests.sgl_ext.gpu_memcheck_sweep
   echo "memcheck (cuda backend) rc=$?"
   local B="timeout 120 python benchmarks/bench_rope_kv.py --compare --only-fused"
   $B

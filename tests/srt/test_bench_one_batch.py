@@ -7,10 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("srt.layers.rotary_embedding", reason="needs the layers branch")
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

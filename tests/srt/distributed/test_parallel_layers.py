@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tp_harness import run_ranks
 
 from srt.layers.linear import (
     ColumnParallelLinear,
@@ -17,6 +16,7 @@ from srt.layers.linear import (
 )
 from srt.layers.moe import TopKExperts, select_experts
 from srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from tests.srt.distributed.tp_harness import run_ranks
 
 
 def _rand(*shape, seed: int) -> torch.Tensor:

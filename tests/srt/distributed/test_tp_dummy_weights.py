@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
-from tp_harness import TINY_GPT_OSS
 
 from srt.configs.model_config import ModelConfig
 from srt.model_loader.loader import full_parameter_shapes, init_dummy_weights
 from srt.models.registry import get_model_class
+from tests.srt.distributed.tp_harness import TINY_GPT_OSS
 
 
 def _config(arch: str) -> ModelConfig:

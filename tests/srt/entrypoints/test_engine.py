@@ -13,8 +13,6 @@ import srt
 # cover the compiled kernels, and TRITON_INTERPRET is off there.
 interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton interpreter test")
 
-pytest.importorskip("srt.layers.rotary_embedding", reason="needs the layers branch")
-
 PROMPTS = ["Hello world", "The capital of France is", "a", "1 2 3 4 5 6 7 8 9 10 11 12 13"]
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
 

@@ -252,14 +252,9 @@ def test_req_to_token_pool():
 
 # ----------------------------------------------------------------------------- GPU
 def _load_stream_check():
-    import importlib.util
-    from pathlib import Path
+    from tests.srt.mem_cache import gpu_stream_check
 
-    path = Path(__file__).with_name("gpu_stream_check.py")
-    spec = importlib.util.spec_from_file_location("gpu_stream_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return gpu_stream_check
 
 
 @needs_cuda

@@ -2,7 +2,14 @@
 
 import pytest
 import torch
-from hf_compare import compare_with_hf, load_ours, make_prompts, run_model, save_hf_checkpoint
+
+from tests.srt.models.hf_compare import (
+    compare_with_hf,
+    load_ours,
+    make_prompts,
+    run_model,
+    save_hf_checkpoint,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -61,6 +68,6 @@ def test_qwen3_fused_equals_unfused_and_fp8(qwen3_ckpt):
 def test_qwen3_cuda_bf16_triton(qwen3_ckpt):
     """bf16 on CUDA with the Triton attention backend agrees with CPU fp32 within bf16
     tolerance; fused equals unfused bit for bit (logits and caches)."""
-    from hf_compare import gpu_bf16_check
+    from tests.srt.models.hf_compare import gpu_bf16_check
 
     gpu_bf16_check(qwen3_ckpt[0])
