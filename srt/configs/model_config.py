@@ -199,7 +199,7 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
         experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-        kw = dict(
+        kw: dict[str, Any] = dict(
             architectures=archs,
             model_type=str(cfg.get("model_type", "")),
             hidden_size=int(cfg["hidden_size"]),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,7 @@ class TPGroup:
     world_size: int
     backend: str
     local_rank: int
-    group: object = None  # the ProcessGroup (None: the default group)
+    group: Any = None  # the ProcessGroup (None: the default group)
     owns_default_group: bool = False
 
 
@@ -91,7 +92,7 @@ def init_distributed_environment(
     owns = False
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        kw = {}
+        kw: dict[str, Any] = {}
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
             kw["device_id"] = torch.device("cuda", local_rank)

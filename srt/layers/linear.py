@@ -54,12 +54,12 @@ class LinearBase(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(out_part, in_part, dtype=self.params_dtype), requires_grad=False
         )
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         if self._has_bias:
             self.bias = nn.Parameter(
                 torch.empty(out_part, dtype=self.params_dtype), requires_grad=False
             )
-            self.bias.weight_loader = self.weight_loader
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         else:
             self.register_parameter("bias", None)
 

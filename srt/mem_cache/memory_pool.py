@@ -70,7 +70,7 @@ class ReqToTokenPool:
         )  # [size, max_context_len]
         self.free_slots: list[int] = list(range(size))
 
-    def write(self, indices: object, values: torch.Tensor) -> None:
+    def write(self, indices: torch.Tensor | int | slice, values: torch.Tensor) -> None:
         """req_to_token[indices] = values (SGLang's helper)."""
         self.req_to_token[indices] = values
 
@@ -204,7 +204,8 @@ class MHATokenToKVPool:
         p, ps, h, L = self.num_pages, self.page_size, self.head_num, self.layer_num
         zeros = lambda *shape: torch.zeros(shape, dtype=self.store_dtype, device=self.device)
         if self.cross_layer_layout:
-            self.kv_buffer = zeros(p, L, 2, ps, h, self.head_dim)  # [pages, L, 2, ps, H, D]
+            self.kv_buffer: torch.Tensor | None = zeros(p, L, 2, ps, h, self.head_dim)
+            # kv_buffer: [pages, L, 2, ps, H, D]
             # buf[:, l, 0] -> [pages, ps, H, D] strided; for ps == 1 also drop the ps dim
             sel = (lambda t: t[:, :, :, 0]) if ps == 1 else (lambda t: t)
             kv = sel(self.kv_buffer)  # [pages, L, 2, (ps,) H, D]
@@ -221,7 +222,7 @@ class MHATokenToKVPool:
         if self.cross_layer_layout:
             assert self.kv_buffer is not None
             shape = tuple(self.kv_buffer.shape)
-            dims = ("pages", "layers", "kv", "page_size", "heads", "head_dim")
+            dims: tuple[str, ...] = ("pages", "layers", "kv", "page_size", "heads", "head_dim")
             kind = "cross_layer"
         else:
             shape = tuple(self.k_buffer[0].shape)

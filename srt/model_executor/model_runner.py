@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from srt.distributed import (
 )
 from srt.model_executor.forward_batch_info import ForwardBatch
 from srt.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ class ModelRunner:
         self.server_args = args = server_args.resolved()
         self.tp_size = args.tp_size
         self.tp_rank = self._check_tp()
+        assert args.device is not None  # resolved() picks one
         self.device = torch.device(args.device)
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
@@ -96,7 +100,7 @@ class ModelRunner:
         self.model = model.requires_grad_(False).eval()
         self._init_memory_pool()
         self.attn_backend = self._init_attention_backend()
-        self.cuda_graph_runner = None
+        self.cuda_graph_runner: CudaGraphRunner | None = None
         if not args.disable_cuda_graph and self.device.type == "cuda":
             self._init_cuda_graphs()
 
@@ -184,12 +188,15 @@ class ModelRunner:
             v_head_dim=v_head_dim,
             alt_stream=alt_stream,
         )
-        scrub = dict(kvcache=self.token_to_kv_pool, scrub_on_alloc=True)
+        pool = self.token_to_kv_pool
+        self.token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
         if ps == 1:
-            self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, self.device, **scrub)
+            self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
+                tokens, self.device, kvcache=pool, scrub_on_alloc=True
+            )
         else:
             self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
-                tokens, ps, self.device, **scrub
+                tokens, ps, self.device, kvcache=pool, scrub_on_alloc=True
             )
         logger.info(
             "KV pool: %d tokens (%.2f GiB, %s), %d request rows",
@@ -256,6 +263,7 @@ class ModelRunner:
             logits = getattr(out, "next_token_logits", out)  # LogitsProcessorOutput or tensor
             if fb.forward_mode.is_extend() and logits.shape[0] != fb.batch_size:
                 # [T, V] per-token logits: keep each request's last token.
+                assert fb.extend_start_loc is not None and fb.extend_seq_lens is not None
                 last = fb.extend_start_loc.long() + fb.extend_seq_lens.long() - 1  # [B]
                 logits = logits.index_select(0, last)
         return logits

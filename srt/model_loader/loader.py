@@ -48,10 +48,10 @@ def safetensors_files(path: str) -> list[str]:
             files = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed safetensors index {index}: {e!r}") from e
-        out = [os.path.join(path, f) for f in files]
-        for f in out:
-            if not os.path.isfile(f):
-                raise FileNotFoundError(f"shard {f} listed in {index} is missing")
+        out = [os.path.join(path, name) for name in files]
+        for file in out:
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"shard {file} listed in {index} is missing")
         return out
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -178,14 +178,15 @@ def get_model(
             weights = iterate_pt(config.path)
         else:
             weights = iterate_safetensors(safetensors_files(config.path))
-        loaded = model.load_weights(weights)
+        loaded: set[str] = model.load_weights(weights)  # type: ignore[operator]
         missing = sorted(n for n, _ in model.named_parameters() if n not in loaded)
         if missing:
             raise ValueError(
                 f"checkpoint {config.path} lacks {len(missing)} parameter(s), e.g. {missing[:5]}"
             )
-    if hasattr(model, "post_load_weights"):
-        model.post_load_weights()
+    post_load = getattr(model, "post_load_weights", None)
+    if post_load is not None:
+        post_load()
     return model.eval()
 
 

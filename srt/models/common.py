@@ -50,7 +50,9 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size, [intermediate_size] * 2, bias=bias, prefix="gate_up_proj", **tp
         )
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, **tp)
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias=bias, tp_rank=tp_rank, tp_size=tp_size
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +96,8 @@ class RopeAttention(nn.Module):
             config.num_attention_heads * self.head_dim,
             config.hidden_size,
             bias=config.attention_bias,
-            **tp,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
         )
         if self.has_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -102,7 +105,7 @@ class RopeAttention(nn.Module):
         sinks = None
         if self.has_sinks:  # float32 like HF (the sink logit joins the softmax in float32)
             sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), False)
-            sinks.weight_loader = self._load_sinks
+            sinks.weight_loader = self._load_sinks  # type: ignore[attr-defined]
             self.sinks = sinks
         self.rotary_emb = get_rope(
             self.head_dim,
