@@ -171,7 +171,7 @@ class Case:
         for i in range(self.nsets):
             qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda", dtype=dtype)
             # positions over the whole table by default (at small T the rows the sets touch
-            # still stay in L2: NOTES.md, gpu_pos_range.sh)
+            # still stay in L2: docs/performance.md, `gpu_run.sh small`)
             pos = torch.randint(0, pos_range or max_pos, (t,), device="cuda")
             loc = perm[i * t : (i + 1) * t].clone() if (i + 1) * t <= slots else perm[:t].clone()
             self.sets.append((qkv, pos, loc))

@@ -27,6 +27,14 @@
 #              split-KV decode attention, with floors (llama3-8b, qwen3-8b shapes)
 #   profile    per-kernel breakdown of one decode step (PROFILE_PRESETS, default llama3-8b and
 #              qwen3-8b; bs 1 and 64), eager wall per decoder layer
+#   small      small-T tables (T 1/8/32), bf16 and fp8, positions over the whole cos/sin table
+#              and below 1024 (cos/sin rows in L2), ours vs peers
+#   peers      build SGLang's / FlashInfer's kernels from .ab/peers and check they load
+#   pool       KV-pool GPU tests; racecheck + memcheck of the two-stream K/V write under graphs
+#   cuda       the optional CUDA C++ kernel: its tests, memcheck, CUDA-vs-Triton tables
+#              (skipped when the package has no sgl_ext/cuda)
+#   tune       launch-configuration sweep of the Triton kernel (tune_rope_kv.py)
+#   tp         needs 2 GPUs (nvidia-h200-x2): TP GPU tests, TP 1 vs 2 decode tokens/s
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -59,7 +67,7 @@ t_layers() {
 }
 t_memcheck() {
   timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python tests/sgl_ext/gpu_memcheck_sweep.py
+    python -m tests.sgl_ext.gpu_memcheck_sweep
 }
 t_rope() {
   peers_env
@@ -121,6 +129,45 @@ t_cli() {
     --model-preset llama3-8b --batch-size 1 64 --input-len 512 --output-len 32 --profile \
     --result-filename "$LOGS/cli_result.jsonl"
   echo "exit status of the last bench: $?"
+}
+t_small() {
+  peers_env
+  for r in "" "--pos-range 1024"; do
+    for kv in bf16 fp8_e4m3; do
+      echo "== kv $kv ${r:-positions over the whole table}"
+      timeout 90 python benchmarks/bench_rope_kv.py --only-fused --tokens 1 8 32 --kv-dtype $kv $r
+    done
+  done
+}
+t_peers() { peers_env; timeout 300 python benchmarks/peers.py; }
+t_pool() {
+  timeout 200 python -m pytest -q -p no:cacheprovider tests/srt/mem_cache -rfE
+  local S="timeout 150 compute-sanitizer --error-exitcode 9"
+  $S --tool racecheck python -m tests.srt.mem_cache.gpu_stream_check --replays 20
+  echo "racecheck rc=$?"
+  $S --tool memcheck python -m tests.srt.mem_cache.gpu_stream_check --replays 10
+  echo "memcheck rc=$?"
+}
+t_cuda() {
+  if [ ! -d sgl_ext/cuda ]; then echo "no sgl_ext/cuda in this tree: skipped"; return 0; fi
+  timeout 300 python -m pytest -q -p no:cacheprovider tests/sgl_ext/test_cuda_rope_kv.py -rfE
+  SGL_EXT_BACKEND=cuda timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m tests.sgl_ext.gpu_memcheck_sweep
+  echo "memcheck (cuda backend) rc=$?"
+  local B="timeout 120 python benchmarks/bench_rope_kv.py --compare --only-fused"
+  $B
+  $B --kv-dtype fp8_e4m3 --tokens 1 8 32 128 512 2048
+}
+t_tune() {
+  timeout 500 python benchmarks/tune_rope_kv.py --tokens 1 32 512 2048 32768 \
+    --block-h 1 2 4 8 16 --warps 2 4 8 --pdl 1
+}
+t_tp() {
+  local n
+  n=$(nvidia-smi -L | wc -l)
+  if [ "$n" -lt 2 ]; then echo "tp needs 2 GPUs, this machine has $n: skipped"; return 0; fi
+  timeout 300 python -m pytest -q -p no:cacheprovider tests/srt/distributed -rfE
+  timeout 240 python benchmarks/bench_tp.py --batch-size 1 8 32
 }
 
 summary=()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare the ignored .ab/peers directory that gpu_peers.sh / gpu_tables.sh carry to the GPU
+# Prepare the ignored .ab/peers directory that gpu_run.sh's peer targets carry to the GPU
 # machine (which has no network): the parts of the SGLang and FlashInfer wheels that hold their
 # RoPE kernels, apache-tvm-ffi for the device's Python, and the peer modules prebuilt with the
 # local nvcc. Run on a CPU machine with network access and nvcc:

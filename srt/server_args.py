@@ -7,9 +7,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from srt.configs.load_config import LOAD_FORMATS
+
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 ATTENTION_BACKENDS = ("torch_native", "triton")
-LOAD_FORMATS = ("auto", "dummy", "safetensors", "pt")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16")
 

@@ -30,8 +30,9 @@ _DTYPES = {
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
-def resolve_dtype(dtype: str | torch.dtype, config_dtype: object = None) -> torch.dtype:
-    """dtype="auto" takes the checkpoint's dtype (bfloat16 when it names none)."""
+def checkpoint_dtype(dtype: str | torch.dtype, config_dtype: object = None) -> torch.dtype:
+    """The torch dtype named by `dtype`; "auto" takes the checkpoint's `config_dtype` (bfloat16
+    when it names none). The runner's device-aware "auto" is `model_runner.runtime_dtype`."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
@@ -39,7 +40,7 @@ def resolve_dtype(dtype: str | torch.dtype, config_dtype: object = None) -> torc
     if dtype == "auto":
         if config_dtype is None:
             return torch.bfloat16
-        return resolve_dtype(str(config_dtype).replace("torch.", ""))
+        return checkpoint_dtype(str(config_dtype).replace("torch.", ""))
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
     return _DTYPES[dtype]
@@ -198,7 +199,7 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
         experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-        kw = dict(
+        kw: dict[str, Any] = dict(
             architectures=archs,
             model_type=str(cfg.get("model_type", "")),
             hidden_size=int(cfg["hidden_size"]),
@@ -210,7 +211,7 @@ class ModelConfig:
             vocab_size=int(cfg["vocab_size"]),
             max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
             rms_norm_eps=float(cfg.get("rms_norm_eps") or 1e-6),
-            dtype=resolve_dtype(dtype, cfg.get("dtype") or cfg.get("torch_dtype")),
+            dtype=checkpoint_dtype(dtype, cfg.get("dtype") or cfg.get("torch_dtype")),
             rope_theta=theta,
             rope_scaling=scaling,
             partial_rotary_factor=partial,

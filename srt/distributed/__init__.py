@@ -20,7 +20,6 @@ from srt.distributed.parallel_state import (
     model_parallel_is_initialized,
     resolve_tp,
     set_multicast_off_env,
-    tensor_parallel_override,
 )
 
 __all__ = [
@@ -40,5 +39,4 @@ __all__ = [
     "tensor_model_parallel_all_reduce",
     "tensor_model_parallel_broadcast",
     "tensor_model_parallel_min_int",
-    "tensor_parallel_override",
 ]

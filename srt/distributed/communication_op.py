@@ -28,7 +28,7 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Te
     if grp.backend == "nccl":
         out = x.new_empty((tp, *x.shape))  # [tp, *x.shape]
         dist.all_gather_into_tensor(out, x, group=grp.group)
-        parts = out.unbind(0)
+        parts = list(out.unbind(0))
     else:  # gloo has no all_gather_into_tensor
         parts = [torch.empty_like(x) for _ in range(tp)]
         dist.all_gather(parts, x, group=grp.group)

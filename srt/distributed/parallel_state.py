@@ -2,7 +2,8 @@
 
 `init_distributed_environment(tp_size, rank, ...)` starts torch.distributed (NCCL on CUDA, gloo
 on CPU) and makes the whole world the TP group; `destroy_distributed_environment()` ends it.
-Layers ask `get_tp_rank()` / `get_tp_size()` at construction (rank 0 of 1 when no group exists).
+The runner asks `get_tp_rank()` / `get_tp_size()` once and passes them to the model it builds;
+layers take `tp_rank` / `tp_size` explicitly and never read the group themselves.
 
 NCCL all-reduce through torch.distributed is capturable in a CUDA graph once the communicator
 exists, so initialisation runs one warm-up all-reduce on the device before any capture.
@@ -13,11 +14,10 @@ hosts this runs on require it (`set_multicast_off_env`, called before the group 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,12 +33,11 @@ class TPGroup:
     world_size: int
     backend: str
     local_rank: int
-    group: object = None  # the ProcessGroup (None: the default group)
+    group: Any = None  # the ProcessGroup (None: the default group)
     owns_default_group: bool = False
 
 
 _TP: TPGroup | None = None
-_OVERRIDE: tuple[int, int] | None = None
 
 
 def set_multicast_off_env() -> None:
@@ -93,7 +92,7 @@ def init_distributed_environment(
     owns = False
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        kw = {}
+        kw: dict[str, Any] = {}
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
             kw["device_id"] = torch.device("cuda", local_rank)
@@ -142,22 +141,19 @@ def get_tp_group() -> TPGroup:
 
 def get_tp_rank() -> int:
     """This process's TP rank (0 without a group)."""
-    if _OVERRIDE is not None:
-        return _OVERRIDE[0]
     return _TP.rank if _TP is not None else 0
 
 
 def get_tp_size() -> int:
     """The TP world size (1 without a group)."""
-    if _OVERRIDE is not None:
-        return _OVERRIDE[1]
     return _TP.world_size if _TP is not None else 1
 
 
-def resolve_tp(tp_rank: int | None, tp_size: int | None) -> tuple[int, int]:
-    """A layer's (tp_rank, tp_size): the explicit values, else the TP group's; checked."""
-    rank = get_tp_rank() if tp_rank is None else tp_rank
-    size = get_tp_size() if tp_size is None else tp_size
+def resolve_tp(tp_rank: int | None = 0, tp_size: int | None = 1) -> tuple[int, int]:
+    """A layer's (tp_rank, tp_size), checked (0 <= rank < size). None stands for rank 0 / size 1:
+    the TP group is not consulted (models get each rank's position passed in)."""
+    rank = 0 if tp_rank is None else int(tp_rank)
+    size = 1 if tp_size is None else int(tp_size)
     if not 0 <= rank < size:
         raise ValueError(f"tp_rank {rank} outside [0, tp_size={size})")
     return rank, size
@@ -171,15 +167,3 @@ def get_tp_local_rank() -> int:
 # SGLang's spellings
 get_tensor_model_parallel_rank = get_tp_rank
 get_tensor_model_parallel_world_size = get_tp_size
-
-
-@contextlib.contextmanager
-def tensor_parallel_override(rank: int, size: int) -> Iterator[None]:
-    """Layers built inside see (rank, size) as their TP position; e.g. a TP-1 model on the meta
-    device, whose parameter shapes are the checkpoint's full shapes."""
-    global _OVERRIDE
-    prev, _OVERRIDE = _OVERRIDE, (rank, size)
-    try:
-        yield
-    finally:
-        _OVERRIDE = prev

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from srt.assets import TINY_TOKENIZER_DIR
 from srt.distributed import (
     destroy_distributed_environment,
     init_distributed_environment,
@@ -43,9 +44,6 @@ from srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-TINY_TOKENIZER_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(__file__)), "assets", "tiny_tokenizer"
-)
 PROGRESS_MIN_REQUESTS = 32
 
 

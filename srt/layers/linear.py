@@ -5,7 +5,7 @@ Each layer returns `(output, output_bias)` like SGLang (output_bias is None unle
 model's `load_weights` can put checkpoint tensors (q_proj, k_proj, v_proj / gate_proj, up_proj)
 into the packed parameters; shard_id=None takes the full packed tensor of a TP-1 model.
 
-Tensor parallelism (tp_rank / tp_size default to the TP group, see srt.distributed): column
+Tensor parallelism (tp_rank / tp_size passed by the model; default TP 1): column
 layers keep rows [tp_rank * out/tp, (tp_rank+1) * out/tp) of each packed shard, row layers the
 matching input columns and all-reduce their partial outputs (bias added once, after the sum).
 QKV replicates KV heads when tp_size exceeds their number.
@@ -38,8 +38,8 @@ class LinearBase(nn.Module):
         bias: bool = True,
         skip_bias_add: bool = False,
         params_dtype: torch.dtype | None = None,
-        tp_rank: int | None = None,
-        tp_size: int | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
         prefix: str = "",
     ) -> None:
         super().__init__()
@@ -54,12 +54,12 @@ class LinearBase(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(out_part, in_part, dtype=self.params_dtype), requires_grad=False
         )
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         if self._has_bias:
             self.bias = nn.Parameter(
                 torch.empty(out_part, dtype=self.params_dtype), requires_grad=False
             )
-            self.bias.weight_loader = self.weight_loader
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         else:
             self.register_parameter("bias", None)
 
@@ -191,7 +191,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         **kw,
     ) -> None:
         total_num_kv_heads = total_num_kv_heads or total_num_heads
-        kw["tp_rank"], kw["tp_size"] = resolve_tp(kw.get("tp_rank"), kw.get("tp_size"))
+        kw["tp_rank"], kw["tp_size"] = resolve_tp(kw.get("tp_rank", 0), kw.get("tp_size", 1))
         tp_size = kw["tp_size"]
         if total_num_heads % tp_size:
             raise ValueError(f"tp_size {tp_size} must divide num_heads {total_num_heads}")

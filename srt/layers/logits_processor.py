@@ -37,9 +37,11 @@ class LogitsProcessor(nn.Module):
         self.softcap = float(final_logit_softcapping or 0.0)
 
     def _project(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        logits = hidden.to(lm_head.weight.dtype) @ lm_head.weight.T  # [N, V / tp]
-        if getattr(lm_head, "bias", None) is not None:
-            logits = logits + lm_head.bias
+        weight: torch.Tensor = lm_head.weight  # type: ignore[assignment]  # [V / tp, hidden]
+        bias: torch.Tensor | None = getattr(lm_head, "bias", None)
+        logits = hidden.to(weight.dtype) @ weight.T  # [N, V / tp]
+        if bias is not None:
+            logits = logits + bias
         if getattr(lm_head, "tp_size", 1) > 1:
             logits = tensor_model_parallel_all_gather(logits, dim=-1)  # [N, Vp * tp]
         logits = logits[:, : self.vocab_size].float()
@@ -57,8 +59,10 @@ class LogitsProcessor(nn.Module):
         """hidden_states: [T, hidden] of the new tokens -> LogitsProcessorOutput."""
         mode = forward_batch.forward_mode
         if mode.is_extend():
+            start, lens = forward_batch.extend_start_loc, forward_batch.extend_seq_lens
+            assert start is not None and lens is not None  # extend batches carry both
             # int64 [B]: index of each request's last new token (device math, no sync).
-            last = (forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1).long()
+            last = (start + lens - 1).long()
             if getattr(forward_batch, "return_all_logits", False):
                 all_logits = self._project(hidden_states, lm_head)  # [T, V]
                 return LogitsProcessorOutput(all_logits[last], all_logits)

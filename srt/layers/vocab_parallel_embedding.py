@@ -21,7 +21,7 @@ class VocabParallelEmbedding(nn.Module):
     num_embeddings : vocabulary size V.
     embedding_dim : hidden size.
     params_dtype : parameter dtype (default: torch's default dtype).
-    tp_rank, tp_size : TP position (default: the TP group's).
+    tp_rank, tp_size : this rank's TP position (default: TP 1).
     """
 
     def __init__(
@@ -29,8 +29,8 @@ class VocabParallelEmbedding(nn.Module):
         num_embeddings: int,
         embedding_dim: int,
         params_dtype: torch.dtype | None = None,
-        tp_rank: int | None = None,
-        tp_size: int | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
         prefix: str = "",
     ) -> None:
         super().__init__()
@@ -47,7 +47,7 @@ class VocabParallelEmbedding(nn.Module):
         dtype = params_dtype or torch.get_default_dtype()
         w = torch.empty(self.num_embeddings_per_partition, embedding_dim, dtype=dtype)
         self.weight = nn.Parameter(w, requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None):
         """Copy this rank's rows of the full [V, ...] tensor (weight or bias); zero the padding."""
@@ -81,7 +81,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if bias:
             b = torch.zeros(self.num_embeddings_per_partition, dtype=self.weight.dtype)
             self.bias = nn.Parameter(b, requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         else:
             self.register_parameter("bias", None)
 

@@ -178,7 +178,7 @@ class ScheduleBatch:
             **kw,
         )
 
-    def prepare_for_extend(self, reqs: list[Req], return_logprob: bool = False) -> ForwardBatch:
+    def prepare_for_extend(self, reqs: list[Req]) -> ForwardBatch:
         """Give each request a req_to_token row and KV slots for its prompt; the prefill batch."""
         rows = self.req_to_token_pool.alloc(len(reqs))
         if rows is None:
@@ -202,11 +202,10 @@ class ScheduleBatch:
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
             req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=self.device),
             out_cache_loc=torch.cat(locs).to(torch.int64),
-            return_logprob=return_logprob,
             **meta,
         )
 
-    def prepare_for_decode(self, reqs: list[Req], return_logprob: bool = False) -> ForwardBatch:
+    def prepare_for_decode(self, reqs: list[Req]) -> ForwardBatch:
         """One new token per request: allocate its slot and build the decode batch."""
         dev = self.device
         ps = self.page_size
@@ -242,5 +241,4 @@ class ScheduleBatch:
             seq_lens_sum=int(seq_lens_cpu.sum()),
             out_cache_loc=out_cache_loc,
             positions=pos,
-            return_logprob=return_logprob,
         )

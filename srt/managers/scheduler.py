@@ -130,13 +130,13 @@ class Scheduler:
         new = self._admit()
         if new:
             self.running.extend(new)  # from here on they hold memory (abort_all frees it)
-            fb = self.batch.prepare_for_extend(new, any(r.return_logprob for r in new))
+            fb = self.batch.prepare_for_extend(new)
             logits = self.runner.forward(fb)  # [B, V] last-position logits
             self.num_prefill_steps += 1
             self._sample_and_append(new, logits)
         elif self.running:
             reqs = self.running
-            fb = self.batch.prepare_for_decode(reqs, any(r.return_logprob for r in reqs))
+            fb = self.batch.prepare_for_decode(reqs)
             logits = self.runner.forward(fb)  # [B, V]
             self.num_decode_steps += 1
             self._sample_and_append(reqs, logits)

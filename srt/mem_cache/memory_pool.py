@@ -24,6 +24,20 @@ KV_DTYPES = (*INPUT_DTYPES, *FP8_DTYPES)  # bf16, fp16, fp32, fp8 e4m3 / e5m2
 Scale = float | torch.Tensor | None
 
 
+def slot_index(buf: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The index tuple addressing `slots` (int64, any shape) in one layer's K or V buffer:
+    `(slots,)` for [slots, H, D], `(slots // page_size, slots % page_size)` for
+    [pages, page_size, H, D]. Strided views are indexed in place, never copied."""
+    if buf.ndim == 4:
+        ps = buf.shape[1]
+        return (slots // ps, slots % ps)
+    if buf.ndim == 3:
+        return (slots,)
+    raise ValueError(
+        f"KV buffer must be [slots, H, D] or [pages, page_size, H, D], got {buf.ndim}-D"
+    )
+
+
 def _positive_int(name: str, x: object) -> int:
     if not isinstance(x, int) or isinstance(x, bool) or x <= 0:
         raise ValueError(f"{name} must be a positive int, got {x!r}")
@@ -56,7 +70,7 @@ class ReqToTokenPool:
         )  # [size, max_context_len]
         self.free_slots: list[int] = list(range(size))
 
-    def write(self, indices: object, values: torch.Tensor) -> None:
+    def write(self, indices: torch.Tensor | int | slice, values: torch.Tensor) -> None:
         """req_to_token[indices] = values (SGLang's helper)."""
         self.req_to_token[indices] = values
 
@@ -190,7 +204,8 @@ class MHATokenToKVPool:
         p, ps, h, L = self.num_pages, self.page_size, self.head_num, self.layer_num
         zeros = lambda *shape: torch.zeros(shape, dtype=self.store_dtype, device=self.device)
         if self.cross_layer_layout:
-            self.kv_buffer = zeros(p, L, 2, ps, h, self.head_dim)  # [pages, L, 2, ps, H, D]
+            self.kv_buffer: torch.Tensor | None = zeros(p, L, 2, ps, h, self.head_dim)
+            # kv_buffer: [pages, L, 2, ps, H, D]
             # buf[:, l, 0] -> [pages, ps, H, D] strided; for ps == 1 also drop the ps dim
             sel = (lambda t: t[:, :, :, 0]) if ps == 1 else (lambda t: t)
             kv = sel(self.kv_buffer)  # [pages, L, 2, (ps,) H, D]
@@ -207,7 +222,7 @@ class MHATokenToKVPool:
         if self.cross_layer_layout:
             assert self.kv_buffer is not None
             shape = tuple(self.kv_buffer.shape)
-            dims = ("pages", "layers", "kv", "page_size", "heads", "head_dim")
+            dims: tuple[str, ...] = ("pages", "layers", "kv", "page_size", "heads", "head_dim")
             kind = "cross_layer"
         else:
             shape = tuple(self.k_buffer[0].shape)
@@ -226,26 +241,6 @@ class MHATokenToKVPool:
             self.num_pages,
             self.layer_num,
             self.start_layer,
-        )
-
-    def get_raw_buffer(self) -> torch.Tensor | None:
-        """The single [pages, L, 2, page_size, H, D] store_dtype allocation (cross-layer only)."""
-        return self.kv_buffer
-
-    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        """(data_ptrs, data_lens, item_lens) of every allocation, as SGLang's transfer code uses.
-
-        item_len is the bytes of one page (of one layer's K or V, or of all layers for the
-        cross-layer layout).
-        """
-        if self.kv_buffer is not None:
-            b = self.kv_buffer
-            return [b.data_ptr()], [b.nbytes], [b.nbytes // self.num_pages]
-        bufs = self.k_buffer + self.v_buffer
-        return (
-            [b.data_ptr() for b in bufs],
-            [b.nbytes for b in bufs],
-            [b.nbytes // self.num_pages for b in bufs],
         )
 
     def _index(self, layer_id: object) -> int:
@@ -376,10 +371,7 @@ class MHATokenToKVPool:
             return
         for kb, vb in zip(self.k_buffer, self.v_buffer, strict=True):
             for b in (kb, vb):
-                if b.ndim == 3:  # [slots, H, D]
-                    b[idx] = 0
-                else:  # [pages, ps, H, D], possibly strided: index (page, offset)
-                    b[idx // self.page_size, idx % self.page_size] = 0
+                b[slot_index(b, idx)] = 0
 
     def clear(self) -> None:
         """Zero every K and V byte (so nothing survives into the next user's requests)."""

@@ -164,6 +164,7 @@ class CudaGraphRunner:
         self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
         self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
         self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
+        assert forward_batch.positions is not None  # decode batches carry their positions
         self.positions[:raw_bs].copy_(forward_batch.positions)
         if forward_batch.seq_lens_cpu is not None:
             self.seq_lens_cpu[:raw_bs].copy_(forward_batch.seq_lens_cpu)

@@ -97,8 +97,6 @@ class ForwardBatch:
     # Whether attention layers may fuse the K/V cache write into the RoPE kernel
     # (see srt/models/utils.py: enable_fused_set_kv_buffer).
     enable_fused_rope_kv: bool = True
-    # Whether the logits processor should return log-probs of the chosen tokens (host flag).
-    return_logprob: bool = False
     # Whether the logits processor should also return logits of every new token (EXTEND).
     return_all_logits: bool = False
 

@@ -2,8 +2,8 @@
 
 `build_model_config(server_args)` reads the HF config of `model_path`, or the embedded tiny
 Llama config when there is none, with `json_model_override_args` merged on top (the bench presets
-`llama3-8b` / `gpt-oss-20b` are such overrides). `load_model` finds the model class through the
-registry and loads the weights through the loader (or random, seeded weights for "dummy").
+`llama3-8b` / `gpt-oss-20b` are such overrides). `build_model` builds this rank's model and its
+weights through the loader (checkpoint, or random seeded weights for "dummy").
 """
 
 from __future__ import annotations
@@ -141,10 +141,16 @@ def build_model_config(args: ServerArgs) -> Any:
     return ModelConfig.from_hf(cfg, path=path)
 
 
-def load_model(
-    model_config: Any, args: ServerArgs, dtype: torch.dtype, device: torch.device
+def build_model(
+    model_config: Any,
+    args: ServerArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    tp_rank: int = 0,
+    tp_size: int = 1,
 ) -> torch.nn.Module:
-    """The registry's model class in `dtype` on `device`, with checkpoint or dummy weights.
+    """The registry's model class in `dtype` on `device` (this rank's TP shard), with checkpoint
+    or dummy weights (`srt.model_loader.loader.get_model`).
 
     Dummy weights are the loader's seeded CPU-generated ones (identical on every device), except
     for big models on CUDA (the bench presets), which are drawn on the device: generating
@@ -165,21 +171,10 @@ def load_model(
     )
     logger.info(describe_load(what, config.architecture, footprint, device, load_format))
     check_weight_memory(footprint, device, what)
-    if load_format != "dummy" or device.type != "cuda" or _num_params(config) < 2e8:
-        return get_model(config, load_format, device, args.random_seed)
-    from srt.models.registry import get_model_class
-
-    with torch.device(device):
-        prev = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            model = get_model_class(config.architecture)(config)
-        finally:
-            torch.set_default_dtype(prev)
-    init_dummy_weights_on_device(model, args.random_seed, config=config)
-    if hasattr(model, "post_load_weights"):
-        model.post_load_weights()
-    return model.eval()
+    on_device = device.type == "cuda" and _num_params(config) >= 2e8
+    return get_model(
+        config, load_format, device, args.random_seed, tp_rank, tp_size, dummy_on_device=on_device
+    )
 
 
 def _num_params(cfg: Any) -> float:
@@ -188,35 +183,6 @@ def _num_params(cfg: Any) -> float:
     attn = h * cfg.head_dim * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
     mlp = 3 * h * cfg.intermediate_size * max(1, cfg.num_local_experts)
     return 2.0 * cfg.vocab_size * h + layers * (attn + mlp)
-
-
-def init_dummy_weights_on_device(
-    model: torch.nn.Module, seed: int, std: float = 0.02, config: Any = None
-) -> None:
-    """Seeded N(0, std) weights drawn on the parameters' device (norm weights 1 + N(0, std)).
-
-    Under TP > 1 (and given `config`) each full TP-1 tensor is drawn, one at a time, and sharded
-    through the parameter's weight loader, so every TP size gets the same model.
-    """
-    from srt.distributed import get_tp_size
-    from srt.model_loader.loader import dummy_tensor, full_parameter_shapes, load_full_weights
-
-    if config is not None and get_tp_size() > 1:
-        from srt.models.registry import get_model_class
-
-        dev = next(model.parameters()).device
-        shapes = full_parameter_shapes(get_model_class(config.architecture), config)
-        named = (
-            (n, dummy_tensor(n, shape, torch.Generator(device=dev).manual_seed(seed + i), std))
-            for i, (n, shape) in enumerate(shapes)
-        )
-        load_full_weights(model, named)
-        return
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            g = torch.Generator(device=p.device).manual_seed(seed)
-            seed += 1
-            p.copy_(dummy_tensor(name, tuple(p.shape), g, std))
 
 
 def kv_cache_shape(model_config: Any, tp_size: int = 1) -> tuple[int, int, int, int]:

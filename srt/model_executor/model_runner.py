@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from srt.configs.model_config import resolve_dtype as config_dtype_by_name
+from srt.configs.model_config import checkpoint_dtype
 from srt.distributed import (
     get_tp_local_rank,
     get_tp_rank,
@@ -26,15 +26,19 @@ from srt.distributed import (
 from srt.model_executor.forward_batch_info import ForwardBatch
 from srt.server_args import ServerArgs
 
+if TYPE_CHECKING:
+    from srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
 logger = logging.getLogger(__name__)
 
 _KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
-def resolve_dtype(name: str, device: torch.device, config_dtype: torch.dtype | None) -> torch.dtype:
-    """ "auto": the checkpoint's half dtype on CUDA (bf16 if it is fp32), float32 on CPU."""
+def runtime_dtype(name: str, device: torch.device, config_dtype: torch.dtype | None) -> torch.dtype:
+    """The model dtype the runner uses for ServerArgs.dtype `name`; "auto" depends on the device:
+    the checkpoint's half dtype on CUDA (bf16 if it is fp32), float32 on CPU."""
     if name != "auto":
-        return config_dtype_by_name(name)
+        return checkpoint_dtype(name)
     if device.type != "cuda":
         return torch.float32
     if config_dtype in (torch.float16, torch.bfloat16):
@@ -73,6 +77,7 @@ class ModelRunner:
         self.server_args = args = server_args.resolved()
         self.tp_size = args.tp_size
         self.tp_rank = self._check_tp()
+        assert args.device is not None  # resolved() picks one
         self.device = torch.device(args.device)
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
@@ -84,7 +89,7 @@ class ModelRunner:
         self.page_size = args.page_size
         torch.manual_seed(args.random_seed)
         self.model_config = model_config if model_config is not None else self._model_config()
-        self.dtype = resolve_dtype(
+        self.dtype = runtime_dtype(
             args.dtype, self.device, getattr(self.model_config, "dtype", None)
         )
         self.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, self.dtype)
@@ -95,7 +100,7 @@ class ModelRunner:
         self.model = model.requires_grad_(False).eval()
         self._init_memory_pool()
         self.attn_backend = self._init_attention_backend()
-        self.cuda_graph_runner = None
+        self.cuda_graph_runner: CudaGraphRunner | None = None
         if not args.disable_cuda_graph and self.device.type == "cuda":
             self._init_cuda_graphs()
 
@@ -117,9 +122,11 @@ class ModelRunner:
         return build_model_config(self.server_args)
 
     def _load_model(self) -> torch.nn.Module:
-        from srt.model_executor.model_builder import load_model
+        from srt.model_executor.model_builder import build_model
 
-        return load_model(self.model_config, self.server_args, self.dtype, self.device)
+        return build_model(
+            self.model_config, self.server_args, self.dtype, self.device, self.tp_rank, self.tp_size
+        )
 
     def _kv_shape(self) -> tuple[int, int, int, int]:
         """(layers, kv_heads, head_dim, v_head_dim) of the KV cache."""
@@ -181,12 +188,15 @@ class ModelRunner:
             v_head_dim=v_head_dim,
             alt_stream=alt_stream,
         )
-        scrub = dict(kvcache=self.token_to_kv_pool, scrub_on_alloc=True)
+        pool = self.token_to_kv_pool
+        self.token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
         if ps == 1:
-            self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, self.device, **scrub)
+            self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
+                tokens, self.device, kvcache=pool, scrub_on_alloc=True
+            )
         else:
             self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
-                tokens, ps, self.device, **scrub
+                tokens, ps, self.device, kvcache=pool, scrub_on_alloc=True
             )
         logger.info(
             "KV pool: %d tokens (%.2f GiB, %s), %d request rows",
@@ -253,6 +263,7 @@ class ModelRunner:
             logits = getattr(out, "next_token_logits", out)  # LogitsProcessorOutput or tensor
             if fb.forward_mode.is_extend() and logits.shape[0] != fb.batch_size:
                 # [T, V] per-token logits: keep each request's last token.
+                assert fb.extend_start_loc is not None and fb.extend_seq_lens is not None
                 last = fb.extend_start_loc.long() + fb.extend_seq_lens.long() - 1  # [B]
                 logits = logits.index_select(0, last)
         return logits

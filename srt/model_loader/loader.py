@@ -19,12 +19,11 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from srt.configs.load_config import LOAD_FORMATS
 from srt.configs.model_config import ModelConfig
-from srt.distributed import get_tp_size
 from srt.models.registry import get_model_class
 
 SAFE_INDEX = "model.safetensors.index.json"
-LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 
 
 @contextlib.contextmanager
@@ -49,10 +48,10 @@ def safetensors_files(path: str) -> list[str]:
             files = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed safetensors index {index}: {e!r}") from e
-        out = [os.path.join(path, f) for f in files]
-        for f in out:
-            if not os.path.isfile(f):
-                raise FileNotFoundError(f"shard {f} listed in {index} is missing")
+        out = [os.path.join(path, name) for name in files]
+        for file in out:
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"shard {file} listed in {index} is missing")
         return out
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -87,9 +86,7 @@ def iterate_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 def full_parameter_shapes(cls: type[nn.Module], config: ModelConfig) -> list[tuple[str, tuple]]:
     """(name, shape) of every parameter of the TP-1 model (a meta-device build: no memory)."""
-    from srt.distributed import tensor_parallel_override
-
-    with tensor_parallel_override(0, 1), torch.device("meta"):
+    with torch.device("meta"):
         ref = cls(config)
     return [(n, tuple(p.shape)) for n, p in ref.named_parameters()]
 
@@ -124,20 +121,25 @@ def init_dummy_weights(
     seed: int = 0,
     std: float = 0.02,
     full_shapes: list[tuple[str, tuple]] | None = None,
+    on_device: bool = False,
 ) -> None:
-    """Seeded N(0, std) weights (norm weights 1 + N(0, std)); identical on every device.
+    """Seeded N(0, std) weights (norm weights 1 + N(0, std)).
 
+    By default one CPU generator draws every tensor in parameter order, so every device gets the
+    same numbers. `on_device` draws tensor i on the parameters' device from a generator seeded
+    `seed + i` (fast for billions of numbers; the values then depend on the device).
     With `full_shapes` (a TP > 1 model: `full_parameter_shapes`), the full TP-1 tensors are drawn
     in the same order and each rank keeps its shard, so every TP size gets the same model.
     """
-    g = torch.Generator().manual_seed(seed)
-    if full_shapes is not None:
-        named = ((n, dummy_tensor(n, shape, g, std)) for n, shape in full_shapes)
-        load_full_weights(model, named)
-        return
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(dummy_tensor(name, tuple(p.shape), g, std))
+    shapes = full_shapes or [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    dev = next(model.parameters()).device
+    cpu_gen = torch.Generator().manual_seed(seed)
+
+    def draw(i: int, name: str, shape: tuple) -> torch.Tensor:
+        gen = torch.Generator(device=dev).manual_seed(seed + i) if on_device else cpu_gen
+        return dummy_tensor(name, shape, gen, std)
+
+    load_full_weights(model, ((n, draw(i, n, shape)) for i, (n, shape) in enumerate(shapes)))
 
 
 def get_model(
@@ -145,6 +147,9 @@ def get_model(
     load_format: str = "auto",
     device: str | torch.device = "cpu",
     seed: int = 0,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    dummy_on_device: bool = False,
 ) -> nn.Module:
     """Instantiate the registry's class for `config` on `device` in `config.dtype`, load weights.
 
@@ -154,16 +159,18 @@ def get_model(
     load_format : "auto", "safetensors", "pt" or "dummy".
     device : where parameters live.
     seed : seed of the dummy weights.
+    tp_rank, tp_size : this rank's tensor-parallel position (its shard of every parallel layer).
+    dummy_on_device : draw dummy weights on `device` (see `init_dummy_weights`).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     cls = get_model_class(config.architecture)
     with _default_dtype(config.dtype), torch.device(device):
-        model = cls(config)
+        model = cls(config, tp_rank=tp_rank, tp_size=tp_size)
     if load_format == "dummy":
         # TP > 1: draw the full tensors and shard them (the same model at every TP size).
-        full = full_parameter_shapes(cls, config) if get_tp_size() > 1 else None
-        init_dummy_weights(model, seed, full_shapes=full)
+        full = full_parameter_shapes(cls, config) if tp_size > 1 else None
+        init_dummy_weights(model, seed, full_shapes=full, on_device=dummy_on_device)
     else:
         if config.path is None:
             raise ValueError("config has no checkpoint path; use load_format='dummy'")
@@ -171,14 +178,15 @@ def get_model(
             weights = iterate_pt(config.path)
         else:
             weights = iterate_safetensors(safetensors_files(config.path))
-        loaded = model.load_weights(weights)
+        loaded: set[str] = model.load_weights(weights)  # type: ignore[operator]
         missing = sorted(n for n, _ in model.named_parameters() if n not in loaded)
         if missing:
             raise ValueError(
                 f"checkpoint {config.path} lacks {len(missing)} parameter(s), e.g. {missing[:5]}"
             )
-    if hasattr(model, "post_load_weights"):
-        model.post_load_weights()
+    post_load = getattr(model, "post_load_weights", None)
+    if post_load is not None:
+        post_load()
     return model.eval()
 
 

@@ -1,41 +1,35 @@
 """gpt-oss for SRT: attention sinks, alternating sliding-window / full layers, YaRN RoPE, and a
 top-k routed MoE with gpt-oss's clamped SwiGLU and biases.
 
-Read top to bottom: MLP (MoE) -> Attention -> DecoderLayer -> Model -> ForCausalLM ->
-load_weights. Checkpoints: the HF bf16 layout (experts.gate_up_proj [E, H, 2I] with interleaved
-gate/up columns, down_proj [E, I, H]) or the original MXFP4 layout (*_blocks / *_scales), which is
-dequantised to the model dtype at load.
+Only what differs from the shared skeleton (`srt.models.common`) is here: the MoE MLP, sinks and
+float32 norm weights (flags), and the expert weight loading; sliding windows and YaRN come from
+the config. Checkpoints: the HF bf16 layout (experts.gate_up_proj [E, H, 2I] with interleaved
+gate/up columns, down_proj [E, I, H]) or the original MXFP4 layout (*_blocks / *_scales), which
+is dequantised to the model dtype at load.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from srt.configs.model_config import ModelConfig
-from srt.layers.layernorm import RMSNorm
-from srt.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
-from srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from srt.layers.linear import ReplicatedLinear
 from srt.layers.moe import TopKExperts, select_experts
 from srt.layers.mxfp4 import dequantize_mxfp4
-from srt.layers.radix_attention import RadixAttention
-from srt.layers.rotary_embedding import get_rope
-from srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from srt.models.llama import rope_attention
-from srt.models.weight_utils import load_stacked_weights
-
-if TYPE_CHECKING:
-    from srt.model_executor.forward_batch_info import ForwardBatch
+from srt.models.common import CausalLM, DecoderLayer, DecoderModel, RopeAttention
+from srt.models.weight_utils import QKV_STACKED_PARAMS
 
 
 class GptOssMLP(nn.Module):
     """Router (linear with bias) -> softmax over the top-k logits -> weighted expert MLPs."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp_rank: int = 0, tp_size: int = 1) -> None:
         super().__init__()
+        if config.num_local_experts <= 0 or config.num_experts_per_tok <= 0:
+            raise ValueError("gpt-oss config needs num_local_experts and num_experts_per_tok")
         self.top_k = config.num_experts_per_tok
         self.router = ReplicatedLinear(config.hidden_size, config.num_local_experts, bias=True)
         self.experts = TopKExperts(
@@ -46,6 +40,8 @@ class GptOssMLP(nn.Module):
             activation="swiglu_oai",
             swiglu_alpha=config.swiglu_alpha,
             swiglu_limit=config.swiglu_limit,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,121 +50,27 @@ class GptOssMLP(nn.Module):
         return self.experts(x, weights.to(x.dtype), ids)
 
 
-class GptOssAttention(nn.Module):
+class GptOssAttention(RopeAttention):
     """qkv (with bias) -> YaRN RoPE (+ fused KV write) -> attention with sinks (and a sliding
     window on sliding layers) -> o_proj."""
 
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
-        super().__init__()
-        self.head_dim = config.head_dim
-        self.qkv_proj = QKVParallelLinear(
-            config.hidden_size,
-            self.head_dim,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            bias=config.attention_bias,
-            prefix=f"layers.{layer_id}.qkv_proj",
-        )
-        # Heads on this TP rank (KV heads replicated when tp exceeds them).
-        self.num_heads = self.qkv_proj.num_heads
-        self.num_kv_heads = self.qkv_proj.num_kv_heads
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.head_dim,
-            config.hidden_size,
-            bias=config.attention_bias,
-        )
-        # float32 like HF (the sink logit joins the softmax in float32)
-        self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), False)
-        self.sinks.weight_loader = self._load_sinks
-        self.rotary_emb = get_rope(
-            self.head_dim,
-            rotary_dim=self.head_dim,
-            max_position=config.max_position_embeddings,
-            base=config.rope_theta,
-            is_neox_style=True,
-            rope_scaling=config.rope_scaling,
-            partial_rotary_factor=config.partial_rotary_factor,
-        )
-        self.attn = RadixAttention(
-            self.num_heads,
-            self.head_dim,
-            self.head_dim**-0.5,
-            self.num_kv_heads,
-            layer_id,
-            sliding_window_size=config.get_window_left(layer_id),
-            sinks=self.sinks,
-        )
-
-    def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        """sinks: full [Hq] -> this rank's heads [Hq / tp]."""
-        n, r = self.num_heads, self.qkv_proj.tp_rank
-        if loaded.shape == (self.qkv_proj.total_num_heads,):
-            loaded = loaded.narrow(0, r * n, n)
-        if loaded.shape != param.shape:
-            raise ValueError(f"sinks: checkpoint shape {tuple(loaded.shape)} != {param.shape}")
-        param.data.copy_(loaded)
-
-    def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
-    ) -> torch.Tensor:
-        qkv, _ = self.qkv_proj(hidden_states)  # [T, (Hq + 2 Hkv) * D]
-        # q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]: strided views of qkv
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        out = rope_attention(self.rotary_emb, self.attn, positions, q, k, v, forward_batch)
-        out, _ = self.o_proj(out)  # [T, hidden]
-        return out
+    has_sinks = True
 
 
-class GptOssDecoderLayer(nn.Module):
-    """Pre-norm block (norm weights applied in float32, as in HF)."""
+class GptOssDecoderLayer(DecoderLayer):
+    """Pre-norm block (norm weights applied in float32, as in HF) around the MoE."""
 
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
-        super().__init__()
-        self.self_attn = GptOssAttention(config, layer_id)
-        self.mlp = GptOssMLP(config)
-        eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, weight_in_fp32=True)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, weight_in_fp32=True)
+    attention_cls = GptOssAttention
+    norm_weight_in_fp32 = True
 
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        forward_batch: ForwardBatch,
-        residual: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, forward_batch)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+    def build_mlp(self, config: ModelConfig, tp_rank: int, tp_size: int) -> nn.Module:
+        return GptOssMLP(config, tp_rank, tp_size)
 
 
-class GptOssModel(nn.Module):
-    """Embedding, decoder layers, final norm: token ids -> hidden states [T, hidden]."""
+class GptOssModel(DecoderModel):
+    """Embedding, decoder layers, final norm (float32 weight): token ids -> [T, hidden]."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            [GptOssDecoderLayer(config, i) for i in range(config.num_hidden_layers)]
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_fp32=True)
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
-    ) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)  # [T, hidden]
-        residual = None
-        for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+    layer_cls = GptOssDecoderLayer
 
 
 # checkpoint suffix -> (our parameter suffix, TopKExperts shard_id)
@@ -178,35 +80,13 @@ _EXPERT_PARAMS = {
     "experts.down_proj": ("experts.w2_weight", "down_t"),
     "experts.down_proj_bias": ("experts.w2_bias", "down"),
 }
-_STACKED = (
-    (".qkv_proj", ".q_proj", "q"),
-    (".qkv_proj", ".k_proj", "k"),
-    (".qkv_proj", ".v_proj", "v"),
-)
 
 
-class GptOssForCausalLM(nn.Module):
+class GptOssForCausalLM(CausalLM):
     """gpt-oss with its LM head. forward(input_ids, positions, forward_batch) -> logits output."""
 
-    def __init__(self, config: ModelConfig, quant_config: object = None, prefix: str = "") -> None:
-        super().__init__()
-        if config.num_local_experts <= 0 or config.num_experts_per_tok <= 0:
-            raise ValueError("gpt-oss config needs num_local_experts and num_experts_per_tok")
-        self.config = config
-        self.model = GptOssModel(config)
-        if config.tie_word_embeddings:
-            self.lm_head = self.model.embed_tokens
-        else:
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        self.logits_processor = LogitsProcessor(config.vocab_size, config.final_logit_softcapping)
-
-    @torch.no_grad()
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
-    ) -> LogitsProcessorOutput:
-        """input_ids, positions: int64 [T] -> LogitsProcessorOutput (float32 [B, V])."""
-        hidden_states = self.model(input_ids, positions, forward_batch)
-        return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
+    model_cls = GptOssModel
+    stacked_params_mapping = QKV_STACKED_PARAMS
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors (bf16 or MXFP4 experts); returns the loaded parameter names."""
@@ -233,17 +113,12 @@ class GptOssForCausalLM(nn.Module):
             if expert is not None:
                 loaded.add(self._load_expert(params, name, w, _EXPERT_PARAMS[expert][1]))
                 continue
-            if self.config.tie_word_embeddings and name.startswith("lm_head."):
-                continue
             rest.append((name, w))
         if pending_mxfp4:
             raise ValueError(
                 f"MXFP4 tensors without their blocks/scales pair: {list(pending_mxfp4)}"
             )
-        loaded |= load_stacked_weights(self, rest, _STACKED)
-        if self.config.tie_word_embeddings:
-            loaded.add("lm_head.weight")
-        return loaded
+        return loaded | super().load_weights(rest)
 
     @staticmethod
     def _expert_param_name(ckpt_name: str) -> str:

@@ -13,10 +13,14 @@ import torch
 from torch import nn
 
 # (packed parameter name part, checkpoint name part, shard id), as in SGLang's models.
-LLAMA_STACKED_PARAMS: tuple[tuple[str, str, str | int], ...] = (
+StackedParams = tuple[tuple[str, str, str | int], ...]
+QKV_STACKED_PARAMS: StackedParams = (
     (".qkv_proj", ".q_proj", "q"),
     (".qkv_proj", ".k_proj", "k"),
     (".qkv_proj", ".v_proj", "v"),
+)
+LLAMA_STACKED_PARAMS: StackedParams = (
+    *QKV_STACKED_PARAMS,
     (".gate_up_proj", ".gate_proj", 0),
     (".gate_up_proj", ".up_proj", 1),
 )
@@ -35,13 +39,12 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor, shar
 def load_stacked_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, torch.Tensor]],
-    stacked_params: tuple[tuple[str, str, str | int], ...] = LLAMA_STACKED_PARAMS,
+    stacked_params: StackedParams = LLAMA_STACKED_PARAMS,
     skip_substrings: tuple[str, ...] = (
         "rotary_emb.inv_freq",
         "rotary_emb.cos_cached",
         "rotary_emb.sin_cached",
     ),
-    rename=None,
 ) -> set[str]:
     """Load (name, tensor) pairs into model parameters; returns the names of loaded params
     (a packed parameter only when all its shards were loaded).
@@ -52,7 +55,6 @@ def load_stacked_weights(
     weights : iterable of (checkpoint name, tensor) (any dtype/device; copied in place).
     stacked_params : packed-parameter mapping.
     skip_substrings : checkpoint tensors to ignore.
-    rename : optional callable name -> name | None (None skips the tensor).
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -61,10 +63,6 @@ def load_stacked_weights(
         expected.setdefault(packed, set()).add(shard_id)
     got: dict[tuple[str, str], set] = {}  # (param name, packed part) -> shard ids loaded
     for name, tensor in weights:
-        if rename is not None:
-            name = rename(name)
-            if name is None:
-                continue
         if any(s in name for s in skip_substrings):
             continue
         for packed, part, shard_id in stacked_params:

@@ -1,6 +1,7 @@
 """A sweep of fused-op calls on CUDA for `compute-sanitizer --tool memcheck` (exit 1 on mismatch).
 
-python tests/sgl_ext/gpu_memcheck_sweep.py   (also runs without the sanitizer)
+python -m tests.sgl_ext.gpu_memcheck_sweep   (from the repository root; also runs without the
+sanitizer)
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_rope import run_case  # noqa: E402
+from tests.sgl_ext.test_rope import run_case
 
 
 def main() -> int:

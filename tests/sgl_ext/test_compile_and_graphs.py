@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sgl_ext_testutil import make_cos_sin_cache
 
 import sgl_ext
 from sgl_ext import FusedSetKVBufferArg
+from tests.sgl_ext.sgl_ext_testutil import make_cos_sin_cache
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")

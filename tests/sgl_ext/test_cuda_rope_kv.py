@@ -7,11 +7,11 @@ import ctypes
 
 import pytest
 import torch
-from test_rope import run_case
 
 import sgl_ext
 from sgl_ext import FusedSetKVBufferArg
 from sgl_ext.cuda import jit
+from tests.sgl_ext.test_rope import run_case
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sgl_ext_testutil import TOL, bits, poison
+from tests.sgl_ext.sgl_ext_testutil import TOL, bits, poison
 
 from sgl_ext import fused_add_rmsnorm, fused_add_rmsnorm_native, rmsnorm, rmsnorm_native
 

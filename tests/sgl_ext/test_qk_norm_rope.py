@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sgl_ext_testutil import (
+from tests.sgl_ext.sgl_ext_testutil import (
     FP8,
     LAYOUTS,
     TOL,

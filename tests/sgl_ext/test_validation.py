@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sgl_ext_testutil import bits, make_cos_sin_cache
 
 import sgl_ext
 from sgl_ext import FusedSetKVBufferArg
+from tests.sgl_ext.sgl_ext_testutil import bits, make_cos_sin_cache
 
 T, HQ, HKV, D = 5, 4, 2, 16
 

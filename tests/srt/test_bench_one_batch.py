@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("srt.layers.rotary_embedding", reason="needs the layers branch")
-
-from srt import bench_one_batch  # noqa: E402
-from srt.bench_one_batch import cli_main, main  # noqa: E402
+from srt import bench_one_batch
+from srt.bench_one_batch import cli_main, main
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_FIELDS = {

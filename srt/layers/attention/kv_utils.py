@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sgl_ext import FP8_DTYPES
+from srt.mem_cache.memory_pool import slot_index
 
 if TYPE_CHECKING:
     from srt.layers.radix_attention import RadixAttention
@@ -27,19 +28,6 @@ def save_kv_cache(
     v = v.view(T, layer.tp_v_head_num, layer.v_head_dim)  # [T, Hkv, Dv]
     forward_batch.token_to_kv_pool.set_kv_buffer(
         layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale
-    )
-
-
-def slot_index(buf: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Index tuple addressing `slots` (any shape, int64) in a [slots, H, D] or
-    [pages, page_size, H, D] buffer (strided views are indexed in place, never copied)."""
-    if buf.ndim == 4:
-        ps = buf.shape[1]
-        return (slots // ps, slots % ps)
-    if buf.ndim == 3:
-        return (slots,)
-    raise ValueError(
-        f"KV buffer must be [slots, H, D] or [pages, page_size, H, D], got {buf.ndim}-D"
     )
 
 

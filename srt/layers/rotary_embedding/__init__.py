@@ -1,6 +1,6 @@
 """Rotary position embeddings (SGLang's `srt/layers/rotary_embedding.py`, split by concept)."""
 
-from srt.layers.rotary_embedding.base import RotaryEmbedding, rotate_native
+from srt.layers.rotary_embedding.base import RotaryEmbedding
 from srt.layers.rotary_embedding.factory import SUPPORTED_ROPE_TYPES, get_rope
 from srt.layers.rotary_embedding.scaling import (
     DeepseekScalingRotaryEmbedding,
@@ -20,6 +20,5 @@ __all__ = [
     "RotaryEmbedding",
     "YaRNScalingRotaryEmbedding",
     "get_rope",
-    "rotate_native",
     "yarn_get_mscale",
 ]

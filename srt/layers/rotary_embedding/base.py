@@ -15,6 +15,7 @@ from torch import nn
 
 import sgl_ext
 from sgl_ext import FusedSetKVBufferArg
+from sgl_ext.native import rotate_native  # the op's torch reference (fp32 math, in place)
 from sgl_ext.rope import _check_kv as check_fused_arg  # metadata-only checks, no launch
 
 
@@ -28,27 +29,6 @@ def _check_dims(head_size: int, rotary_dim: int, max_position_embeddings: int) -
             raise ValueError(f"{name} must be a positive int, got {x!r}")
     if rotary_dim % 2 or rotary_dim > head_size:
         raise ValueError(f"rotary_dim {rotary_dim} must be even and <= head_size {head_size}")
-
-
-def rotate_native(
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    head_size: int,
-    is_neox_style: bool,
-) -> None:
-    """Rotate the first rotary_dim dims of every head of x ([T, H*D] or [T, H, D]) in place."""
-    rot = cos_sin_cache.shape[1]
-    xs = x.unflatten(-1, (-1, head_size)) if x.ndim == 2 else x  # [T, H, D] view
-    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rot/2] each
-    xr = xs[..., :rot].float()  # [T, H, rot]
-    if is_neox_style:
-        x1, x2 = xr.chunk(2, dim=-1)  # [T, H, rot/2]: first and second half
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]  # [T, H, rot/2]: even and odd dims
-        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    xs[..., :rot] = out.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -219,8 +199,8 @@ class RotaryEmbedding(nn.Module):
         a = fused_set_kv_buffer_arg
         if a is not None:  # reject a bad cache argument before touching query/key
             check_fused_arg(key, a, self.head_size)
-        rotate_native(query, pos, cache, self.head_size, self.is_neox_style)
-        rotate_native(key, pos, cache, self.head_size, self.is_neox_style)
+        rotate_native(pos, query, self.head_size, cache, self.is_neox_style)
+        rotate_native(pos, key, self.head_size, cache, self.is_neox_style)
         if a is not None:
             sgl_ext.set_kv_buffer(
                 key,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tp_harness import run_ranks
 
 from srt.layers.linear import (
     ColumnParallelLinear,
@@ -17,6 +16,7 @@ from srt.layers.linear import (
 )
 from srt.layers.moe import TopKExperts, select_experts
 from srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from tests.srt.distributed.tp_harness import run_ranks
 
 
 def _rand(*shape, seed: int) -> torch.Tensor:
@@ -160,6 +160,7 @@ def test_moe_intermediate_shards_sum_to_full_and_bias_counts_once():
 def _rank_collectives() -> dict[str, np.ndarray]:
     from srt.distributed import (
         get_tp_rank,
+        get_tp_size,
         tensor_model_parallel_all_gather,
         tensor_model_parallel_all_reduce,
         tensor_model_parallel_broadcast,
@@ -167,20 +168,20 @@ def _rank_collectives() -> dict[str, np.ndarray]:
     from srt.layers.logits_processor import LogitsProcessor
     from srt.model_executor.forward_batch_info import ForwardMode
 
-    r = get_tp_rank()
+    r, tp = get_tp_rank(), get_tp_size()
     out = {}
     out["reduce"] = tensor_model_parallel_all_reduce(torch.full((3,), float(r + 1))).numpy()
     out["gather"] = tensor_model_parallel_all_gather(torch.full((2, 1), float(r)), dim=-1).numpy()
     out["bcast"] = tensor_model_parallel_broadcast(torch.tensor([r * 10 + 7])).numpy()
     w, x = _rand(8, 12, seed=1), _rand(5, 12, seed=0)
-    row = RowParallelLinear(12, 8, bias=True)
+    row = RowParallelLinear(12, 8, bias=True, tp_rank=r, tp_size=tp)
     row.weight.weight_loader(row.weight, w)
     row.bias.weight_loader(row.bias, _rand(8, seed=2))
     out["row"] = row(x[:, r * 6 : (r + 1) * 6])[0].numpy()
-    emb = VocabParallelEmbedding(11, 4)  # padded to 12 rows over 2 ranks
+    emb = VocabParallelEmbedding(11, 4, tp_rank=r, tp_size=tp)  # padded to 12 rows over 2 ranks
     emb.weight.weight_loader(emb.weight, _rand(11, 4, seed=3))
     out["emb"] = emb(torch.tensor([0, 5, 6, 10, 3])).numpy()
-    head = ParallelLMHead(11, 4)
+    head = ParallelLMHead(11, 4, tp_rank=r, tp_size=tp)
     head.weight.weight_loader(head.weight, _rand(11, 4, seed=3))
 
     class _FB:

@@ -1,6 +1,6 @@
 """Dummy weights are the same model at every TP size: each rank's parameters are its shard of
 the TP-1 tensors (the CPU-generated path and the on-device path of big models). Single process:
-each rank's model is built under `tensor_parallel_override`; loading does no collective."""
+each rank's model is built with its tp_rank / tp_size; loading does no collective."""
 
 from __future__ import annotations
 
@@ -8,13 +8,11 @@ import json
 
 import pytest
 import torch
-from tp_harness import TINY_GPT_OSS
 
 from srt.configs.model_config import ModelConfig
-from srt.distributed import tensor_parallel_override
-from srt.model_executor.model_builder import init_dummy_weights_on_device
 from srt.model_loader.loader import full_parameter_shapes, init_dummy_weights
 from srt.models.registry import get_model_class
+from tests.srt.distributed.tp_harness import TINY_GPT_OSS
 
 
 def _config(arch: str) -> ModelConfig:
@@ -27,15 +25,11 @@ def _config(arch: str) -> ModelConfig:
 
 def _build(config: ModelConfig, rank: int, tp: int, on_device: bool) -> dict[str, torch.Tensor]:
     cls = get_model_class(config.architecture)
-    with tensor_parallel_override(rank, tp):
-        model = cls(config)
-        for p in model.parameters():
-            p.data.fill_(float("nan"))  # poison: every element must be written
-        if on_device:
-            init_dummy_weights_on_device(model, seed=3, config=config)
-        else:
-            full = full_parameter_shapes(cls, config) if tp > 1 else None
-            init_dummy_weights(model, seed=3, full_shapes=full)
+    model = cls(config, tp_rank=rank, tp_size=tp)
+    for p in model.parameters():
+        p.data.fill_(float("nan"))  # poison: every element must be written
+    full = full_parameter_shapes(cls, config) if tp > 1 else None
+    init_dummy_weights(model, seed=3, full_shapes=full, on_device=on_device)
     return dict(model.named_parameters())
 
 

@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 import torch
-from tp_harness import TINY_GPT_OSS, free_port, run_ranks, runner_logits
 
 import srt
+from tests.srt.distributed.tp_harness import TINY_GPT_OSS, free_port, run_ranks, runner_logits
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100], list(range(40, 73))]  # lengths 7, 1, 33
 GREEDY = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}

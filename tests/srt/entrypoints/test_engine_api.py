@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from runner_fakes import FakeConfig, patch_builder
+from tests.srt.model_executor.runner_fakes import FakeConfig, patch_builder
 
 import srt
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpqa_fakes import synthetic_rows, write_csv
+
+from tests.srt.eval.gpqa_fakes import synthetic_rows, write_csv
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from runner_fakes import patch_builder
+from tests.srt.model_executor.runner_fakes import patch_builder
 
 import srt
 from srt.managers.schedule_batch import Req

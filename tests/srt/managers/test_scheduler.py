@@ -6,9 +6,9 @@ import random
 
 import pytest
 import torch
-from runner_fakes import FakeConfig, patch_builder
 
 import srt
+from tests.srt.model_executor.runner_fakes import FakeConfig, patch_builder
 
 
 @pytest.fixture

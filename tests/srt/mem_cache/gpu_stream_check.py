@@ -6,23 +6,19 @@ Replayed with new slots, inputs and fp8 scales each time; any stale read is a mi
 
 Run under the sanitizers (exits 1 on any mismatch):
 
-    compute-sanitizer --tool racecheck python tests/srt/mem_cache/gpu_stream_check.py
-    compute-sanitizer --tool memcheck python tests/srt/mem_cache/gpu_stream_check.py --replays 50
+    compute-sanitizer --tool racecheck python -m tests.srt.mem_cache.gpu_stream_check
+    compute-sanitizer --tool memcheck python -m tests.srt.mem_cache.gpu_stream_check --replays 50
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-if __name__ == "__main__":  # allow `python tests/srt/mem_cache/gpu_stream_check.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-
-from srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
+from srt.mem_cache.memory_pool import MHATokenToKVPool
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 

@@ -65,7 +65,7 @@ def test_buffers_shapes_zero_and_views(page_size, cross, dtype):
         assert not k.view(torch.uint8).any() and not v.view(torch.uint8).any()  # zero-init
     lay = pool.get_layout()
     if cross:
-        raw = pool.get_raw_buffer()
+        raw = pool.kv_buffer
         assert raw is not None and raw.dtype == store
         assert tuple(raw.shape) == (3 if page_size > 1 else 9, 2, 2, page_size, 3, 8)
         assert lay.kind == "cross_layer" and lay.shape == tuple(raw.shape)
@@ -73,13 +73,8 @@ def test_buffers_shapes_zero_and_views(page_size, cross, dtype):
         # layer 1's V view aliases raw[:, 1, 1]
         v1 = pool.get_value_buffer(1)
         assert v1.data_ptr() == raw[:, 1, 1].data_ptr()
-        ptrs, lens, items = pool.get_contiguous_buf_infos()
-        assert ptrs == [raw.data_ptr()] and lens == [raw.nbytes]
-        assert items[0] * lay.num_pages == raw.nbytes
     else:
-        assert pool.get_raw_buffer() is None and lay.kind == "layer_separate"
-        ptrs, lens, items = pool.get_contiguous_buf_infos()
-        assert len(ptrs) == 4 and len(set(ptrs)) == 4
+        assert pool.kv_buffer is None and lay.kind == "layer_separate"
 
 
 @pytest.mark.parametrize("page_size", [1, 3])
@@ -257,14 +252,9 @@ def test_req_to_token_pool():
 
 # ----------------------------------------------------------------------------- GPU
 def _load_stream_check():
-    import importlib.util
-    from pathlib import Path
+    from tests.srt.mem_cache import gpu_stream_check
 
-    path = Path(__file__).with_name("gpu_stream_check.py")
-    spec = importlib.util.spec_from_file_location("gpu_stream_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return gpu_stream_check
 
 
 @needs_cuda
@@ -363,4 +353,4 @@ def test_graph_overlapped_write_equals_eager_kernel_bits(dtype):
         graphed.set_kv_buffer(layer(1), loc, k, v, scale, scale)
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(eager.get_raw_buffer(), graphed.get_raw_buffer())
+    assert torch.equal(eager.kv_buffer, graphed.kv_buffer)

@@ -86,6 +86,6 @@ def patch_builder(monkeypatch, cfg: FakeConfig = FakeConfig()) -> None:
     monkeypatch.setattr(model_builder, "build_model_config", lambda args: cfg)
     monkeypatch.setattr(
         model_builder,
-        "load_model",
-        lambda mc, args, dtype, device: FakeModel(mc, dtype, device, args.random_seed),
+        "build_model",
+        lambda mc, args, dtype, device, *tp: FakeModel(mc, dtype, device, args.random_seed),
     )

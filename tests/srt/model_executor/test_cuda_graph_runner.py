@@ -11,7 +11,6 @@ import warnings
 
 import pytest
 import torch
-from runner_fakes import FakeConfig, patch_builder
 
 from srt.managers.schedule_batch import Req, ScheduleBatch
 from srt.model_executor import cuda_graph_runner as cgr
@@ -19,6 +18,7 @@ from srt.model_executor.cuda_graph_runner import CudaGraphRunner, get_batch_size
 from srt.model_executor.model_runner import ModelRunner
 from srt.sampling.sampling_params import SamplingParams
 from srt.server_args import ServerArgs
+from tests.srt.model_executor.runner_fakes import FakeConfig, patch_builder
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -74,11 +74,6 @@ def test_capture_failure_falls_back_to_eager(monkeypatch):
 
 # ----------------------------------------------------------------------------- GPU
 def _gpu_runner(monkeypatch, fused: bool, max_bs: int = 16, page_size: int = 1) -> ModelRunner:
-    try:
-        import srt.model_loader as loader  # noqa: F401
-        from srt.models import registry  # noqa: F401
-    except ImportError:
-        patch_builder(monkeypatch)
     args = ServerArgs(
         device="cuda",
         max_total_tokens=8192,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runner_fakes import FakeConfig, patch_builder
 
 from srt.managers.schedule_batch import Req, ScheduleBatch
 from srt.model_executor.model_runner import ModelRunner
 from srt.sampling.sampling_params import SamplingParams
 from srt.server_args import ServerArgs
+from tests.srt.model_executor.runner_fakes import FakeConfig, patch_builder
 
 
 def _runner(monkeypatch, **kw) -> ModelRunner:

@@ -1,6 +1,6 @@
 """Test harness: a minimal KV pool stand-in, a req_to_token table and ForwardBatch builders.
 
-The runner teammate builds the real model runner; this drives forward passes in tests only.
+This drives forward passes of single layers and models in tests, without the model runner.
 Pages are handed out in a shuffled order so page arithmetic is exercised.
 """
 
@@ -11,6 +11,7 @@ import random
 import torch
 
 from sgl_ext import set_kv_buffer
+from srt.mem_cache.memory_pool import MHATokenToKVPool
 from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, compute_extend_metadata
 
 
@@ -46,16 +47,9 @@ class StandInKVPool:
 
 
 def make_kv_pool(size, page_size, dtype, head_num, head_dim, layer_num, device, real=True, **kw):
-    """The real pool when the layers branch is merged, else the stand-in."""
+    """The real MHATokenToKVPool, or with real=False the minimal stand-in above."""
     if real:
-        try:
-            from srt.mem_cache.memory_pool import MHATokenToKVPool
-        except ImportError:
-            pass
-        else:
-            return MHATokenToKVPool(
-                size, page_size, dtype, head_num, head_dim, layer_num, device, **kw
-            )
+        return MHATokenToKVPool(size, page_size, dtype, head_num, head_dim, layer_num, device, **kw)
     return StandInKVPool(size, page_size, dtype, head_num, head_dim, layer_num, device)
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from fb_harness import Harness, make_kv_pool
 
 from srt.configs.model_config import ModelConfig
 from srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from srt.model_loader.loader import get_model
+from tests.srt.models.fb_harness import Harness, make_kv_pool
 
 
 def save_hf_checkpoint(path, hf_model_cls, hf_config, seed=0, **save_kw):

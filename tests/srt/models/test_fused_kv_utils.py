@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-from fb_harness import StandInKVPool, make_kv_pool
 
 from sgl_ext import FusedSetKVBufferArg
 from srt.layers.radix_attention import RadixAttention
 from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from srt.models.registry import get_model_class, supported_architectures
 from srt.models.utils import create_fused_set_kv_buffer_arg, enable_fused_set_kv_buffer
+from tests.srt.models.fb_harness import StandInKVPool, make_kv_pool
 
 
 def _fb(pool, fused=True):

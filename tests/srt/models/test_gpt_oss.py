@@ -2,9 +2,15 @@
 
 import pytest
 import torch
-from hf_compare import compare_with_hf, load_ours, make_prompts, run_model, save_hf_checkpoint
 
 from srt.layers.mxfp4 import FP4_VALUES, dequantize_mxfp4
+from tests.srt.models.hf_compare import (
+    compare_with_hf,
+    load_ours,
+    make_prompts,
+    run_model,
+    save_hf_checkpoint,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -56,7 +62,7 @@ def gpt_oss_ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf_ref(gpt_oss_ckpt):
-    from hf_compare import hf_full_logits
+    from tests.srt.models.hf_compare import hf_full_logits
 
     _, hf = gpt_oss_ckpt
     prompts, dec = make_prompts(160)
@@ -192,7 +198,7 @@ def test_gpt_oss_triton_backend_interpreted(gpt_oss_ckpt, hf_ref):
 def test_gpt_oss_cuda_bf16_triton(gpt_oss_ckpt):
     """bf16 on CUDA with the Triton attention backend agrees with CPU fp32 within bf16
     tolerance; fused equals unfused bit for bit (logits and caches)."""
-    from hf_compare import gpu_bf16_check
+    from tests.srt.models.hf_compare import gpu_bf16_check
 
     gpu_bf16_check(
         gpt_oss_ckpt[0], **dict(max_err=0.5, median_err=0.03)

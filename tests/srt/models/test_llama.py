@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from hf_compare import (
+
+from tests.srt.models.hf_compare import (
     compare_with_hf,
     load_ours,
     make_prompts,
@@ -99,7 +100,7 @@ def test_llama_fp8_kv(llama_ckpt, kv_dtype):
 def test_llama_cuda_bf16_triton(llama_ckpt):
     """bf16 on CUDA with the Triton attention backend agrees with CPU fp32 within bf16
     tolerance; fused equals unfused bit for bit (logits and caches)."""
-    from hf_compare import gpu_bf16_check
+    from tests.srt.models.hf_compare import gpu_bf16_check
 
     gpu_bf16_check(llama_ckpt[0])
 

@@ -3,7 +3,9 @@ q/k-norm + RoPE + KV-write op against the unfused path."""
 
 import pytest
 import torch
-from hf_compare import (
+
+import sgl_ext
+from tests.srt.models.hf_compare import (
     compare_with_hf,
     load_ours,
     make_prompts,
@@ -11,8 +13,6 @@ from hf_compare import (
     run_model,
     save_hf_checkpoint,
 )
-
-import sgl_ext
 
 transformers = pytest.importorskip("transformers")
 
@@ -130,7 +130,7 @@ def test_qwen3_cuda_bf16_triton(qwen3_ckpt, monkeypatch):
     """bf16 on CUDA with the Triton attention backend agrees with CPU fp32 within bf16
     tolerance; with the torch q/k norm, fused RoPE/KV equals unfused bit for bit (logits and
     caches)."""
-    from hf_compare import gpu_bf16_check
+    from tests.srt.models.hf_compare import gpu_bf16_check
 
     from srt.models.qwen3 import Qwen3Attention
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-from fb_harness import Harness, make_kv_pool
 
 from srt.layers.radix_attention import RadixAttention
+from tests.srt.models.fb_harness import Harness, make_kv_pool
 
 
 def ref_attention(q, k, v, q_pos, scaling, window=-1, cap=0.0, sinks=None):

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from attn_reference import run_scenario
 
 from srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from tests.srt.layers.attention.attn_reference import run_scenario
 
 
 def _backend():
@@ -49,9 +49,8 @@ def test_native_bf16():
 def test_decode_width_is_fixed_so_eager_equals_graph():
     """Decode gathers the full req_to_token row whatever seq_lens_cpu says, so eager decode and a
     graph replay (fixed width) reduce over the same shape: identical bits."""
-    from fb_harness import Harness, make_kv_pool
-
     from srt.layers.radix_attention import RadixAttention
+    from tests.srt.models.fb_harness import Harness, make_kv_pool
 
     pool = make_kv_pool(64, 1, torch.float32, 1, 8, 1, "cpu")
     be = _backend()

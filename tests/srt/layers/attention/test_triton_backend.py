@@ -5,7 +5,8 @@ The interpreter is slow: a representative handful of tiny cases.
 
 import pytest
 import torch
-from attn_reference import run_scenario
+
+from tests.srt.layers.attention.attn_reference import run_scenario
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -58,8 +59,8 @@ def test_triton_backend_split_kv(kw):
 def test_decode_split_kv_long_sequences(splits, window, sinks, cap, page_size):
     """Decode over 2, 33 and 257 cached keys (chunks of unequal fill, empty chunks, windows that
     start mid-chunk) against the float64 reference; the output is poisoned first."""
-    from attn_reference import ref_attention
-    from fb_harness import Harness, make_kv_pool
+    from tests.srt.layers.attention.attn_reference import ref_attention
+    from tests.srt.models.fb_harness import Harness, make_kv_pool
 
     from srt.layers.radix_attention import RadixAttention
 
@@ -121,12 +122,11 @@ def test_num_kv_splits_same_for_graph_bucket_and_eager_batch():
 def test_decode_cuda_graph_replay_equals_eager(name):
     """Capture one decode attention, replay it for a later step (new q, longer sequences, new
     cache contents): the same bits as eager, with no host sync inside the captured region."""
-    from fb_harness import Harness, make_kv_pool
-
     from srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from srt.layers.attention.triton_backend import TritonAttnBackend
     from srt.layers.radix_attention import RadixAttention
     from srt.model_executor.forward_batch_info import ForwardMode
+    from tests.srt.models.fb_harness import Harness, make_kv_pool
 
     cls = TritonAttnBackend if name == "triton" else TorchNativeAttnBackend
     dev, hq, hkv, d = "cuda", 4, 2, 64
