@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.sgl_ext.sgl_ext_testutil import TOL, bits, poison
 
 from sgl_ext import fused_add_rmsnorm, fused_add_rmsnorm_native, rmsnorm, rmsnorm_native
+from tests.sgl_ext.sgl_ext_testutil import TOL, bits, poison
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

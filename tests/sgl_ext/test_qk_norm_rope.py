@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+import sgl_ext
+from sgl_ext import FusedSetKVBufferArg
 from tests.sgl_ext.sgl_ext_testutil import (
     FP8,
     LAYOUTS,
@@ -17,9 +20,6 @@ from tests.sgl_ext.sgl_ext_testutil import (
     rope_ref,
     write_slots,
 )
-
-import sgl_ext
-from sgl_ext import FusedSetKVBufferArg
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")

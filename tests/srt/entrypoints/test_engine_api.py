@@ -12,9 +12,9 @@ import math
 
 import pytest
 import torch
-from tests.srt.model_executor.runner_fakes import FakeConfig, patch_builder
 
 import srt
+from tests.srt.model_executor.runner_fakes import FakeConfig, patch_builder
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 CTX = FakeConfig.context_len

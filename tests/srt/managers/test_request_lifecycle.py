@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from tests.srt.model_executor.runner_fakes import patch_builder
 
 import srt
 from srt.managers.schedule_batch import Req
 from srt.sampling.sampling_params import SamplingParams
+from tests.srt.model_executor.runner_fakes import patch_builder
 
 
 def _decode(ids):

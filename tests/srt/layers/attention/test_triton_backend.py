@@ -59,10 +59,9 @@ def test_triton_backend_split_kv(kw):
 def test_decode_split_kv_long_sequences(splits, window, sinks, cap, page_size):
     """Decode over 2, 33 and 257 cached keys (chunks of unequal fill, empty chunks, windows that
     start mid-chunk) against the float64 reference; the output is poisoned first."""
+    from srt.layers.radix_attention import RadixAttention
     from tests.srt.layers.attention.attn_reference import ref_attention
     from tests.srt.models.fb_harness import Harness, make_kv_pool
-
-    from srt.layers.radix_attention import RadixAttention
 
     g = torch.Generator().manual_seed(splits)
     hq, hkv, d, lens = 4, 2, 16, [257, 2, 33]
