@@ -91,6 +91,7 @@ class RotaryEmbedding(nn.Module):
         self.is_neox_style = bool(is_neox_style)
         self.dtype = dtype
         self._device_caches: dict[torch.device, torch.Tensor] = {}
+        self._retired_caches: list[torch.Tensor] = []
         self.num_positions = self._default_num_positions()  # rows of the table
         self.register_buffer("cos_sin_cache", self._build_cache(), persistent=False)
 
@@ -132,6 +133,9 @@ class RotaryEmbedding(nn.Module):
                 f" {type(self).__name__}, which cannot grow; lower context_length to {rows}"
             )
         self.num_positions = num_positions
+        # get_rope shares instances between models: keep the old tables alive, since a CUDA
+        # graph of another model may have captured their addresses.
+        self._retired_caches += [self.cos_sin_cache, *self._device_caches.values()]
         self.cos_sin_cache = self._build_cache(self.cos_sin_cache.device)
         self._device_caches.clear()
 
