@@ -226,29 +226,34 @@ class ScheduleBatch:
         if idle:
             raise ValueError(f"request {idle[0].rid} was not prefilled (or was already freed)")
         ps = self.page_size
-        kv = [r.kv_len for r in reqs]  # position of the new token
-        # Slot of each request's previous token, from its host page list.
-        last_loc = [r.kv_pages[(r.kv_len - 1) // ps] * ps + (r.kv_len - 1) % ps for r in reqs]
-        pos_cpu = torch.tensor(kv, dtype=torch.int64)  # [B]
-        seq_lens_cpu = pos_cpu + 1  # [B]
-        slots = self.allocator.alloc_decode(seq_lens_cpu, torch.tensor(last_loc))  # host [B]
+        # int64 [4, B] host block: request row, new token's position, previous token's slot
+        # (from the host page list), input id; rows 0-3 later travel to the device in one copy.
+        host = torch.tensor(
+            [
+                [r.req_pool_idx for r in reqs],
+                [r.kv_len for r in reqs],
+                [r.kv_pages[(r.kv_len - 1) // ps] * ps + (r.kv_len - 1) % ps for r in reqs],
+                [r.output_ids[-1] for r in reqs],
+            ],
+            dtype=torch.int64,
+        )
+        seq_lens_cpu = host[1] + 1  # [B]
+        slots = self.allocator.alloc_decode(seq_lens_cpu, host[2])  # host int64 [B]
         if slots is None:
             raise RuntimeError(f"KV pool out of memory allocating {len(reqs)} decode slots")
-        for r, s in zip(reqs, slots.tolist(), strict=True):
+        for r, slot in zip(reqs, slots.tolist(), strict=True):
             if r.kv_len % ps == 0:
-                r.kv_pages.append(s // ps)
+                r.kv_pages.append(slot // ps)
             r.kv_len += 1
-        rows = self._to_device(torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64))
-        pos = self._to_device(pos_cpu)  # [B]
-        out_cache_loc = self._to_device(slots)  # [B]
+        host[2] = slots  # the previous slots are no longer needed: the new ones travel instead
+        rows, pos, out_cache_loc, input_ids = self._to_device(host).unbind(0)  # [B] each
         self.req_to_token_pool.req_to_token[rows, pos] = out_cache_loc.to(torch.int32)
-        input_ids = [r.output_ids[-1] for r in reqs]
         return self._forward_batch(
             ForwardMode.DECODE,
             batch_size=len(reqs),
-            input_ids=self._to_device(torch.tensor(input_ids, dtype=torch.int64)),
+            input_ids=input_ids,
             req_pool_indices=rows,
-            seq_lens=self._to_device(seq_lens_cpu),
+            seq_lens=pos + 1,
             seq_lens_cpu=seq_lens_cpu,
             seq_lens_sum=int(seq_lens_cpu.sum()),
             out_cache_loc=out_cache_loc,

@@ -89,7 +89,15 @@ class PagedTokenToKVPoolAllocator:
         # come first on a fresh allocator.
         self._stack = torch.arange(self.num_pages, 0, -1, dtype=torch.int64)  # [num_pages]
         self._num_free = self.num_pages
-        self._live = torch.zeros(self.num_pages + 1, dtype=torch.bool)  # [num_pages + 1]
+        # Live pages; entry num_pages + 1 stays False, so clamped out-of-range pages read False.
+        self._live = torch.zeros(self.num_pages + 2, dtype=torch.bool)  # [num_pages + 2]
+        # Scratch for finding repeated indices in O(n) (no sort): see _first_occurrence.
+        self._slot_mark = torch.zeros((self.num_pages + 1) * self.page_size, dtype=torch.int64)
+        self._page_mark = (
+            self._slot_mark
+            if self.page_size == 1
+            else torch.zeros(self.num_pages + 1, dtype=torch.int64)
+        )
 
     @property
     def free_pages(self) -> torch.Tensor:
@@ -122,7 +130,14 @@ class PagedTokenToKVPoolAllocator:
         offs = torch.arange(self.page_size, dtype=torch.int64)
         return (pages[:, None] * self.page_size + offs).reshape(-1)  # [n * page_size]
 
-    def _check_owned(self, name: str, slots: torch.Tensor) -> None:
+    @staticmethod
+    def _first_occurrence(mark: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """bool [n]: True at one occurrence of each distinct value of idx (values index mark)."""
+        order = torch.arange(len(idx), dtype=torch.int64)  # [n]
+        mark[idx] = order  # of repeated values, one write wins ...
+        return mark[idx] == order  # ... and only that occurrence reads its own position back
+
+    def _check_owned(self, name: str, slots: torch.Tensor, first_entry: int = 0) -> None:
         """ValueError naming the first slot that is out of range or not in a live page."""
         ps = self.page_size
         pages = slots // ps
@@ -135,7 +150,7 @@ class PagedTokenToKVPoolAllocator:
             what = f"is outside the allocatable slots [{ps}, {(self.num_pages + 1) * ps})"
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"{name}: slot {int(slots[i])} (entry {i}) {what}")
+            raise ValueError(f"{name}: slot {int(slots[i])} (entry {first_entry + i}) {what}")
 
     # ------------------------------------------------------------------ token allocation
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -179,11 +194,13 @@ class PagedTokenToKVPoolAllocator:
         if slots.numel() == 0:
             return
         self._check_owned("free_index", slots)
-        uniq, counts = torch.unique(slots, return_counts=True)
-        if bool((counts > 1).any()):
-            dup = int(uniq[counts > 1][0])
+        first = self._first_occurrence(self._slot_mark, slots)  # [n]
+        if not bool(first.all()):
+            dup = int(slots[~first][0])
             raise ValueError(f"free_index: slot {dup} listed twice (double free)")
-        pages = torch.unique(uniq // self.page_size)  # [p]
+        pages = slots // self.page_size  # [n]
+        if self.page_size > 1:
+            pages = pages[self._first_occurrence(self._page_mark, pages)]  # [p] distinct
         self._live[pages] = False
         self._stack[self._num_free : self._num_free + len(pages)] = pages
         self._num_free += len(pages)
@@ -191,19 +208,21 @@ class PagedTokenToKVPoolAllocator:
     # ------------------------------------------------------------------ paged allocation
     def _check_last_loc(self, name: str, last: torch.Tensor, prev_pos: torch.Tensor) -> None:
         """Requests with a previous token (prev_pos >= 0) must name an allocated slot of it."""
-        has_prev = prev_pos >= 0  # [B]
-        if not bool(has_prev.any()):
+        ps, n = self.page_size, self.num_pages
+        ok = self._live[(last // ps).clamp(0, n + 1)]  # [B] in range and live (page 0 is not)
+        if ps > 1:
+            ok &= (last - prev_pos) % ps == 0  # at the previous token's offset within its page
+        ok |= prev_pos < 0  # no previous token: last_loc is ignored
+        if bool(ok.all()):  # the hot path: a handful of vectorised host ops
             return
-        idx = has_prev.nonzero().flatten()  # [b]
-        self._check_owned(name, last[idx])
-        off = last[idx] % self.page_size != prev_pos[idx] % self.page_size
-        if bool(off.any()):
-            i = int(idx[off.nonzero()[0, 0]])
-            raise ValueError(
-                f"{name}[{i}] = {int(last[i])} is at page offset {int(last[i]) % self.page_size},"
-                f" but token {int(prev_pos[i])} of the request sits at offset"
-                f" {int(prev_pos[i]) % self.page_size} (page_size {self.page_size})"
-            )
+        bad = ~ok
+        i = int(bad.nonzero()[0, 0])
+        self._check_owned(name, last[i : i + 1], first_entry=i)
+        raise ValueError(
+            f"{name}[{i}] = {int(last[i])} is at page offset {int(last[i]) % ps},"
+            f" but token {int(prev_pos[i])} of the request sits at offset"
+            f" {int(prev_pos[i]) % ps} (page_size {ps})"
+        )
 
     def alloc_extend(
         self,
@@ -293,15 +312,19 @@ class PagedTokenToKVPoolAllocator:
         if bool((seq < 1).any()):
             raise ValueError("alloc_decode needs seq_lens >= 1 (they include the new token)")
         self._check_last_loc("last_loc", last, seq - 2)
+        if self.page_size == 1:  # every token starts a page
+            pages = self._peek_pages(len(seq))
+            if pages is not None:
+                self._take(pages)
+            return pages
         starts_page = (seq - 1) % self.page_size == 0  # [B]
         pages = self._peek_pages(int(starts_page.sum()))
         if pages is None:
             return None
         self._take(pages)
-        page_of = torch.cumsum(starts_page.to(torch.int64), 0) - 1  # [B] index into pages
-        padded = torch.cat((pages, pages.new_zeros(1)))  # [n + 1]: safe to index when n == 0
-        new_slot = padded[page_of.clamp(min=0)] * self.page_size
-        return torch.where(starts_page, new_slot, last + 1)
+        out = last + 1  # [B] the next slot of the same page ...
+        out[starts_page] = pages * self.page_size  # ... or the first slot of a new one, in order
+        return out
 
 
 class TokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
