@@ -18,6 +18,7 @@
 #   moe        bench_moe (gpt-oss-20b shape): routed-expert kernel vs torch, floor
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   profile    per-kernel breakdown of one decode step (llama3-8b bs 1 and 64)
+#   reliab     allocator / scheduler failure-path and context tests; host time of the decode path
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -72,6 +73,12 @@ t_profile() {
   for bs in 1 64; do
     timeout 200 python benchmarks/profile_decode.py --model-preset llama3-8b --batch-size $bs
   done
+}
+t_reliab() {
+  timeout 300 python -m pytest -q -p no:cacheprovider -rfEs tests/srt/mem_cache/test_allocator.py \
+    tests/srt/managers tests/srt/model_executor/test_context_length.py \
+    tests/srt/layers/test_rope_table_growth.py
+  timeout 200 python benchmarks/bench_schedule_batch.py --device cuda
 }
 
 summary=()
