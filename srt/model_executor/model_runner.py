@@ -139,9 +139,9 @@ class ModelRunner:
     def _fit_rope_tables(self) -> None:
         """Every rope table covers positions 0 .. context_len - 1, or construction fails.
 
-        A shorter table is grown with the same formula (SGLang grows scaled ropes the same
-        way); a variant that cannot grow raises ValueError naming both numbers. Positions are
-        never clamped silently.
+        A shorter table is grown with the same formula (computed once here, before any graph
+        capture); a variant that cannot grow raises ValueError naming both numbers. Positions
+        are never clamped silently.
         """
         from srt.layers.rotary_embedding import RotaryEmbedding
 
