@@ -35,6 +35,7 @@
 #              (skipped when the package has no sgl_ext/cuda)
 #   tune       launch-configuration sweep of the Triton kernel (tune_rope_kv.py)
 #   tp         needs 2 GPUs (nvidia-h200-x2): TP GPU tests, TP 1 vs 2 decode tokens/s
+#   reliab     allocator / scheduler failure-path and context tests; host time of the decode path
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -168,6 +169,12 @@ t_tp() {
   if [ "$n" -lt 2 ]; then echo "tp needs 2 GPUs, this machine has $n: skipped"; return 0; fi
   timeout 300 python -m pytest -q -p no:cacheprovider tests/srt/distributed -rfE
   timeout 240 python benchmarks/bench_tp.py --batch-size 1 8 32
+}
+t_reliab() {
+  timeout 300 python -m pytest -q -p no:cacheprovider -rfEs tests/srt/mem_cache/test_allocator.py \
+    tests/srt/managers tests/srt/model_executor/test_context_length.py \
+    tests/srt/layers/test_rope_table_growth.py
+  timeout 200 python benchmarks/bench_schedule_batch.py --device cuda
 }
 
 summary=()

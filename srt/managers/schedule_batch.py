@@ -1,8 +1,11 @@
 """Req and ScheduleBatch: request state and the host-side building of ForwardBatches.
 
-A `Req` owns one row of the ReqToTokenPool and the KV slots listed in that row. `ScheduleBatch`
-turns a list of requests into the `ForwardBatch` of an EXTEND (prefill) or DECODE step and
-allocates the KV slots those steps write; `free_req` gives everything back.
+A `Req` owns one row of the ReqToTokenPool and the KV slots listed in that row (and, on the
+host, in `Req.kv_pages`). `ScheduleBatch` turns a list of requests into the `ForwardBatch` of an
+EXTEND (prefill) or DECODE step and allocates the KV slots those steps write through the
+allocator's `alloc_extend` / `alloc_decode`; `free_req` gives everything back. A failed
+`prepare_for_extend` gives back what it took; after any later failure, `free_req` on every
+request that holds memory restores both pools.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ class Req:
 
     `kv_len` counts the tokens whose K/V are in the cache; they sit at
     `req_to_token[req_pool_idx, :kv_len]`. After the prefill, every decode step feeds
-    `output_ids[-1]` at position `kv_len`.
+    `output_ids[-1]` at position `kv_len`. `kv_pages` is the host copy of the KV pages the
+    request holds, in token order (token i is in slot kv_pages[i // page_size] * page_size
+    + i % page_size; for page_size 1 these are the slots): freeing and the next slot are known
+    without reading the device.
     """
 
     rid: int | str
@@ -42,6 +48,7 @@ class Req:
     output_token_logprobs: list[float] = field(default_factory=list)
     req_pool_idx: int | None = None
     kv_len: int = 0
+    kv_pages: list[int] = field(default_factory=list)
     finished_reason: dict[str, Any] | None = None
     # Token ids -> text, for stop strings (None: stop strings are not checked).
     decode: Callable[[list[int]], str] | None = None
@@ -109,7 +116,7 @@ class ScheduleBatch:
     ----------
     req_to_token_pool : ReqToTokenPool (alloc/free rows, `.req_to_token` int32 [rows, ctx]).
     allocator : TokenToKVPoolAllocator or PagedTokenToKVPoolAllocator
-        (`alloc(n)` -> int tensor of n slots or None, page-aligned for the paged one; `free`).
+        (`alloc_extend` / `alloc_decode` -> host int64 slots or None; `free`).
     token_to_kv_pool, attn_backend : handed to every ForwardBatch.
     page_size : tokens per KV page.
     enable_fused_rope_kv : copied into every ForwardBatch.
@@ -148,24 +155,24 @@ class ScheduleBatch:
         )
 
     # ---- memory ----
-    def _alloc_slots(self, num_tokens: int) -> torch.Tensor:
-        slots = self.allocator.alloc(num_tokens)
-        if slots is None:
-            # Admission control reserves every request's memory up front: this is a bug.
-            raise RuntimeError(f"KV pool out of memory allocating {num_tokens} slots")
-        return slots
-
     def free_req(self, req: Req) -> None:
-        """Return the request's KV slots (whole pages) and its req_to_token row."""
-        if req.req_pool_idx is None:
-            return
-        if req.kv_len > 0:
-            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]  # int32 [ctx]
-            # A paged allocator frees the pages these slots lie in (incl. the unused tail).
-            self.allocator.free(row[: req.kv_len].to(torch.int64))
-        self.req_to_token_pool.free(req.req_pool_idx)
-        req.req_pool_idx = None
-        req.kv_len = 0
+        """Return the request's KV pages and its req_to_token row (a no-op if it holds none).
+
+        The pages are known on the host (`req.kv_pages`), so this never reads the device.
+        """
+        pages, req.kv_pages, req.kv_len = req.kv_pages, [], 0
+        row, req.req_pool_idx = req.req_pool_idx, None
+        try:
+            if pages:
+                first_slots = torch.tensor(pages, dtype=torch.int64) * self.page_size  # [P]
+                self.allocator.free(first_slots)
+        finally:
+            if row is not None:
+                self.req_to_token_pool.free(row)
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        # The host tensor is fresh and never written again: the copy needs no sync.
+        return host.to(self.device, non_blocking=True)
 
     # ---- forward batches ----
     def _forward_batch(self, mode: ForwardMode, **kw: Any) -> ForwardBatch:
@@ -179,62 +186,94 @@ class ScheduleBatch:
         )
 
     def prepare_for_extend(self, reqs: list[Req]) -> ForwardBatch:
-        """Give each request a req_to_token row and KV slots for its prompt; the prefill batch."""
+        """Give each request a req_to_token row and KV slots for its prompt; the prefill batch.
+
+        On any failure (no free row, no free KV pages, an interrupt) every row and page taken
+        here is given back before the exception propagates.
+        """
+        taken = [r for r in reqs if r.req_pool_idx is not None or r.kv_pages]
+        if taken:
+            raise ValueError(f"request {taken[0].rid} already holds memory (prefilled twice?)")
         rows = self.req_to_token_pool.alloc(len(reqs))
         if rows is None:
             raise RuntimeError(f"ReqToTokenPool has no room for {len(reqs)} requests")
-        ps = self.page_size
+        for req, row in zip(reqs, rows, strict=True):
+            req.req_pool_idx, req.kv_len = row, 0  # from here on free_req gives the row back
+        try:
+            return self._build_extend(reqs, rows)
+        except BaseException:
+            for req in reqs:
+                self.free_req(req)
+            raise
+
+    def _build_extend(self, reqs: list[Req], rows: list[int]) -> ForwardBatch:
         lens = [len(r.origin_input_ids) for r in reqs]
-        slots = self._alloc_slots(sum(pages_needed(n, ps) * ps for n in lens))
-        locs, offset = [], 0
-        for req, row, n in zip(reqs, rows, lens, strict=True):
-            req.req_pool_idx = int(row)
-            loc = slots[offset : offset + n]  # [n] this request's slots (page-aligned start)
-            offset += pages_needed(n, ps) * ps
-            self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = loc.to(torch.int32)
-            req.kv_len = n
-            locs.append(loc)
         meta = compute_extend_metadata([0] * len(reqs), lens, self.device)
+        n_tok, ps = sum(lens), self.page_size
+        zeros = torch.zeros(len(reqs), dtype=torch.int64)  # [B] no prefix
+        slots = self.allocator.alloc_extend(
+            zeros, torch.tensor(lens, dtype=torch.int64), zeros - 1, n_tok
+        )  # host int64 [T], request order, each request from a fresh page
+        if slots is None:
+            # Admission control reserves every request's memory up front: this is a bug.
+            raise RuntimeError(f"KV pool out of memory allocating {n_tok} slots")
+        offset = 0
+        for req, n in zip(reqs, lens, strict=True):
+            req.kv_pages = (slots[offset : offset + n : ps] // ps).tolist()  # one slot per page
+            req.kv_len = n
+            offset += n
+        rows_t = torch.tensor(rows, dtype=torch.int64)  # [B]
+        row_of_token = torch.repeat_interleave(rows_t, torch.tensor(lens), output_size=n_tok)
+        out_cache_loc = self._to_device(slots)  # [T]
+        self.req_to_token_pool.req_to_token[self._to_device(row_of_token), meta["positions"]] = (
+            out_cache_loc.to(torch.int32)
+        )
         input_ids = [t for r in reqs for t in r.origin_input_ids]
         return self._forward_batch(
             ForwardMode.EXTEND,
             batch_size=len(reqs),
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-            req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=self.device),
-            out_cache_loc=torch.cat(locs).to(torch.int64),
+            input_ids=self._to_device(torch.tensor(input_ids, dtype=torch.int64)),
+            req_pool_indices=self._to_device(rows_t),
+            out_cache_loc=out_cache_loc,
             **meta,
         )
 
     def prepare_for_decode(self, reqs: list[Req]) -> ForwardBatch:
-        """One new token per request: allocate its slot and build the decode batch."""
-        dev = self.device
+        """One new token per request: allocate its slot and build the decode batch.
+
+        The slots come from `alloc_decode` on host data (each request's pages), so no device
+        read happens here; if the pool is full, nothing changes and RuntimeError is raised.
+        """
+        idle = [r for r in reqs if r.req_pool_idx is None or r.kv_len < 1]
+        if idle:
+            raise ValueError(f"request {idle[0].rid} was not prefilled (or was already freed)")
         ps = self.page_size
-        rows_cpu = [r.req_pool_idx for r in reqs]
-        kv_cpu = [r.kv_len for r in reqs]  # position of the new token
-        rows = torch.tensor(rows_cpu, dtype=torch.int64, device=dev)  # [B]
-        pos = torch.tensor(kv_cpu, dtype=torch.int64, device=dev)  # [B]
-        need_page = [i for i, n in enumerate(kv_cpu) if n % ps == 0]
-        req_to_token = self.req_to_token_pool.req_to_token
-        if ps == 1:
-            out_cache_loc = self._alloc_slots(len(reqs)).to(torch.int64)  # [B]
-        else:
-            # The slot after the previous token, unless that token ended its page.
-            last_loc = req_to_token[rows, pos - 1].to(torch.int64)  # [B]
-            out_cache_loc = last_loc + 1
-            if need_page:
-                new = self._alloc_slots(len(need_page) * ps).to(torch.int64)
-                new = new.view(len(need_page), ps)[:, 0]  # [P] first slot of each new page
-                idx = torch.tensor(need_page, dtype=torch.int64, device=dev)
-                out_cache_loc[idx] = new
-        req_to_token[rows, pos] = out_cache_loc.to(torch.int32)
-        for r in reqs:
+        # int64 [4, B] host block: request row, new token's position, previous token's slot
+        # (from the host page list), input id; rows 0-3 later travel to the device in one copy.
+        host = torch.tensor(
+            [
+                [r.req_pool_idx for r in reqs],
+                [r.kv_len for r in reqs],
+                [r.kv_pages[(r.kv_len - 1) // ps] * ps + (r.kv_len - 1) % ps for r in reqs],
+                [r.output_ids[-1] for r in reqs],
+            ],
+            dtype=torch.int64,
+        )
+        seq_lens_cpu = host[1] + 1  # [B]
+        slots = self.allocator.alloc_decode(seq_lens_cpu, host[2])  # host int64 [B]
+        if slots is None:
+            raise RuntimeError(f"KV pool out of memory allocating {len(reqs)} decode slots")
+        for r, slot in zip(reqs, slots.tolist(), strict=True):
+            if r.kv_len % ps == 0:
+                r.kv_pages.append(slot // ps)
             r.kv_len += 1
-        seq_lens_cpu = torch.tensor(kv_cpu, dtype=torch.int64) + 1  # [B]
-        input_ids = [r.output_ids[-1] for r in reqs]
+        host[2] = slots  # the previous slots are no longer needed: the new ones travel instead
+        rows, pos, out_cache_loc, input_ids = self._to_device(host).unbind(0)  # [B] each
+        self.req_to_token_pool.req_to_token[rows, pos] = out_cache_loc.to(torch.int32)
         return self._forward_batch(
             ForwardMode.DECODE,
             batch_size=len(reqs),
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            input_ids=input_ids,
             req_pool_indices=rows,
             seq_lens=pos + 1,
             seq_lens_cpu=seq_lens_cpu,

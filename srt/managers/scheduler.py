@@ -154,16 +154,25 @@ class Scheduler:
         return finished
 
     def abort_all(self) -> list[Req]:
-        """Drop every waiting and running request, freeing their KV memory (after an error)."""
+        """Drop every waiting and running request, freeing their KV memory (after an error).
+
+        Every request is freed even if freeing one of them fails; the first such error is
+        raised afterwards (the pools then hold nothing of the dropped requests but that one).
+        """
         dropped = list(self.waiting) + self.running + self.finished_early
         self.finished_early = []
-        for req in self.running:
-            self.batch.free_req(req)
-            req.finished_reason = {"type": "abort"}
-        for req in self.waiting:
-            req.finished_reason = {"type": "abort"}
         self.waiting.clear()
         self.running = []
+        error: BaseException | None = None
+        for req in dropped:
+            if not req.finished:
+                req.finished_reason = {"type": "abort"}
+            try:
+                self.batch.free_req(req)  # a no-op for requests that hold nothing
+            except BaseException as e:  # noqa: BLE001 - free the rest, then re-raise
+                error = error or e
+        if error is not None:
+            raise error
         return dropped
 
     def abort(self, rid: int | str) -> Req | None:

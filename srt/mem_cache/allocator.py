@@ -5,10 +5,14 @@ never touch K/V memory unless given a pool and `scrub_on_alloc=True`, in which c
 handed-out page is zeroed first (so no request can ever see what a previous one left behind).
 
 Slot s lives in page s // page_size. Page 0 (slots 0 .. page_size - 1) is the padding page of
-`MHATokenToKVPool`: it is never handed out and freeing it is a no-op.
+`MHATokenToKVPool`: it is never handed out, and freeing it is an error like freeing any other
+slot that is not allocated.
 
-The free list is a 1-D int64 tensor of page ids on `device`; allocation takes its head, freeing
-appends. All bookkeeping is vectorised torch, so it runs (and is tested) on CPU.
+All bookkeeping lives on the host: a stack of free page ids and a bitmap of live pages (CPU
+tensors), so every check is exact and costs O(indices passed) with no device synchronisation.
+Slots are returned as host (CPU) int64 tensors; the scheduler keeps them there and copies each
+batch's slots to the device once. Index arguments given on a device are copied to the host
+(a synchronisation: pass host tensors on the hot path).
 """
 
 from __future__ import annotations
@@ -17,21 +21,29 @@ from typing import Protocol
 
 import torch
 
+_HOST = torch.device("cpu")
+
 
 class _Scrubbable(Protocol):
     def zero_slots(self, indices: torch.Tensor) -> None: ...
 
 
-def _index_tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
+def _host_index(name: str, t: object) -> torch.Tensor:
+    """int64 [batch] host copy of a 1-D int32/int64 tensor (TypeError/ValueError otherwise)."""
     if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must be an int32/int64 tensor, got {getattr(t, 'dtype', type(t))}")
     if t.ndim != 1:
         raise ValueError(f"{name} must be 1-D [batch], got shape {tuple(t.shape)}")
-    return t.to(device=device, dtype=torch.int64)
+    return t.to(device=_HOST, dtype=torch.int64)
 
 
 class PagedTokenToKVPoolAllocator:
     """Allocates whole pages of `page_size` slots; a request's last page may be partly filled.
+
+    Every call checks its indices against what was handed out: a double free, a free of a slot
+    never handed out (page 0 included) or out of range, and a `last_loc` that is not an
+    allocated slot at the right offset raise ValueError naming the slot, and leave the
+    allocator unchanged.
 
     Parameters
     ----------
@@ -39,12 +51,11 @@ class PagedTokenToKVPoolAllocator:
         Usable slots (a multiple of page_size); pages 1 .. size // page_size are handed out.
     page_size : int
     device : str or torch.device
+        Device of the KV cache (SGLang's signature); slots themselves are returned on the host.
     kvcache : pool with `zero_slots(indices)`, optional
         Needed only for `scrub_on_alloc`.
     scrub_on_alloc : bool
         Zero every newly allocated page in `kvcache` before handing it out.
-    debug_mode : bool
-        Check frees for out-of-range pages and double frees (reads the indices: syncs the device).
     """
 
     def __init__(
@@ -55,7 +66,6 @@ class PagedTokenToKVPoolAllocator:
         *,
         kvcache: _Scrubbable | None = None,
         scrub_on_alloc: bool = False,
-        debug_mode: bool = False,
     ) -> None:
         for name, x in (("size", size), ("page_size", page_size)):
             if not isinstance(x, int) or isinstance(x, bool) or x <= 0:
@@ -70,77 +80,150 @@ class PagedTokenToKVPoolAllocator:
         self.device = torch.device(device)
         self._kvcache = kvcache
         self.scrub_on_alloc = scrub_on_alloc
-        self.debug_mode = debug_mode
         self.clear()
 
     # ------------------------------------------------------------------ basics
     def clear(self) -> None:
         """Every page 1 .. num_pages free again (page 0 is padding)."""
-        self.free_pages = torch.arange(
-            1, self.num_pages + 1, dtype=torch.int64, device=self.device
-        )  # [num_pages]
+        # Free pages are _stack[:_num_free]; allocation pops from the top, so the lowest ids
+        # come first on a fresh allocator.
+        self._stack = torch.arange(self.num_pages, 0, -1, dtype=torch.int64)  # [num_pages]
+        self._num_free = self.num_pages
+        # Live pages; entry num_pages + 1 stays False, so clamped out-of-range pages read False.
+        self._live = torch.zeros(self.num_pages + 2, dtype=torch.bool)  # [num_pages + 2]
+        # Scratch for finding repeated indices in O(n) (no sort): see _first_occurrence.
+        self._slot_mark = torch.zeros((self.num_pages + 1) * self.page_size, dtype=torch.int64)
+        self._page_mark = (
+            self._slot_mark
+            if self.page_size == 1
+            else torch.zeros(self.num_pages + 1, dtype=torch.int64)
+        )
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """int64 [free pages] host copy of the free page ids, in the order they are handed out."""
+        return self._stack[: self._num_free].flip(0)
 
     def available_size(self) -> int:
         """Free slots (whole free pages times page_size)."""
-        return len(self.free_pages) * self.page_size
+        return self._num_free * self.page_size
 
     def get_kvcache(self) -> _Scrubbable | None:
         return self._kvcache
 
-    def backup_state(self) -> torch.Tensor:
-        return self.free_pages.clone()
-
-    def restore_state(self, state: torch.Tensor) -> None:
-        self.free_pages = state.clone()
-
-    def _take_pages(self, n: int) -> torch.Tensor | None:
-        if n > len(self.free_pages):
+    def _peek_pages(self, n: int) -> torch.Tensor | None:
+        """int64 [n] the next n free pages (not yet taken), or None if fewer are free."""
+        if n > self._num_free:
             return None
-        pages, self.free_pages = self.free_pages[:n], self.free_pages[n:]  # [n], [rest]
+        return self._stack[self._num_free - n : self._num_free].flip(0)
+
+    def _take(self, pages: torch.Tensor) -> None:
+        """Hand out the pages `_peek_pages` returned (scrubbed first if asked)."""
+        n = len(pages)
         if self.scrub_on_alloc and n:
             assert self._kvcache is not None
             self._kvcache.zero_slots(self._page_slots(pages))
-        return pages
+        self._live[pages] = True
+        self._num_free -= n
 
     def _page_slots(self, pages: torch.Tensor) -> torch.Tensor:
-        offs = torch.arange(self.page_size, dtype=torch.int64, device=pages.device)
+        offs = torch.arange(self.page_size, dtype=torch.int64)
         return (pages[:, None] * self.page_size + offs).reshape(-1)  # [n * page_size]
 
+    @staticmethod
+    def _first_occurrence(mark: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """bool [n]: True at one occurrence of each distinct value of idx (values index mark)."""
+        order = torch.arange(len(idx), dtype=torch.int64)  # [n]
+        mark[idx] = order  # of repeated values, one write wins ...
+        return mark[idx] == order  # ... and only that occurrence reads its own position back
+
+    def _check_owned(self, name: str, slots: torch.Tensor, first_entry: int = 0) -> None:
+        """ValueError naming the first slot that is out of range or not in a live page."""
+        ps = self.page_size
+        pages = slots // ps
+        in_range = (pages >= 1) & (pages <= self.num_pages)
+        bad = ~in_range
+        if not bool(bad.any()):
+            bad = ~self._live[pages]
+            what = "is not allocated (double free, or never handed out)"
+        else:
+            what = f"is outside the allocatable slots [{ps}, {(self.num_pages + 1) * ps})"
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{name}: slot {int(slots[i])} (entry {first_entry + i}) {what}")
+
+    # ------------------------------------------------------------------ token allocation
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        """`need_size` slots (a multiple of page_size) in whole pages, int64; None if full."""
-        if not isinstance(need_size, int) or need_size < 0 or need_size % self.page_size:
+        """`need_size` slots (a multiple of page_size) in whole pages, host int64; None if full."""
+        if (
+            not isinstance(need_size, int)
+            or isinstance(need_size, bool)
+            or need_size < 0
+            or need_size % self.page_size
+        ):
             raise ValueError(
                 f"need_size must be a non-negative multiple of page_size {self.page_size},"
                 f" got {need_size!r}"
             )
-        pages = self._take_pages(need_size // self.page_size)
-        return None if pages is None else self._page_slots(pages)
+        pages = self._peek_pages(need_size // self.page_size)
+        if pages is None:
+            return None
+        self._take(pages)
+        return self._page_slots(pages)
 
     def free(self, free_index: torch.Tensor) -> None:
         """Free the pages holding the given slots (call with all of a request's slots at its end).
 
-        Slots of page 0 (padding) are ignored.
+        Parameters
+        ----------
+        free_index : int32/int64 [n]
+            Slots; any slot of a page frees the whole page. Host tensors cost no synchronisation.
+
+        Raises
+        ------
+        ValueError
+            A slot listed twice, out of range, in page 0, or in a page that is not allocated;
+            nothing is freed then.
         """
         if not isinstance(free_index, torch.Tensor) or free_index.dtype not in (
             torch.int32,
             torch.int64,
         ):
             raise TypeError("free_index must be an int32/int64 tensor")
-        if free_index.numel() == 0:
+        slots = free_index.to(_HOST, torch.int64).reshape(-1)  # [n]
+        if slots.numel() == 0:
             return
-        pages = torch.unique(free_index.to(self.device, torch.int64).reshape(-1) // self.page_size)
-        pages = pages[pages != 0]
-        if self.debug_mode:
-            self._check_free(pages)
-        self.free_pages = torch.cat((self.free_pages, pages))
-
-    def _check_free(self, pages: torch.Tensor) -> None:
-        if pages.numel() and (int(pages.min()) < 1 or int(pages.max()) > self.num_pages):
-            raise ValueError(f"freeing pages outside [1, {self.num_pages}]: {pages.tolist()}")
-        if torch.isin(pages, self.free_pages).any():
-            raise ValueError("double free: some of these pages are already free")
+        self._check_owned("free_index", slots)
+        first = self._first_occurrence(self._slot_mark, slots)  # [n]
+        if not bool(first.all()):
+            dup = int(slots[~first][0])
+            raise ValueError(f"free_index: slot {dup} listed twice (double free)")
+        pages = slots // self.page_size  # [n]
+        if self.page_size > 1:
+            pages = pages[self._first_occurrence(self._page_mark, pages)]  # [p] distinct
+        self._live[pages] = False
+        self._stack[self._num_free : self._num_free + len(pages)] = pages
+        self._num_free += len(pages)
 
     # ------------------------------------------------------------------ paged allocation
+    def _check_last_loc(self, name: str, last: torch.Tensor, prev_pos: torch.Tensor) -> None:
+        """Requests with a previous token (prev_pos >= 0) must name an allocated slot of it."""
+        ps, n = self.page_size, self.num_pages
+        ok = self._live[(last // ps).clamp(0, n + 1)]  # [B] in range and live (page 0 is not)
+        if ps > 1:
+            ok &= (last - prev_pos) % ps == 0  # at the previous token's offset within its page
+        ok |= prev_pos < 0  # no previous token: last_loc is ignored
+        if bool(ok.all()):  # the hot path: a handful of vectorised host ops
+            return
+        bad = ~ok
+        i = int(bad.nonzero()[0, 0])
+        self._check_owned(name, last[i : i + 1], first_entry=i)
+        raise ValueError(
+            f"{name}[{i}] = {int(last[i])} is at page offset {int(last[i]) % ps},"
+            f" but token {int(prev_pos[i])} of the request sits at offset"
+            f" {int(prev_pos[i]) % ps} (page_size {ps})"
+        )
+
     def alloc_extend(
         self,
         prefix_lens: torch.Tensor,
@@ -152,21 +235,22 @@ class PagedTokenToKVPoolAllocator:
 
         Parameters
         ----------
-        prefix_lens, seq_lens : int [B]
+        prefix_lens, seq_lens : int32/int64 [B] (host, or copied there)
             Tokens already cached, and the length after this extend (seq >= prefix >= 0).
-        last_loc : int [B]
-            Slot of token prefix_lens[i] - 1 (any value, e.g. -1, when prefix_lens[i] == 0). The
-            free rest of its page is filled first.
+        last_loc : int32/int64 [B]
+            Slot of token prefix_lens[i] - 1, which must be allocated (any value, e.g. -1, when
+            prefix_lens[i] == 0). The free rest of its page is filled first.
         extend_num_tokens : int
             sum(seq_lens - prefix_lens), known on the host.
 
         Returns
         -------
-        int64 [extend_num_tokens] slots in request order, or None if not enough pages are free.
+        host int64 [extend_num_tokens] slots in request order, or None if not enough pages are
+        free (nothing changes then).
         """
-        prefix = _index_tensor("prefix_lens", prefix_lens, self.device)
-        seq = _index_tensor("seq_lens", seq_lens, self.device)
-        last = _index_tensor("last_loc", last_loc, self.device)
+        prefix = _host_index("prefix_lens", prefix_lens)
+        seq = _host_index("seq_lens", seq_lens)
+        last = _host_index("last_loc", last_loc)
         if not prefix.shape == seq.shape == last.shape:
             raise ValueError(
                 f"prefix_lens {tuple(prefix.shape)}, seq_lens {tuple(seq.shape)} and last_loc"
@@ -180,20 +264,22 @@ class PagedTokenToKVPoolAllocator:
                 f"extend_num_tokens {extend_num_tokens} != sum(seq_lens - prefix_lens)"
                 f" = {int(ext.sum())}"
             )
+        self._check_last_loc("last_loc", last, prefix - 1)
         ps = self.page_size
         prefix_pages_end = (prefix + ps - 1) // ps * ps  # [B] first slot offset past prefix pages
         new_pages = (seq + ps - 1) // ps - prefix_pages_end // ps  # [B]
-        pages = self._take_pages(int(new_pages.sum()))
+        pages = self._peek_pages(int(new_pages.sum()))
         if pages is None:
             return None
+        self._take(pages)
         if extend_num_tokens == 0:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
+            return torch.empty(0, dtype=torch.int64)
         # token t belongs to request req[t] and sits at position pos[t] of it
         req = torch.repeat_interleave(
-            torch.arange(len(ext), device=self.device), ext, output_size=extend_num_tokens
+            torch.arange(len(ext)), ext, output_size=extend_num_tokens
         )  # [T]
         tok_start = torch.cumsum(ext, 0) - ext  # [B] exclusive cumsum
-        pos = prefix[req] + torch.arange(extend_num_tokens, device=self.device) - tok_start[req]
+        pos = prefix[req] + torch.arange(extend_num_tokens) - tok_start[req]  # [T]
         page_start = torch.cumsum(new_pages, 0) - new_pages  # [B] first new page of each request
         in_old_page = pos < prefix_pages_end[req]  # [T] fills the partly filled last page
         k = ((pos - prefix_pages_end[req]) // ps).clamp(min=0)  # [T] new-page ordinal
@@ -207,32 +293,38 @@ class PagedTokenToKVPoolAllocator:
 
         Parameters
         ----------
-        seq_lens : int [B]
+        seq_lens : int32/int64 [B] (host, or copied there)
             Lengths including the new token (>= 1).
-        last_loc : int [B]
-            Slot of token seq_lens[i] - 2 (ignored when the new token starts a page).
+        last_loc : int32/int64 [B]
+            Slot of token seq_lens[i] - 2, which must be allocated (any value when
+            seq_lens[i] == 1).
 
         Returns
         -------
-        int64 [B] slots, or None if not enough pages are free.
+        host int64 [B] slots, or None if not enough pages are free (nothing changes then).
         """
-        seq = _index_tensor("seq_lens", seq_lens, self.device)
-        last = _index_tensor("last_loc", last_loc, self.device)
+        seq = _host_index("seq_lens", seq_lens)
+        last = _host_index("last_loc", last_loc)
         if seq.shape != last.shape:
             raise ValueError(
                 f"seq_lens {tuple(seq.shape)} and last_loc {tuple(last.shape)} must match"
             )
         if bool((seq < 1).any()):
             raise ValueError("alloc_decode needs seq_lens >= 1 (they include the new token)")
+        self._check_last_loc("last_loc", last, seq - 2)
+        if self.page_size == 1:  # every token starts a page
+            pages = self._peek_pages(len(seq))
+            if pages is not None:
+                self._take(pages)
+            return pages
         starts_page = (seq - 1) % self.page_size == 0  # [B]
-        n = int(starts_page.sum())
-        pages = self._take_pages(n)
+        pages = self._peek_pages(int(starts_page.sum()))
         if pages is None:
             return None
-        page_of = torch.cumsum(starts_page.to(torch.int64), 0) - 1  # [B] index into pages
-        padded = torch.cat((pages, pages.new_zeros(1)))  # [n + 1]: safe to index when n == 0
-        new_slot = padded[page_of.clamp(min=0)] * self.page_size
-        return torch.where(starts_page, new_slot, last + 1)
+        self._take(pages)
+        out = last + 1  # [B] the next slot of the same page ...
+        out[starts_page] = pages * self.page_size  # ... or the first slot of a new one, in order
+        return out
 
 
 class TokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
@@ -245,8 +337,5 @@ class TokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         *,
         kvcache: _Scrubbable | None = None,
         scrub_on_alloc: bool = False,
-        debug_mode: bool = False,
     ) -> None:
-        super().__init__(
-            size, 1, device, kvcache=kvcache, scrub_on_alloc=scrub_on_alloc, debug_mode=debug_mode
-        )
+        super().__init__(size, 1, device, kvcache=kvcache, scrub_on_alloc=scrub_on_alloc)

@@ -98,6 +98,8 @@ class ModelRunner:
         elif model_config is None:
             raise ValueError("passing model needs its model_config too")
         self.model = model.requires_grad_(False).eval()
+        self.context_len = self._context_len()
+        self._fit_rope_tables()
         self._init_memory_pool()
         self.attn_backend = self._init_attention_backend()
         self.cuda_graph_runner: CudaGraphRunner | None = None
@@ -134,6 +136,26 @@ class ModelRunner:
 
         return kv_cache_shape(self.model_config, self.tp_size)
 
+    def _context_len(self) -> int:
+        """Longest sequence served: context_length, else the model config's context."""
+        return self.server_args.context_length or int(
+            getattr(self.model_config, "context_len", None)
+            or self.model_config.max_position_embeddings
+        )
+
+    def _fit_rope_tables(self) -> None:
+        """Every rope table covers positions 0 .. context_len - 1, or construction fails.
+
+        A shorter table is grown with the same formula (computed once here, before any graph
+        capture); a variant that cannot grow raises ValueError naming both numbers. Positions
+        are never clamped silently.
+        """
+        from srt.layers.rotary_embedding import RotaryEmbedding
+
+        for module in self.model.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.ensure_cos_sin_cache_length(self.context_len)
+
     def _profile_max_num_token(self, cell_size: int) -> int:
         """Tokens that fit in mem_fraction_static of the GPU after the weights are loaded."""
         free, total = torch.cuda.mem_get_info(self.device)
@@ -159,10 +181,6 @@ class ModelRunner:
             tokens = self._profile_max_num_token(cell_size)
         else:
             tokens = args.cpu_max_total_tokens
-        self.context_len = args.context_length or int(
-            getattr(self.model_config, "context_len", None)
-            or self.model_config.max_position_embeddings
-        )
         rows = args.max_running_requests or 256
         if args.max_total_tokens is None:
             # More than every request row at full context can never be used.

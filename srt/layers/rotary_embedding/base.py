@@ -42,7 +42,7 @@ class RotaryEmbedding(nn.Module):
         Leading dims of each head that are rotated (even, <= head_size); the rest pass through
         (partial rotary).
     max_position_embeddings : int
-        Positions covered by the cache.
+        Positions covered by the cache (`ensure_cos_sin_cache_length` can extend it).
     base : float
         RoPE theta.
     is_neox_style : bool
@@ -71,33 +71,78 @@ class RotaryEmbedding(nn.Module):
         self.is_neox_style = bool(is_neox_style)
         self.dtype = dtype
         self._device_caches: dict[torch.device, torch.Tensor] = {}
+        self._retired_caches: list[torch.Tensor] = []
+        self.num_positions = self._default_num_positions()  # rows of the table
         self.register_buffer("cos_sin_cache", self._build_cache(), persistent=False)
 
     # ------------------------------------------------------------------ cache
+    def _default_num_positions(self) -> int:
+        """Rows of the table as built: max_position_embeddings (scaled variants: more)."""
+        return self.max_position_embeddings
+
+    def _can_grow(self) -> bool:
+        """Whether row t of the table depends on t alone (so more rows can be appended)."""
+        return True
+
+    def ensure_cos_sin_cache_length(self, num_positions: int) -> None:
+        """Make the table cover positions 0 .. num_positions - 1 (grow it, never shrink it).
+
+        The new table is computed by the same formula, so the existing rows keep their values
+        (what a layer built with a larger max_position would hold). Call it at construction,
+        before any CUDA graph captures the table.
+
+        Parameters
+        ----------
+        num_positions : int
+            Positions that must be served (the context length).
+
+        Raises
+        ------
+        ValueError
+            If the table is shorter and this variant cannot grow it (several linear factors,
+            whose rows are laid out by offset); the message names both numbers.
+        """
+        if not isinstance(num_positions, int) or isinstance(num_positions, bool):
+            raise TypeError(f"num_positions must be an int, got {num_positions!r}")
+        rows = self.cos_sin_cache.shape[0]
+        if num_positions <= rows:
+            return
+        if not self._can_grow():
+            raise ValueError(
+                f"context length {num_positions} exceeds the {rows}-row rope table of"
+                f" {type(self).__name__}, which cannot grow; lower context_length to {rows}"
+            )
+        self.num_positions = num_positions
+        # get_rope shares instances between models: keep the old tables alive, since a CUDA
+        # graph of another model may have captured their addresses.
+        self._retired_caches += [self.cos_sin_cache, *self._device_caches.values()]
+        self.cos_sin_cache = self._build_cache(self.cos_sin_cache.device)
+        self._device_caches.clear()
+
     def _compute_inv_freq(self, base: float) -> torch.Tensor:
         """float64 [rotary_dim / 2] inverse frequencies base^(-2i / rotary_dim)."""
         exps = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64) / self.rotary_dim
         return 1.0 / (base**exps)
 
     def _compute_cos_sin_cache(self) -> torch.Tensor:
-        """float64 [max_position_embeddings, rotary_dim]: cos | sin of position * inv_freq."""
+        """float64 [num_positions, rotary_dim]: cos | sin of position * inv_freq."""
         inv_freq = self._compute_inv_freq(self.base)  # [rot/2]
-        t = torch.arange(self.max_position_embeddings, dtype=torch.float64)  # [max_pos]
-        freqs = torch.outer(t, inv_freq)  # [max_pos, rot/2]
+        t = torch.arange(self.num_positions, dtype=torch.float64)  # [num_positions]
+        freqs = torch.outer(t, inv_freq)  # [num_positions, rot/2]
         return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
-    def _build_cache(self) -> torch.Tensor:
-        # Computed in float64 on the CPU, stored as float32 on the default device.
+    def _build_cache(self, device: torch.device | None = None) -> torch.Tensor:
+        # Computed in float64 on the CPU, stored as float32 on `device` (default: the default).
         with torch.device("cpu"):
             cache = self._compute_cos_sin_cache()
-        return cache.to(torch.float32).to(torch.get_default_device()).contiguous()
+        target = torch.get_default_device() if device is None else device
+        return cache.to(torch.float32).to(target).contiguous()
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         """Keep the cache float32 when the module is cast (model.to(torch.bfloat16))."""
         super()._apply(fn, recurse)
         if self.cos_sin_cache.dtype != torch.float32:
-            device = self.cos_sin_cache.device
-            self.cos_sin_cache = self._build_cache().to(device)
+            self.cos_sin_cache = self._build_cache(self.cos_sin_cache.device)
         self._device_caches.clear()
         return self
 

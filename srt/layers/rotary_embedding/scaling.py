@@ -41,11 +41,19 @@ class LinearScalingRotaryEmbedding(RotaryEmbedding):
         self.scaling_factor_to_offset: dict[float, int] = {}
         super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype)
 
+    def _default_num_positions(self) -> int:
+        return sum(int(self.max_position_embeddings * f) for f in self.scaling_factors)
+
+    def _can_grow(self) -> bool:
+        return len(self.scaling_factors) == 1  # several factors: rows are laid out by offset
+
     def _compute_cos_sin_cache(self) -> torch.Tensor:
         inv_freq = self._compute_inv_freq(self.base)  # [rot/2]
         caches, offset = [], 0
         for f in self.scaling_factors:
             n = int(self.max_position_embeddings * f)
+            if len(self.scaling_factors) == 1:
+                n = self.num_positions
             t = torch.arange(n, dtype=torch.float64) / f  # [n]
             freqs = torch.outer(t, inv_freq)  # [n, rot/2]
             caches.append(torch.cat((freqs.cos(), freqs.sin()), dim=-1))
@@ -72,16 +80,18 @@ class DynamicNTKScalingRotaryEmbedding(RotaryEmbedding):
         self.scaling_factor = float(scaling_factor)
         super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype)
 
+    def _default_num_positions(self) -> int:
+        return int(self.max_position_embeddings * self.scaling_factor)
+
     def _compute_cos_sin_cache(self) -> torch.Tensor:
         f, rot = self.scaling_factor, self.rotary_dim
-        max_len = int(self.max_position_embeddings * f)
+        max_len = int(self.max_position_embeddings * f)  # fixes the base, not the rows
         base = self.base * ((f * max_len / self.max_position_embeddings) - (f - 1)) ** (
             rot / (rot - 2)
         )
         inv_freq = self._compute_inv_freq(base)  # [rot/2]
-        freqs = torch.outer(
-            torch.arange(max_len, dtype=torch.float64), inv_freq
-        )  # [max_len, rot/2]
+        t = torch.arange(self.num_positions, dtype=torch.float64)  # [num_positions]
+        freqs = torch.outer(t, inv_freq)  # [num_positions, rot/2]
         return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
 
@@ -166,10 +176,13 @@ class YaRNScalingRotaryEmbedding(RotaryEmbedding):
         extra_mask = (1 - yarn_linear_ramp_mask(low, high, rot // 2)) * self.extrapolation_factor
         return interpolation * (1 - extra_mask) + extrapolation * extra_mask
 
+    def _default_num_positions(self) -> int:
+        return int(self.max_position_embeddings * self.scaling_factor)
+
     def _compute_cos_sin_cache(self) -> torch.Tensor:
         inv_freq = self._yarn_inv_freq()  # [rot/2]
-        n = int(self.max_position_embeddings * self.scaling_factor)
-        freqs = torch.outer(torch.arange(n, dtype=torch.float64), inv_freq)  # [n, rot/2]
+        t = torch.arange(self.num_positions, dtype=torch.float64)  # [num_positions]
+        freqs = torch.outer(t, inv_freq)  # [num_positions, rot/2]
         return torch.cat((freqs.cos(), freqs.sin()), dim=-1) * self.mscale
 
 

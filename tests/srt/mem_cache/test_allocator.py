@@ -1,4 +1,5 @@
-"""Token and paged KV-slot allocators: property tests of random request lifecycles + edge cases."""
+"""Token and paged KV-slot allocators: property tests of random request lifecycles with bad
+operations mixed in (double frees, stray frees, wrong last_loc), issue-21 regressions, edges."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _t(xs: list[int]) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.int64)
+
+
+def _state(a: PagedTokenToKVPoolAllocator) -> tuple[list[int], list[bool], int]:
+    return a.free_pages.tolist(), a._live.tolist(), a.available_size()
 
 
 class Sim:
@@ -22,14 +33,13 @@ class Sim:
         prefix = [len(self.reqs.get(r, [])) for r in rids]
         seq = [p + n for p, n in zip(prefix, new_lens, strict=True)]
         last = [self.reqs[r][-1] if self.reqs.get(r) else -1 for r in rids]
-        state = self.a.backup_state()
-        out = self.a.alloc_extend(
-            torch.tensor(prefix), torch.tensor(seq), torch.tensor(last), sum(new_lens)
-        )
+        before = _state(self.a)
+        out = self.a.alloc_extend(_t(prefix), _t(seq), _t(last), sum(new_lens))
         if out is None:
-            assert torch.equal(self.a.free_pages, state)  # a failed alloc changes nothing
+            assert _state(self.a) == before  # a failed alloc changes nothing
             return False
         assert out.dtype == torch.int64 and out.shape == (sum(new_lens),)
+        assert out.device.type == "cpu"  # host bookkeeping: no device read to record slots
         out = out.tolist()
         for r, n in zip(rids, new_lens, strict=True):
             self.reqs.setdefault(r, []).extend(out[:n])
@@ -39,17 +49,27 @@ class Sim:
     def decode(self, rids: list[int]) -> bool:
         seq = [len(self.reqs[r]) + 1 for r in rids]
         last = [self.reqs[r][-1] if self.reqs[r] else -1 for r in rids]
-        state = self.a.backup_state()
-        out = self.a.alloc_decode(torch.tensor(seq), torch.tensor(last))
+        before = _state(self.a)
+        out = self.a.alloc_decode(_t(seq), _t(last))
         if out is None:
-            assert torch.equal(self.a.free_pages, state)
+            assert _state(self.a) == before
             return False
         for r, s in zip(rids, out.tolist(), strict=True):
             self.reqs[r].append(s)
         return True
 
     def finish(self, rid: int) -> None:
-        self.a.free(torch.tensor(self.reqs.pop(rid), dtype=torch.int64))
+        self.a.free(_t(self.reqs.pop(rid)))
+
+    def held_pages(self) -> set[int]:
+        return {s // self.a.page_size for slots in self.reqs.values() for s in slots}
+
+    def rejected(self, call, match: str) -> None:
+        """The call raises ValueError and leaves the allocator exactly as it was."""
+        before = _state(self.a)
+        with pytest.raises(ValueError, match=match):
+            call()
+        assert _state(self.a) == before
 
     def check(self) -> None:
         ps, a = self.a.page_size, self.a
@@ -73,21 +93,52 @@ class Sim:
         assert not set(free) & held_pages, "a held page is also free"
         assert len(free) + len(held_pages) == a.num_pages, "leaked pages"
         assert a.available_size() == len(free) * ps
+        live = {p for p, x in enumerate(a._live.tolist()) if x}
+        assert live == held_pages, "the live bitmap disagrees with what requests hold"
+
+
+def _bad_op(sim: Sim, kind: int, data: st.DataObject) -> None:
+    """One operation the allocator must reject without changing its state."""
+    a, ps = sim.a, sim.a.page_size
+    end = (a.num_pages + 1) * ps  # first slot past the pool
+    free_pages = sorted(set(range(1, a.num_pages + 1)) - sim.held_pages())
+    live = sorted(r for r in sim.reqs if sim.reqs[r])
+    if kind == 0:  # out of range, or the padding page
+        slot = data.draw(st.sampled_from([-1, -ps - 3, 0, ps - 1, end, end + 5]))
+        sim.rejected(lambda: a.free(_t([slot])), f"slot {slot} ")
+    elif kind == 1 and free_pages:  # double free / never handed out: a slot of a free page
+        page = data.draw(st.sampled_from(free_pages))
+        slot = page * ps + data.draw(st.integers(0, ps - 1))
+        others = [s for r in live for s in sim.reqs[r]][:3]  # valid slots in the same call
+        sim.rejected(lambda: a.free(_t([*others, slot])), f"slot {slot} .*not allocated")
+    elif kind == 2 and live:  # the same slot twice in one call
+        slots = sim.reqs[data.draw(st.sampled_from(live))]
+        s = data.draw(st.sampled_from(slots))
+        sim.rejected(lambda: a.free(_t([*slots, s])), f"slot {s} listed twice")
+    elif kind in (3, 4) and live:  # wrong last_loc for a request that has tokens
+        r = data.draw(st.sampled_from(live))
+        n = len(sim.reqs[r])
+        good = sim.reqs[r][-1]
+        bad = [-1, 0, good + 1 if (good + 1) % ps else good - 1 if ps > 1 else -1]
+        bad += [p * ps + (n - 1) % ps for p in free_pages[:1]]  # right offset, page not held
+        b = data.draw(st.sampled_from(bad))
+        if kind == 3:
+            sim.rejected(lambda: a.alloc_extend(_t([n]), _t([n + 2]), _t([b]), 2), "last_loc")
+        else:
+            sim.rejected(lambda: a.alloc_decode(_t([n + 1]), _t([b])), "last_loc")
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["new", "extend", "decode", "finish"]), st.integers(0, 2**16)),
+    st.tuples(st.sampled_from(["new", "extend", "decode", "finish", "bad"]), st.integers(0, 2**16)),
     min_size=1,
     max_size=40,
 )
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    page_size=st.sampled_from([1, 2, 4, 7]), num_pages=st.integers(1, 9), ops=ops, data=st.data()
-)
-def test_random_request_lifecycles_never_leak_or_share(page_size, num_pages, ops, data):
-    sim = Sim(PagedTokenToKVPoolAllocator(page_size * num_pages, page_size, "cpu", debug_mode=True))
+@settings(max_examples=80, deadline=None)
+@given(page_size=st.sampled_from([1, 2, 16]), num_pages=st.integers(1, 9), ops=ops, data=st.data())
+def test_random_lifecycles_never_leak_share_or_accept_bad_calls(page_size, num_pages, ops, data):
+    sim = Sim(PagedTokenToKVPoolAllocator(page_size * num_pages, page_size, "cpu"))
     for op, seed in ops:
         live = sorted(sim.reqs)
         if op == "new" or not live:
@@ -104,8 +155,10 @@ def test_random_request_lifecycles_never_leak_or_share(page_size, num_pages, ops
             sim.extend(rids, lens)
         elif op == "decode":
             sim.decode(live[: 1 + seed % len(live)])
-        else:
+        elif op == "finish":
             sim.finish(live[seed % len(live)])
+        else:
+            _bad_op(sim, seed % 5, data)
         sim.check()
     for r in list(sim.reqs):
         sim.finish(r)
@@ -113,6 +166,45 @@ def test_random_request_lifecycles_never_leak_or_share(page_size, num_pages, ops
     assert sim.a.available_size() == page_size * num_pages
 
 
+# ----------------------------------------------------------------------------- issue 21
+def test_issue21_item4_double_and_stray_frees_raise():
+    a = TokenToKVPoolAllocator(8, "cpu")
+    x = a.alloc(2)
+    assert x is not None and x.tolist() == [1, 2]
+    a.free(x)
+    with pytest.raises(ValueError, match="slot 1 .*not allocated"):
+        a.free(x)
+    assert a.available_size() == 8
+    with pytest.raises(ValueError, match="slot -1 .*outside"):
+        a.free(torch.tensor([-1]))
+    with pytest.raises(ValueError, match="slot 100 .*outside"):
+        a.free(torch.tensor([100]))
+    assert a.available_size() == 8
+    got = a.alloc(8)
+    assert got is not None and sorted(got.tolist()) == list(range(1, 9))  # each slot once
+    assert a.alloc(1) is None
+
+
+def test_issue21_item5_last_loc_is_checked():
+    a = PagedTokenToKVPoolAllocator(64, 16, "cpu")
+    with pytest.raises(ValueError, match="last_loc: slot -1"):
+        a.alloc_extend(_t([5]), _t([8]), _t([-1]), 3)
+    with pytest.raises(ValueError, match="last_loc: slot -1"):
+        a.alloc_decode(_t([2]), _t([-1]))
+    with pytest.raises(ValueError, match="last_loc: slot 3 .*outside"):
+        a.alloc_decode(_t([4]), _t([3]))  # a padding-page slot
+    assert a.available_size() == 64
+    with pytest.raises(ValueError, match="last_loc: slot 20 .*not allocated"):
+        a.alloc_decode(_t([5]), _t([20]))  # right offset, page 1 never handed out
+    first = a.alloc_extend(_t([0]), _t([5]), _t([-1]), 5)
+    assert first is not None and first.tolist() == [16, 17, 18, 19, 20]
+    with pytest.raises(ValueError, match=r"last_loc\[0\] = 19 is at page offset 3"):
+        a.alloc_decode(_t([6]), _t([19]))  # allocated, but not the request's last token
+    assert a.alloc_decode(_t([6]), _t([20])).tolist() == [21]
+    assert a.available_size() == 48
+
+
+# ----------------------------------------------------------------------------- edges
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_extend_edge_cases_seq_len_zero_and_page_multiples(page_size):
     ps = page_size
@@ -134,60 +226,71 @@ def test_extend_edge_cases_seq_len_zero_and_page_multiples(page_size):
 
 def test_partial_last_page_is_filled_before_new_pages():
     a = PagedTokenToKVPoolAllocator(16, 4, "cpu")
-    first = a.alloc_extend(torch.tensor([0]), torch.tensor([3]), torch.tensor([-1]), 3)
+    first = a.alloc_extend(_t([0]), _t([3]), _t([-1]), 3)
     assert first is not None and first.tolist() == [4, 5, 6]
-    out = a.alloc_extend(torch.tensor([3]), torch.tensor([9]), torch.tensor([6]), 6)
+    out = a.alloc_extend(_t([3]), _t([9]), _t([6]), 6)
     assert out is not None and out.tolist() == [7, 8, 9, 10, 11, 12]
-    dec = a.alloc_decode(torch.tensor([10]), torch.tensor([12]))
+    dec = a.alloc_decode(_t([10]), _t([12]))
     assert dec is not None and dec.tolist() == [13]
     assert a.available_size() == 4
 
 
 def test_out_of_memory_returns_none_and_changes_nothing():
     a = PagedTokenToKVPoolAllocator(8, 4, "cpu")
-    assert a.alloc_extend(torch.tensor([0]), torch.tensor([9]), torch.tensor([-1]), 9) is None
+    assert a.alloc_extend(_t([0]), _t([9]), _t([-1]), 9) is None
     assert a.available_size() == 8
     assert a.alloc(12) is None and a.available_size() == 8
     got = a.alloc(8)
     assert got is not None and sorted(got.tolist()) == list(range(4, 12))
-    assert a.alloc_decode(torch.tensor([1]), torch.tensor([-1])) is None
+    assert a.alloc_decode(_t([1]), _t([-1])) is None
 
 
-def test_token_allocator_never_hands_out_slot_zero():
-    a = TokenToKVPoolAllocator(7, "cpu", debug_mode=True)
+def test_token_allocator_never_hands_out_or_takes_back_slot_zero():
+    a = TokenToKVPoolAllocator(7, "cpu")
     got = a.alloc(7)
     assert got is not None and sorted(got.tolist()) == list(range(1, 8))
     assert a.alloc(1) is None
     a.free(got[:3])
-    a.free(torch.tensor([0]))  # the padding slot is never returned to the free list
+    with pytest.raises(ValueError, match="slot 0 "):
+        a.free(torch.tensor([0]))  # the padding slot was never handed out
     assert a.available_size() == 3 and 0 not in a.free_pages.tolist()
+    a.free(got[3:].to(torch.int32))  # int32 indices too
+    assert a.available_size() == 7
+    assert sorted(a.alloc(7).tolist()) == list(range(1, 8))  # freed slots come back once each
     a.clear()
     assert a.available_size() == 7
 
 
-def test_bad_arguments_and_double_free():
+def test_paged_free_of_any_slot_frees_its_whole_page():
+    a = PagedTokenToKVPoolAllocator(12, 4, "cpu")
+    got = a.alloc(8)  # pages 1, 2
+    a.free(got[[1, 2, 5]])  # slots of page 1 (twice) and page 2: each page once
+    assert a.available_size() == 12
+    with pytest.raises(ValueError, match="slot 4 .*not allocated"):
+        a.free(got[:1])
+
+
+def test_bad_arguments():
     with pytest.raises(ValueError, match="multiple of page_size"):
         PagedTokenToKVPoolAllocator(10, 4, "cpu")
     with pytest.raises(ValueError, match="kvcache"):
         TokenToKVPoolAllocator(4, "cpu", scrub_on_alloc=True)
-    a = PagedTokenToKVPoolAllocator(8, 2, "cpu", debug_mode=True)
+    a = PagedTokenToKVPoolAllocator(8, 2, "cpu")
     with pytest.raises(ValueError, match="extend_num_tokens"):
-        a.alloc_extend(torch.tensor([0]), torch.tensor([3]), torch.tensor([-1]), 2)
+        a.alloc_extend(_t([0]), _t([3]), _t([-1]), 2)
     with pytest.raises(ValueError, match="seq_lens >= prefix_lens"):
-        a.alloc_extend(torch.tensor([3]), torch.tensor([1]), torch.tensor([5]), -2)
+        a.alloc_extend(_t([3]), _t([1]), _t([5]), -2)
     with pytest.raises(ValueError, match="same shape"):
-        a.alloc_extend(torch.tensor([0, 0]), torch.tensor([1]), torch.tensor([-1]), 1)
+        a.alloc_extend(_t([0, 0]), _t([1]), _t([-1]), 1)
     with pytest.raises(TypeError, match="seq_lens"):
-        a.alloc_decode(torch.tensor([1.0]), torch.tensor([-1]))
+        a.alloc_decode(torch.tensor([1.0]), _t([-1]))
+    with pytest.raises(TypeError, match="free_index"):
+        a.free([2, 3])
     with pytest.raises(ValueError, match="multiple of page_size"):
         a.alloc(3)
-    got = a.alloc(2)
-    assert got is not None
-    a.free(got)
-    with pytest.raises(ValueError, match="double free"):
-        a.free(got)
-    with pytest.raises(ValueError, match="outside"):
-        a.free(torch.tensor([99]))
+    with pytest.raises(ValueError, match="multiple of page_size"):
+        a.alloc(True)
+    assert a.available_size() == 8
 
 
 def test_scrub_on_alloc_zeroes_whole_new_pages():
@@ -200,24 +303,28 @@ def test_scrub_on_alloc_zeroes_whole_new_pages():
 
     pool = FakePool()
     a = PagedTokenToKVPoolAllocator(12, 3, "cpu", kvcache=pool, scrub_on_alloc=True)
-    out = a.alloc_extend(torch.tensor([0]), torch.tensor([4]), torch.tensor([-1]), 4)
+    out = a.alloc_extend(_t([0]), _t([4]), _t([-1]), 4)
     assert out is not None
     assert sorted(pool.zeroed) == [3, 4, 5, 6, 7, 8]  # both new pages, all slots
     pool.zeroed.clear()
-    a.alloc_decode(torch.tensor([5]), out[-1:])  # same page: nothing new to scrub
+    a.alloc_decode(_t([5]), out[-1:])  # same page: nothing new to scrub
     assert pool.zeroed == []
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_paged_allocator_on_cuda_matches_cpu():
+@needs_cuda
+def test_paged_allocator_for_cuda_takes_device_indices_and_matches_cpu():
+    """Device index tensors are accepted (copied to the host); results are host tensors."""
     cpu = PagedTokenToKVPoolAllocator(64, 4, "cpu")
     gpu = PagedTokenToKVPoolAllocator(64, 4, "cuda")
-    args = (torch.tensor([0, 3, 0]), torch.tensor([5, 9, 0]), torch.tensor([-1, 6, -1]), 11)
+    args = (_t([0, 3, 0]), _t([5, 9, 0]), _t([-1, -1, -1]), 11)
+    with pytest.raises(ValueError, match="last_loc"):  # request 1 has a prefix but no slot
+        gpu.alloc_extend(*(x.cuda() if isinstance(x, torch.Tensor) else x for x in args))
+    args = (_t([0, 0]), _t([5, 9]), _t([-1, -1]), 14)
     out_c = cpu.alloc_extend(*args)
-    out_g = gpu.alloc_extend(*(a.cuda() if isinstance(a, torch.Tensor) else a for a in args))
-    assert out_g is not None and out_g.is_cuda and torch.equal(out_g.cpu(), out_c)
-    dec = (torch.tensor([6, 10]), torch.tensor([8, 12]))
-    assert torch.equal(gpu.alloc_decode(*(d.cuda() for d in dec)).cpu(), cpu.alloc_decode(*dec))
-    gpu.free(out_g)
+    out_g = gpu.alloc_extend(*(x.cuda() if isinstance(x, torch.Tensor) else x for x in args))
+    assert out_g is not None and out_g.device.type == "cpu" and torch.equal(out_g, out_c)
+    dec = (_t([6, 10]), out_c[[4, 13]])
+    assert torch.equal(gpu.alloc_decode(*(d.cuda() for d in dec)), cpu.alloc_decode(*dec))
+    gpu.free(out_g.cuda())
     cpu.free(out_c)
-    assert gpu.available_size() == cpu.available_size()
+    assert gpu.available_size() == cpu.available_size() == 64

@@ -29,7 +29,7 @@ class Engine:
         self.ps = page_size
         self.kv = MHATokenToKVPool(size, page_size, torch.float32, H, D, 1, "cpu")
         self.alloc = PagedTokenToKVPoolAllocator(
-            size, page_size, "cpu", kvcache=self.kv, scrub_on_alloc=scrub, debug_mode=True
+            size, page_size, "cpu", kvcache=self.kv, scrub_on_alloc=scrub
         )
         self.req_to_token = ReqToTokenPool(8, 64, "cpu")
         self.lens: dict[int, int] = {}  # request slot -> seq_len
