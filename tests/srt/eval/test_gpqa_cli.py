@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_openai_server import CONTEXT_ERROR, MODEL, FakeOpenAIServer
-from gpqa_fakes import FakeEngine, oracle_policy, synthetic_rows, write_csv
 
 from srt.eval import gpqa
+from tests.srt.eval.fake_openai_server import CONTEXT_ERROR, MODEL, FakeOpenAIServer
+from tests.srt.eval.gpqa_fakes import FakeEngine, oracle_policy, synthetic_rows, write_csv
 
 ROOT = Path(__file__).resolve().parents[3]
 
