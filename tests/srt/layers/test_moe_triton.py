@@ -2,6 +2,8 @@
 reference and the torch layer, TP shards, argument checks; on CUDA: bigger shapes, every launch
 configuration and CUDA-graph replay with new routings."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,6 +15,8 @@ from srt.layers.moe.fused_moe_triton.moe_align_block_size import (
 )
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# The kernel tests run the compiled kernels on CUDA when present, else the interpreter on CPU.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 ALPHA, LIMIT = 1.5, 0.8  # small limit: the clamps are exercised
 
@@ -60,7 +64,13 @@ def _problem(T, E, H, inter, k, dtype=torch.float32, device="cpu", seed=0, bias=
 def test_align_groups_every_pair_once_by_expert(T, E, k, block_m):
     ids = torch.randint(0, E, (T, k), generator=torch.Generator().manual_seed(T))
     ids[0, :] = 1  # same expert twice for one token, and for several tokens
-    a = moe_align_block_size(ids, E, block_m)
+    a = moe_align_block_size(ids.to(DEV), E, block_m)
+    a = dataclasses.replace(
+        a,
+        sorted_token_ids=a.sorted_token_ids.cpu(),
+        expert_ids=a.expert_ids.cpu(),
+        num_tokens_post_padded=a.num_tokens_post_padded.cpu(),
+    )
     n = T * k
     assert a.max_blocks == max_num_blocks(n, E, block_m)
     sorted_ids = a.sorted_token_ids.view(-1, block_m)  # [blocks, block_m]
@@ -89,7 +99,7 @@ def test_align_groups_every_pair_once_by_expert(T, E, k, block_m):
     [(1, 5, 40, 24, 2), (7, 4, 33, 17, 3), (33, 9, 48, 16, 2)],  # bs 1, odd sizes, idle experts
 )
 def test_fused_experts_match_float64_reference_fp32(T, E, H, inter, k):
-    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, seed=T)
+    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, device=DEV, seed=T)
     out = fused_experts(x, w13, w2, wts, ids, b13, b2, swiglu_alpha=ALPHA, swiglu_limit=LIMIT)
     ref = _ref(x, w13, b13, w2, b2, wts, ids)
     assert out.dtype == torch.float32 and out.shape == (T, H)
@@ -99,7 +109,7 @@ def test_fused_experts_match_float64_reference_fp32(T, E, H, inter, k):
 def test_repeated_expert_per_token_silu_no_bias_int32_ids():
     """A token routed twice to one expert counts twice; silu, no biases, int32 ids."""
     ids = torch.tensor([[2, 2], [0, 2], [2, 0]], dtype=torch.int32)
-    x, w13, b13, w2, b2, wts, ids = _problem(3, 6, 24, 20, 2, bias=False, ids=ids)
+    x, w13, b13, w2, b2, wts, ids = _problem(3, 6, 24, 20, 2, device=DEV, bias=False, ids=ids)
     out = fused_experts(x, w13, w2, wts, ids, activation="silu")
     torch.testing.assert_close(
         out.double(), _ref(x, w13, None, w2, None, wts, ids, "silu"), atol=2e-5, rtol=1e-5
@@ -109,12 +119,13 @@ def test_repeated_expert_per_token_silu_no_bias_int32_ids():
 def test_bf16_matches_reference_and_torch_layer():
     T, E, H, inter, k = 9, 6, 64, 32, 2
     m = TopKExperts(E, H, inter, swiglu_alpha=ALPHA, swiglu_limit=LIMIT, tp_rank=0, tp_size=1)
-    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, dtype=torch.bfloat16, seed=3)
-    m.to(torch.bfloat16)
+    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, torch.bfloat16, DEV, seed=3)
+    m.to(device=DEV, dtype=torch.bfloat16)
     for p, v in zip(
         (m.w13_weight, m.w13_bias, m.w2_weight, m.w2_bias), (w13, b13, w2, b2), strict=True
     ):
         p.data.copy_(v)
+    m.moe_runner_backend = "torch"
     torch_out = m(x, wts.bfloat16(), ids)
     m.moe_runner_backend = "triton"
     out = m(x, wts.bfloat16(), ids)
@@ -126,11 +137,12 @@ def test_bf16_matches_reference_and_torch_layer():
 
 def test_tp_shards_sum_to_full_and_down_bias_counts_once():
     E, H, full_i, T, k = 4, 24, 32, 5, 2
-    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, full_i, k, seed=5)
+    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, full_i, k, device=DEV, seed=5)
     ref = _ref(x, w13, b13, w2, b2, wts, ids)
-    total = torch.zeros(T, H, dtype=torch.float64)
+    total = torch.zeros(T, H, dtype=torch.float64, device=DEV)
     for r in range(2):
         m = TopKExperts(E, H, full_i, swiglu_alpha=ALPHA, swiglu_limit=LIMIT, tp_rank=r, tp_size=2)
+        m = m.to(DEV)
         m.moe_runner_backend, m.reduce_results = "triton", False
         for p, v in zip(
             (m.w13_weight, m.w13_bias, m.w2_weight, m.w2_bias), (w13, b13, w2, b2), strict=True
@@ -253,10 +265,10 @@ def test_mxfp4_weights_match_dequantised_reference(T, E, H, inter, k, block_k):
     from srt.layers.moe.fused_moe_triton.fused_moe import GemmConfig, MoeConfig
     from srt.layers.mxfp4 import dequantize_mxfp4
 
-    hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(T, E, H, inter, k, T)
+    hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(T, E, H, inter, k, T, DEV)
     gate_up = dequantize_mxfp4(hf["gate_up_proj_blocks"], hf["gate_up_proj_scales"], torch.float64)
-    w13 = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1)  # [E, 2I, H]
-    w2 = dequantize_mxfp4(hf["down_proj_blocks"], hf["down_proj_scales"], torch.float64)
+    w13 = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1).to(DEV)  # [E, 2I, H]
+    w2 = dequantize_mxfp4(hf["down_proj_blocks"], hf["down_proj_scales"], torch.float64).to(DEV)
     cfg = MoeConfig(16, GemmConfig(16, block_k, 1, 1), GemmConfig(16, block_k, 1, 1))
     out = fused_experts(
         x,
