@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from srt.layers.moe import TopKExperts
-from srt.layers.moe.fused_moe_triton.fused_moe import MOE_CONFIGS, fused_experts, get_config
+from srt.layers.moe.fused_moe_triton.fused_moe import (
+    MOE_CONFIGS,
+    SHARED_MEMORY_BUDGET,
+    fused_experts,
+    get_config,
+)
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import (
     max_num_blocks,
     moe_align_block_size,
@@ -176,13 +181,20 @@ def test_config_table_covers_every_token_count():
     for T in (1, 8, 32, 64, 512, 4096, 1 << 20):
         cfg = get_config(T, torch.device("cuda"))
         assert cfg.block_m in (16, 32, 64, 128)
+        assert cfg == next(c for b, c in MOE_CONFIGS if T <= b)  # bf16: the table as measured
+        for dtype in (torch.bfloat16, torch.float32):  # pipelined tiles fit in shared memory
+            c = get_config(T, torch.device("cuda"), dtype)
+            size = dtype.itemsize
+            for g, mats in ((c.gate_up, 2), (c.down, 1)):
+                smem = g.num_stages * (c.block_m + mats * g.block_n) * g.block_k * size
+                assert smem <= SHARED_MEMORY_BUDGET, (T, dtype, g)
 
 
 # ----------------------------------------------------------------------------- CUDA
 
 
 @gpu
-@pytest.mark.parametrize("T", [1, 7, 64, 300, 2048])  # every config of the table
+@pytest.mark.parametrize("T", [1, 7, 20, 64, 300, 2048])  # every config of the table
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_matches_reference(T, dtype):
     E, H, inter, k = 8, 256, 192, 4  # 192: the uneven-K path of 128-wide K blocks

@@ -39,24 +39,49 @@ class MoeConfig:
     down: GemmConfig
 
 
-# Upper bound on T -> config. Decode (few pairs per expert) is weight-read bound: BLOCK_M 16,
-# narrow N tiles so enough programs stream weights, deep pipelines; prefill grows BLOCK_M.
-# H100 bf16 starting points; benchmarks/bench_moe.py --sweep measures the alternatives.
+# Upper bound on T -> config, measured on the H100 (bf16 activations and experts, gpt-oss-20b
+# shape, CUDA graph; benchmarks/bench_moe.py --sweep). Decode (few pairs per expert) is weight-read
+# bound: BLOCK_M 16, narrow N tiles so enough programs stream weights, long K blocks; prefill
+# grows BLOCK_M and the N tiles. Configurations whose tiles do not fit in shared memory for
+# wider dtypes (fp32) are shrunk by `_fit_shared_memory`.
 MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    (32, MoeConfig(16, GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 4))),
-    (128, MoeConfig(16, GemmConfig(64, 128, 4, 3), GemmConfig(64, 128, 4, 4))),
-    (1024, MoeConfig(32, GemmConfig(64, 64, 4, 4, 8), GemmConfig(128, 64, 4, 4, 8))),
-    (1 << 62, MoeConfig(64, GemmConfig(64, 64, 4, 4, 8), GemmConfig(128, 64, 8, 4, 8))),
+    (1, MoeConfig(16, GemmConfig(32, 64, 4, 5, 1), GemmConfig(32, 256, 4, 3, 1))),  # 85.3 µs
+    (8, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 128, 4, 4, 1))),  # 325.0 µs
+    (32, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),  # 535.7 µs
+    (64, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),  # 551.8 µs
+    (512, MoeConfig(64, GemmConfig(64, 64, 4, 4, 8), GemmConfig(128, 64, 4, 4, 8))),  # 664.0 µs
+    (1 << 62, MoeConfig(128, GemmConfig(128, 64, 8, 3, 8), GemmConfig(256, 64, 8, 3, 8))),  # 2060
 )
+# Shared memory the pipelined operand tiles of one GEMM may take (H100: 227 KiB per block).
+SHARED_MEMORY_BUDGET = 192 * 1024
 # Tiny tiles for the CPU interpreter (tests): same code paths, fewer wasted lanes.
 INTERPRETER_CONFIG = MoeConfig(16, GemmConfig(16, 16, 1, 1), GemmConfig(16, 16, 1, 1))
 
 
-def get_config(num_tokens: int, device: torch.device) -> MoeConfig:
-    """The launch configuration for a batch of num_tokens tokens on `device`."""
+def get_config(
+    num_tokens: int, device: torch.device, dtype: torch.dtype = torch.bfloat16
+) -> MoeConfig:
+    """The launch configuration for a batch of num_tokens tokens of `dtype` on `device`."""
     if device.type != "cuda":
         return INTERPRETER_CONFIG
-    return next(cfg for bound, cfg in MOE_CONFIGS if num_tokens <= bound)
+    cfg = next(cfg for bound, cfg in MOE_CONFIGS if num_tokens <= bound)
+    return _fit_shared_memory(cfg, torch.empty((), dtype=dtype).element_size())
+
+
+def _fit_shared_memory(cfg: MoeConfig, elem_size: int) -> MoeConfig:
+    """cfg with block_k (down to 32), then num_stages (down to 2), halved until each GEMM's
+    pipelined tiles (activations [BM, BK] + 2 or 1 weight tiles [BK, BN] per stage) fit in
+    SHARED_MEMORY_BUDGET; a no-op for the bf16 table."""
+
+    def fit(g: GemmConfig, mats: int) -> GemmConfig:
+        size = lambda g: g.num_stages * (cfg.block_m + mats * g.block_n) * g.block_k * elem_size
+        while size(g) > SHARED_MEMORY_BUDGET and g.block_k > 32:
+            g = replace(g, block_k=g.block_k // 2)
+        while size(g) > SHARED_MEMORY_BUDGET and g.num_stages > 2:
+            g = replace(g, num_stages=g.num_stages - 1)
+        return g
+
+    return replace(cfg, gate_up=fit(cfg.gate_up, 2), down=fit(cfg.down, 1))
 
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
@@ -112,7 +137,7 @@ def fused_experts(
     dtype, dev = hidden_states.dtype, hidden_states.device
     if T == 0:
         return torch.zeros_like(hidden_states)
-    cfg = config or get_config(T, dev)
+    cfg = config or get_config(T, dev, dtype)
     if mxfp4:  # whole scale groups per K block
         cfg = _fit_mxfp4(cfg)
     align = moe_align_block_size(topk_ids, E, cfg.block_m)
