@@ -3,8 +3,9 @@ top-k routed MoE with gpt-oss's clamped SwiGLU and biases.
 
 Read top to bottom: MLP (MoE) -> Attention -> DecoderLayer -> Model -> ForCausalLM ->
 load_weights. Checkpoints: the HF bf16 layout (experts.gate_up_proj [E, H, 2I] with interleaved
-gate/up columns, down_proj [E, I, H]) or the original MXFP4 layout (*_blocks / *_scales), which is
-dequantised to the model dtype at load.
+gate/up columns, down_proj [E, I, H]) or the original MXFP4 layout (*_blocks / *_scales): with
+quantization_config.quant_method "mxfp4" the experts stay packed on CUDA (the MoE kernels
+dequantise them); otherwise, and on the CPU, they are dequantised to the model dtype at load.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from srt.layers.layernorm import RMSNorm
 from srt.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
 from srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from srt.layers.moe import TopKExperts, select_experts
-from srt.layers.mxfp4 import dequantize_mxfp4
 from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import get_rope
 from srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -29,6 +29,12 @@ from srt.models.weight_utils import load_stacked_weights
 
 if TYPE_CHECKING:
     from srt.model_executor.forward_batch_info import ForwardBatch
+
+
+def _experts_quant_method(config: ModelConfig) -> str | None:
+    """ "mxfp4" for a checkpoint with MXFP4 experts (quantization_config.quant_method), else None."""
+    method = (config.quantization_config or {}).get("quant_method")
+    return "mxfp4" if method == "mxfp4" else None
 
 
 class GptOssMLP(nn.Module):
@@ -46,6 +52,7 @@ class GptOssMLP(nn.Module):
             activation="swiglu_oai",
             swiglu_alpha=config.swiglu_alpha,
             swiglu_limit=config.swiglu_limit,
+            quant_method=_experts_quant_method(config),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -220,14 +227,7 @@ class GptOssForCausalLM(nn.Module):
                 pending_mxfp4.setdefault(base, {})[kind] = w
                 if len(pending_mxfp4[base]) == 2:
                     t = pending_mxfp4.pop(base)
-                    target = params.get(self._expert_param_name(base))
-                    if target is None:
-                        raise KeyError(f"MXFP4 tensor {name!r} matches no model parameter")
-                    # On the model's device, straight to its dtype (FP4 x 2^k is exact in bf16).
-                    dev = target.device
-                    w = dequantize_mxfp4(t["blocks"].to(dev), t["scales"].to(dev), target.dtype)
-                    shard = "gate_up_interleaved" if base.endswith("gate_up_proj") else "down"
-                    loaded.add(self._load_expert(params, base, w, shard))
+                    loaded |= self._load_mxfp4_expert(base, t["blocks"], t["scales"])
                 continue
             expert = next((k for k in _EXPERT_PARAMS if name.endswith(k)), None)
             if expert is not None:
@@ -244,6 +244,21 @@ class GptOssForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             loaded.add("lm_head.weight")
         return loaded
+
+    def _load_mxfp4_expert(
+        self, ckpt_base: str, blocks: torch.Tensor, scales: torch.Tensor
+    ) -> set[str]:
+        """An MXFP4 expert pair (<prefix>.experts.{gate_up,down}_proj _blocks / _scales) into the
+        layer's TopKExperts: packed, or dequantised at load (see TopKExperts.load_mxfp4)."""
+        prefix, proj = ckpt_base.rsplit(".", 1)  # "<...>.mlp.experts", "gate_up_proj"
+        if proj not in ("gate_up_proj", "down_proj"):
+            raise KeyError(f"MXFP4 tensor {ckpt_base!r} matches no model parameter")
+        try:
+            experts = self.get_submodule(prefix)
+        except AttributeError:
+            raise KeyError(f"MXFP4 tensor {ckpt_base!r} matches no model parameter") from None
+        names = experts.load_mxfp4(proj[: -len("_proj")], blocks, scales)
+        return {f"{prefix}.{n}" for n in names}
 
     @staticmethod
     def _expert_param_name(ckpt_name: str) -> str:
