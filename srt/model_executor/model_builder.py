@@ -2,8 +2,9 @@
 
 `build_model_config(server_args)` reads the HF config of `model_path`, or the embedded tiny
 Llama config when there is none, with `json_model_override_args` merged on top (the bench presets
-`llama3-8b` / `gpt-oss-20b` are such overrides). `load_model` finds the model class through the
-registry and loads the weights through the loader (or random, seeded weights for "dummy").
+`llama3-8b` / `qwen3-8b` / `gpt-oss-20b` / `gpt-oss-20b-mxfp4` are such overrides). `load_model`
+finds the model class through the registry and loads the weights through the loader (or random,
+seeded weights for "dummy").
 """
 
 from __future__ import annotations
@@ -102,10 +103,17 @@ QWEN3_8B: dict[str, Any] = {
     "eos_token_id": 151645,
 }
 
+# gpt-oss-20b as released: MXFP4 experts (packed on CUDA, random valid scales as dummy weights).
+GPT_OSS_20B_MXFP4: dict[str, Any] = {
+    **GPT_OSS_20B,
+    "quantization_config": {"quant_method": "mxfp4"},
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "llama3-8b": LLAMA3_8B,
     "qwen3-8b": QWEN3_8B,
     "gpt-oss-20b": GPT_OSS_20B,
+    "gpt-oss-20b-mxfp4": GPT_OSS_20B_MXFP4,
 }
 
 
@@ -193,14 +201,22 @@ def _num_params(cfg: Any) -> float:
 def init_dummy_weights_on_device(
     model: torch.nn.Module, seed: int, std: float = 0.02, config: Any = None
 ) -> None:
-    """Seeded N(0, std) weights drawn on the parameters' device (norm weights 1 + N(0, std)).
+    """Seeded N(0, std) weights drawn on the parameters' device (norm weights 1 + N(0, std));
+    packed MXFP4 experts (uint8) get random E2M1 bytes and valid scales (`dummy_mxfp4`).
 
     Under TP > 1 (and given `config`) each full TP-1 tensor is drawn, one at a time, and sharded
-    through the parameter's weight loader, so every TP size gets the same model.
+    through the parameter's weight loader, so every TP size gets the same model (packed MXFP4
+    experts excepted: drawn per rank).
     """
     from srt.distributed import get_tp_size
+    from srt.layers.mxfp4 import dummy_mxfp4
     from srt.model_loader.loader import dummy_tensor, full_parameter_shapes, load_full_weights
 
+    packed = {n: p for n, p in model.named_parameters() if p.dtype == torch.uint8}
+    with torch.no_grad():
+        for i, (name, p) in enumerate(packed.items()):
+            g = torch.Generator(device=p.device).manual_seed(seed + 7919 + i)
+            p.copy_(dummy_mxfp4(tuple(p.shape), g, is_scale=name.endswith("_scale")))
     if config is not None and get_tp_size() > 1:
         from srt.models.registry import get_model_class
 
@@ -209,6 +225,7 @@ def init_dummy_weights_on_device(
         named = (
             (n, dummy_tensor(n, shape, torch.Generator(device=dev).manual_seed(seed + i), std))
             for i, (n, shape) in enumerate(shapes)
+            if n not in packed
         )
         load_full_weights(model, named)
         return
@@ -216,7 +233,8 @@ def init_dummy_weights_on_device(
         for name, p in model.named_parameters():
             g = torch.Generator(device=p.device).manual_seed(seed)
             seed += 1
-            p.copy_(dummy_tensor(name, tuple(p.shape), g, std))
+            if name not in packed:
+                p.copy_(dummy_tensor(name, tuple(p.shape), g, std))
 
 
 def kv_cache_shape(model_config: Any, tp_size: int = 1) -> tuple[int, int, int, int]:

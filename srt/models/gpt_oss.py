@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def _experts_quant_method(config: ModelConfig) -> str | None:
-    """ "mxfp4" for a checkpoint with MXFP4 experts (quantization_config.quant_method), else None."""
+    """The experts' checkpoint format: "mxfp4" (quantization_config.quant_method) or None."""
     method = (config.quantization_config or {}).get("quant_method")
     return "mxfp4" if method == "mxfp4" else None
 
