@@ -89,22 +89,22 @@ def fused_experts(
     if mxfp4:
         cfg = fit_mxfp4(cfg)  # whole scale groups per K block
         scaled = cfg.mxfp4_mode == "dot_scaled" and dtype in (torch.bfloat16, torch.float16)
-        mode = 2 if scaled and not _DOT_SCALED_FAILED else 1
+        mode = 2 if scaled and (cfg, dtype) not in _DOT_SCALED_FAILED else 1
     align = moe_align_block_size(topk_ids, w13.shape[0], cfg.block_m)
     args = (hidden_states, w13, w2, topk_weights, w13_bias, w2_bias, w13_scale, w2_scale)
     kw = dict(activation=activation, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
     if mode == 2:
         try:
             return _run_gemms(*args, align, cfg, 2, **kw)
-        except Exception as e:  # a Triton without a working scaled dot here: split from now on
-            _DOT_SCALED_FAILED.append(f"{type(e).__name__}: {str(e)[:300]}")
-            logger.warning("MXFP4 dot_scaled kernels failed (%s); using 'split'", e)
+        except Exception as e:  # no working scaled dot for this config here: split from now on
+            _DOT_SCALED_FAILED[(cfg, dtype)] = f"{type(e).__name__}: {str(e)[:300]}"
+            logger.warning("MXFP4 dot_scaled kernels failed for %s (%s); using 'split'", cfg, e)
             mode = 1
     return _run_gemms(*args, align, cfg, mode, **kw)
 
 
-# Errors of the dot_scaled MXFP4 kernels in this process (then every call takes "split").
-_DOT_SCALED_FAILED: list[str] = []
+# (config, dtype) -> error, of the dot_scaled MXFP4 kernels in this process (these take "split").
+_DOT_SCALED_FAILED: dict[tuple[MoeConfig, torch.dtype], str] = {}
 
 
 def _run_gemms(
