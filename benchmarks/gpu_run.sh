@@ -90,8 +90,11 @@ t_qknorm() {
     --tokens 1 8 32 --fused-configs 1,1,0,0 1,2,0,0 1,4,0,0 2,2,0,0
 }
 t_moe() {
-  timeout 400 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe.py \
-    tests/srt/layers/test_moe_triton.py tests/srt/models/test_gpt_oss_mxfp4.py -rfE
+  # MXFP4 tests in their own process: a compiler crash there cannot hide the bf16 results
+  timeout 300 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe.py \
+    tests/srt/layers/test_moe_triton.py -k "not mxfp4" -rfE
+  timeout 400 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe_triton.py \
+    tests/srt/models/test_gpt_oss_mxfp4.py -k "mxfp4" -rfE
   timeout 240 python benchmarks/bench_moe.py
   timeout 300 python benchmarks/bench_moe.py --mxfp4
 }

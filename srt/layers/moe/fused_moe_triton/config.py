@@ -59,7 +59,7 @@ MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (8, MoeConfig(16, GemmConfig(32, 256, 4, 4), GemmConfig(32, 256, 4, 4))),
     (64, MoeConfig(16, GemmConfig(64, 256, 4, 4), GemmConfig(64, 256, 4, 4))),
     (512, MoeConfig(64, GemmConfig(64, 128, 4, 4, 8), GemmConfig(128, 128, 4, 3, 8))),
-    (1 << 62, MoeConfig(128, GemmConfig(128, 128, 8, 3, 8), GemmConfig(256, 128, 8, 3, 8))),
+    (1 << 62, MoeConfig(128, GemmConfig(64, 128, 8, 3, 8), GemmConfig(128, 128, 8, 3, 8))),
 )
 # Shared memory the pipelined operand tiles of one GEMM may take (H100: 227 KiB per block).
 SHARED_MEMORY_BUDGET = 192 * 1024

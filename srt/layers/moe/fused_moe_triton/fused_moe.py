@@ -8,9 +8,11 @@ call can be captured in a CUDA graph and replayed with other routings.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
     INTERPRETER_CONFIG,
@@ -100,7 +102,18 @@ def fused_experts(
             _DOT_SCALED_FAILED[(cfg, dtype)] = f"{type(e).__name__}: {str(e)[:300]}"
             logger.warning("MXFP4 dot_scaled kernels failed for %s (%s); using 'split'", cfg, e)
             mode = 1
-    return _run_gemms(*args, align, cfg, mode, **kw)
+    try:
+        return _run_gemms(*args, align, cfg, mode, **kw)
+    except OutOfResources as e:  # shared memory of this GPU: shallower pipelines
+        small = replace(
+            cfg,
+            gate_up=replace(cfg.gate_up, num_stages=2),
+            down=replace(cfg.down, num_stages=2),
+        )
+        if small == cfg:
+            raise
+        logger.warning("MoE kernels out of resources with %s (%s); retrying 2 stages", cfg, e)
+        return _run_gemms(*args, align, small, mode, **kw)
 
 
 # (config, dtype) -> error, of the dot_scaled MXFP4 kernels in this process (these take "split").
