@@ -134,7 +134,7 @@ def _mxfp4_gemm(
                 lo, hi = _mxfp4_split(q, sc)
                 acc1 = tl.dot(x_even, lo.to(x_even.dtype), acc1, input_precision=DOT_PRECISION)
                 acc1 = tl.dot(x_odd, hi.to(x_odd.dtype), acc1, input_precision=DOT_PRECISION)
-            s_ptrs += BLOCK_K // 2 // 16
+            s_ptrs += BLOCK_K // 32
         else:
             if EVEN_K:
                 s_ok = col_ok[:, None]
