@@ -15,12 +15,14 @@ Columns (µs per layer call, median over graph replays):
   mma       bf16 tensor-core floor: routed FLOPs / --tflops (default 800, H100 SXM dense ~989)
   ratio     ours / max(floor, mma)
 
---mxfp4: the expert weights in MXFP4 (random uint8 values and scales, as in the gpt-oss
-checkpoint), dequantised inside the kernels; the floor counts MXFP4 bytes (4.25 bits a weight);
-the torch column stays today's bf16 path.
+--mxfp4: the expert weights in MXFP4 (TopKExperts with quant_method "mxfp4", packed: random
+uint8 values and valid scales, as in the gpt-oss checkpoint), dequantised inside the kernels; the
+floor counts MXFP4 bytes (4.25 bits a weight); the torch column is not measured (see the bf16
+table); `alt` times the other MXFP4 mode ("dot_scaled" vs "split") with the same tiles.
 
---sweep times alternative launch configurations (gate/up GEMM, then down GEMM) per T and prints
-the best, as a MOE_CONFIGS line for srt/layers/moe/fused_moe_triton/fused_moe.py.
+--sweep times alternative launch configurations (gate/up GEMM, then down GEMM; with --mxfp4 for
+both modes) per T and prints the best, as MOE_CONFIGS / MXFP4_CONFIGS lines for
+srt/layers/moe/fused_moe_triton/config.py.
 
 Usage: python benchmarks/bench_moe.py [--tokens 1 8 32 64 512 4096] [--layers 4] [--sweep]
            [--json-out F]
@@ -39,13 +41,18 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from dataclasses import replace  # noqa: E402
+
 from srt.layers.moe import TopKExperts, select_experts  # noqa: E402
+from srt.layers.moe.fused_moe_triton import fused_moe  # noqa: E402
 from srt.layers.moe.fused_moe_triton.fused_moe import (  # noqa: E402
     GemmConfig,
     MoeConfig,
+    fit_mxfp4,
     fused_experts,
     get_config,
 )
+from srt.layers.mxfp4 import dummy_mxfp4  # noqa: E402
 
 H, E, K, INTER = 2880, 32, 4, 2880  # gpt-oss-20b
 TOKENS = [1, 8, 32, 64, 512, 4096]
@@ -106,40 +113,49 @@ def copy_bandwidth() -> float:
 
 
 def make_layers(n: int, mxfp4: bool) -> list[TopKExperts]:
-    """n layers of random bf16 experts; with mxfp4, also `m.mxfp4` = (w13, w13_scale, w2,
-    w2_scale) in MXFP4 (uint8)."""
+    """n layers of random experts: bf16, or MXFP4 packed (random E2M1 bytes, valid scales)."""
     layers = []
     g = torch.Generator(device="cuda").manual_seed(0)
-    u8 = lambda *s, lo=0, hi=256: torch.randint(
-        lo, hi, s, device="cuda", dtype=torch.uint8, generator=g
-    )
     for _ in range(n):
-        m = TopKExperts(E, H, INTER, tp_rank=0, tp_size=1, moe_runner_backend="triton")
+        m = TopKExperts(
+            E,
+            H,
+            INTER,
+            tp_rank=0,
+            tp_size=1,
+            moe_runner_backend="triton",
+            quant_method="mxfp4" if mxfp4 else None,
+            mxfp4_packed=mxfp4,
+        )
         m = m.to(device="cuda", dtype=torch.bfloat16)
-        for p in m.parameters():
-            p.data.normal_(0, p.shape[-1] ** -0.5, generator=g)
-        if mxfp4:
-            m.mxfp4 = (
-                u8(E, 2 * INTER, H // 2),
-                u8(E, 2 * INTER, H // 32, lo=118, hi=122),
-                u8(E, H, INTER // 2),
-                u8(E, H, INTER // 32, lo=118, hi=122),
-            )
+        for name, p in m.named_parameters():
+            if p.dtype == torch.uint8:
+                p.data.copy_(dummy_mxfp4(tuple(p.shape), g, is_scale=name.endswith("_scale")))
+            else:
+                p.data.normal_(0, p.shape[-1] ** -0.5, generator=g)
         layers.append(m)
     return layers
 
 
+def is_mxfp4(layers) -> bool:
+    return bool(layers[0].mxfp4)
+
+
 def call_ours(m: TopKExperts, x, w, ids, config=None) -> torch.Tensor:
-    """The layer on the Triton kernels: MXFP4 weights when the layer has them."""
-    if getattr(m, "mxfp4", None) is None:
-        if config is None:
-            return m(x, w, ids)
-        return fused_experts(
-            x, m.w13_weight, m.w2_weight, w, ids, m.w13_bias, m.w2_bias, config=config
-        )
-    w13, s13, w2, s2 = m.mxfp4
+    """The layer on the Triton kernels (default config), or fused_experts with `config`."""
+    if config is None:
+        return m(x, w, ids)
     return fused_experts(
-        x, w13, w2, w, ids, m.w13_bias, m.w2_bias, config=config, w13_scale=s13, w2_scale=s2
+        x,
+        m.w13_weight,
+        m.w2_weight,
+        w,
+        ids,
+        m.w13_bias,
+        m.w2_bias,
+        config=config,
+        w13_scale=m.w13_weight_scale,
+        w2_scale=m.w2_weight_scale,
     )
 
 
@@ -169,7 +185,7 @@ def measure(layers, T: int, bw: float, tflops: float) -> dict:
     n = len(layers)
     x, w, ids = routing(T, seed=T)
     r = {"T": T}
-    mx = getattr(layers[0], "mxfp4", None) is not None
+    mx = is_mxfp4(layers)
     r["experts"], r["floor"], r["mma"] = floors(T, ids, bw, tflops, mx)
 
     def ours(i):
@@ -179,6 +195,16 @@ def measure(layers, T: int, bw: float, tflops: float) -> dict:
         return layers[i % n](x, w, ids)
 
     r["ours"] = graph_time_us(ours, reps=2 * n)
+    if mx:  # the other MXFP4 mode, same tiles; no torch column (dequantises every expert)
+        cfg = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=True)
+        other = "split" if cfg.mxfp4_mode == "dot_scaled" else "dot_scaled"
+        alt_cfg = replace(cfg, mxfp4_mode=other)
+        try:
+            r["alt"] = graph_time_us(lambda i: call_ours(layers[i % n], x, w, ids, alt_cfg), 2 * n)
+            r["alt_mode"] = other
+        except Exception as e:
+            r["error"] = f"alt {other}: {type(e).__name__}: {str(e)[:200]}"
+        return r
     for m in layers:
         m.moe_runner_backend = "torch"
     try:
@@ -197,14 +223,15 @@ def measure(layers, T: int, bw: float, tflops: float) -> dict:
 
 def table(layers, tokens, bw, tflops) -> list[dict]:
     rows = []
+    mx = is_mxfp4(layers)
     print(
         f"\ncopy bandwidth {bw:.0f} GB/s; mma floor at {tflops:.0f} TFLOP/s; bf16 activations, "
-        f"{'MXFP4' if getattr(layers[0], 'mxfp4', None) is not None else 'bf16'} experts; "
-        f"{len(layers)} layers per graph; µs per layer call"
+        f"{'MXFP4' if mx else 'bf16'} experts; {len(layers)} layers per graph; µs per layer call"
+        + ("; torch: see the bf16 table; alt: the other MXFP4 mode" if mx else "")
     )
     print(
-        f"{'T':>6} {'ours':>9} {'torch':>10} {'x faster':>8} {'experts':>7} {'floor':>8} "
-        f"{'mma':>8} {'ratio':>6}  config"
+        f"{'T':>6} {'ours':>9} {'torch' if not mx else 'alt':>10} {'x faster':>8} {'experts':>7} "
+        f"{'floor':>8} {'mma':>8} {'ratio':>6}  config"
     )
     for T in tokens:
         try:
@@ -216,9 +243,12 @@ def table(layers, tokens, bw, tflops) -> list[dict]:
             rows.append(r)
             continue
         rows.append(r)
-        cfg = get_config(T, torch.device("cuda"))
+        cfg = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=mx)
         fl = max(r["floor"], r["mma"])
-        if "torch" in r:
+        if "alt" in r:
+            torch_s = f"{r['alt']:.1f}"
+            speed = f"{r['alt'] / r['ours']:.2f}"
+        elif "torch" in r:
             torch_s = f"{r['torch']:.1f}" + ("*" if r.get("torch_eager") else "")
             speed = f"{r['torch'] / r['ours']:.1f}"
         else:
@@ -230,11 +260,29 @@ def table(layers, tokens, bw, tflops) -> list[dict]:
         )
         if "error" in r:
             print(f"       {r['error'][:150]}", flush=True)
+    for cfg, err in fused_moe._DOT_SCALED_FAILED.items():
+        print(f"WARNING: dot_scaled failed (ran split instead) for {cfg}: {err}")
     return rows
 
 
-def candidates(T: int) -> tuple[list[int], list[GemmConfig], list[GemmConfig]]:
+def candidates(T: int, mx: bool) -> tuple[list[int], list[GemmConfig], list[GemmConfig]]:
     """(block_m options, gate/up options, down options) worth timing for T tokens."""
+    if mx and T <= 128:  # MXFP4 decode: BLOCK_K/2 bytes a row per load
+        opts = ((32, 256, 4, 4), (32, 512, 4, 3), (64, 256, 4, 4), (32, 128, 4, 6), (16, 512, 4, 4))
+        opts += ((64, 128, 4, 5), (128, 256, 8, 3), (64, 512, 8, 3))
+        gu = [GemmConfig(bn, bk, w, st) for bn, bk, w, st in opts]
+        return [16], gu, list(gu)
+    if mx:
+        bms = [32, 64] if T <= 1024 else [64, 128]
+        opts = (
+            (64, 128, 4, 4),
+            (128, 128, 8, 3),
+            (64, 256, 4, 3),
+            (128, 64, 8, 4),
+            (32, 128, 4, 4),
+        )
+        gu = [GemmConfig(bn, bk, w, st, 8) for bn, bk, w, st in opts]
+        return bms, gu, gu + [GemmConfig(256, 128, 8, 3, 8)]
     if T <= 128:
         bms = [16]
         gu = [
@@ -288,49 +336,65 @@ def candidates(T: int) -> tuple[list[int], list[GemmConfig], list[GemmConfig]]:
 
 
 def sweep(layers, tokens) -> None:
-    """Gate/up options with the default down config, then down options with the best gate/up."""
+    """Gate/up options with the default down config, then down options with the best gate/up
+    (MXFP4: for each mode)."""
     n = len(layers)
-    mx = getattr(layers[0], "mxfp4", None) is not None
+    mx = is_mxfp4(layers)
     print(f"\nsweep ({'MXFP4' if mx else 'bf16'} experts, µs per layer call, CUDA graph)")
     best = {}
     for T in tokens:
         x, w, ids = routing(T, seed=T)
-        base = get_config(T, torch.device("cuda"))
+        base = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=mx)
 
         def t_of(cfg, x=x, w=w, ids=ids, T=T):
             def call(i):
                 call_ours(layers[i % n], x, w, ids, config=cfg)
 
             try:
-                return graph_time_us(call, reps=2 * n)
+                t = graph_time_us(call, reps=2 * n)
             except Exception as e:
                 print(f"  T={T} {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
                 return float("inf")
+            fit = fit_mxfp4(cfg) if mx else cfg
+            if (fit, torch.bfloat16) in fused_moe._DOT_SCALED_FAILED:  # ran split: not this one
+                print(f"  T={T} {cfg}: dot_scaled failed", flush=True)
+                return float("inf")
+            return t
 
         t_base = t_of(base)
         print(f"T={T} default {t_base:.1f}  {base}", flush=True)
-        bms, gus, dns = candidates(T)
+        bms, gus, dns = candidates(T, mx)
         results = []
-        for bm in bms:
-            for gu in gus:
-                cfg = MoeConfig(bm, gu, base.down)
-                results.append((t_of(cfg), cfg))
-        t1, cfg1 = min(results, key=lambda p: p[0])
-        for dn in dns:
-            cfg = MoeConfig(cfg1.block_m, cfg1.gate_up, dn)
-            results.append((t_of(cfg), cfg))
+        for mode in ("dot_scaled", "split") if mx else ("dot_scaled",):
+            mine = []
+            for bm in bms:
+                for gu in gus:
+                    cfg = MoeConfig(bm, gu, base.down, mode)
+                    mine.append((t_of(cfg), cfg))
+            t1, cfg1 = min(mine, key=lambda p: p[0])
+            for dn in dns:
+                cfg = MoeConfig(cfg1.block_m, cfg1.gate_up, dn, mode)
+                mine.append((t_of(cfg), cfg))
+            results += mine
+            if mx:
+                tm, cm = min(mine, key=lambda p: p[0])
+                print(f"  best {mode}: {tm:.1f}  {cm}", flush=True)
         t2, cfg2 = min(results, key=lambda p: p[0])
         best[T] = (t2, cfg2)
         for t, cfg in sorted(results, key=lambda p: p[0])[:5]:
             print(f"  {t:9.1f}  {cfg}", flush=True)
         print(f"T={T}: best {t2:.1f} µs vs default {t_base:.1f} µs", flush=True)
-    print("\nsuggested MOE_CONFIGS entries (upper bound T -> best config measured):")
+    for cfg, err in fused_moe._DOT_SCALED_FAILED.items():
+        print(f"WARNING: dot_scaled failed for {cfg}: {err[:200]}")
+    table = "MXFP4_CONFIGS" if mx else "MOE_CONFIGS"
+    print(f"\nsuggested {table} entries (upper bound T -> best config measured):")
     for T, (t, c) in best.items():
         g, d = c.gate_up, c.down
+        mode = f', "{c.mxfp4_mode}"' if mx else ""
         print(
             f"    ({T}, MoeConfig({c.block_m}, GemmConfig({g.block_n}, {g.block_k}, "
             f"{g.num_warps}, {g.num_stages}, {g.group_m}), GemmConfig({d.block_n}, "
-            f"{d.block_k}, {d.num_warps}, {d.num_stages}, {d.group_m}))),  # {t:.1f} µs"
+            f"{d.block_k}, {d.num_warps}, {d.num_stages}, {d.group_m}){mode})),  # {t:.1f} µs"
         )
 
 

@@ -50,3 +50,14 @@ def dequantize_mxfp4(
     vals = torch.stack([lo, hi], dim=-1).flatten(-2)  # [..., G, 32]: lo0 hi0 lo1 hi1 ...
     vals = torch.ldexp(vals, scales.to(torch.int32)[..., None] - 127)
     return vals.flatten(-2).to(dtype)  # [..., G * 32]
+
+
+def dummy_mxfp4(
+    shape: tuple[int, ...], generator: torch.Generator, is_scale: bool, scales: tuple = (118, 122)
+) -> torch.Tensor:
+    """Random packed MXFP4 data on the generator's device (dummy weights): uint8 [shape], any
+    E2M1 pair per byte, or, with is_scale, E8M0 scales in [scales[0], scales[1]) (2**-9 .. 2**-6:
+    weights of about N(0, 0.02) magnitude)."""
+    lo, hi = (scales[0], scales[1]) if is_scale else (0, 256)
+    dev = generator.device
+    return torch.randint(lo, hi, shape, generator=generator, device=dev, dtype=torch.uint8)

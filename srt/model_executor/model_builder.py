@@ -2,8 +2,9 @@
 
 `build_model_config(server_args)` reads the HF config of `model_path`, or the embedded tiny
 Llama config when there is none, with `json_model_override_args` merged on top (the bench presets
-`llama3-8b` / `gpt-oss-20b` are such overrides). `build_model` builds this rank's model and its
-weights through the loader (checkpoint, or random seeded weights for "dummy").
+`llama3-8b` / `qwen3-8b` / `gpt-oss-20b` / `gpt-oss-20b-mxfp4` are such overrides). `build_model`
+builds this rank's model and its weights through the loader (checkpoint, or random seeded
+weights for "dummy").
 """
 
 from __future__ import annotations
@@ -102,10 +103,17 @@ QWEN3_8B: dict[str, Any] = {
     "eos_token_id": 151645,
 }
 
+# gpt-oss-20b as released: MXFP4 experts (packed on CUDA, random valid scales as dummy weights).
+GPT_OSS_20B_MXFP4: dict[str, Any] = {
+    **GPT_OSS_20B,
+    "quantization_config": {"quant_method": "mxfp4"},
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "llama3-8b": LLAMA3_8B,
     "qwen3-8b": QWEN3_8B,
     "gpt-oss-20b": GPT_OSS_20B,
+    "gpt-oss-20b-mxfp4": GPT_OSS_20B_MXFP4,
 }
 
 

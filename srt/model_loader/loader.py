@@ -21,6 +21,7 @@ from torch import nn
 
 from srt.configs.load_config import LOAD_FORMATS
 from srt.configs.model_config import ModelConfig
+from srt.layers.mxfp4 import dummy_mxfp4
 from srt.models.registry import get_model_class
 
 SAFE_INDEX = "model.safetensors.index.json"
@@ -128,10 +129,19 @@ def init_dummy_weights(
     By default one CPU generator draws every tensor in parameter order, so every device gets the
     same numbers. `on_device` draws tensor i on the parameters' device from a generator seeded
     `seed + i` (fast for billions of numbers; the values then depend on the device).
+    Packed MXFP4 expert tensors (uint8) get random valid E2M1 bytes and scales instead.
     With `full_shapes` (a TP > 1 model: `full_parameter_shapes`), the full TP-1 tensors are drawn
     in the same order and each rank keeps its shard, so every TP size gets the same model.
     """
+    # Packed MXFP4 experts (uint8 E2M1 pairs and E8M0 scales, kept packed on CUDA) get random
+    # valid bytes on their own device, per rank; every other tensor is drawn as below.
+    packed = {n: p for n, p in model.named_parameters() if p.dtype == torch.uint8}
+    with torch.no_grad():
+        for i, (name, p) in enumerate(packed.items()):
+            g = torch.Generator(device=p.device).manual_seed(seed + 7919 + i)
+            p.copy_(dummy_mxfp4(tuple(p.shape), g, is_scale=name.endswith("_scale")))
     shapes = full_shapes or [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    shapes = [(n, shape) for n, shape in shapes if n not in packed]
     dev = next(model.parameters()).device
     cpu_gen = torch.Generator().manual_seed(seed)
 

@@ -5,7 +5,8 @@ Only what differs from the shared skeleton (`srt.models.common`) is here: the Mo
 float32 norm weights (flags), and the expert weight loading; sliding windows and YaRN come from
 the config. Checkpoints: the HF bf16 layout (experts.gate_up_proj [E, H, 2I] with interleaved
 gate/up columns, down_proj [E, I, H]) or the original MXFP4 layout (*_blocks / *_scales), which
-is dequantised to the model dtype at load.
+stays packed on CUDA with quantization_config.quant_method "mxfp4" (the MoE kernels dequantise
+it); otherwise, and on the CPU, it is dequantised to the model dtype at load.
 """
 
 from __future__ import annotations
@@ -18,9 +19,14 @@ from torch import nn
 from srt.configs.model_config import ModelConfig
 from srt.layers.linear import ReplicatedLinear
 from srt.layers.moe import TopKExperts, select_experts
-from srt.layers.mxfp4 import dequantize_mxfp4
 from srt.models.common import CausalLM, DecoderLayer, DecoderModel, RopeAttention
 from srt.models.weight_utils import QKV_STACKED_PARAMS
+
+
+def _experts_quant_method(config: ModelConfig) -> str | None:
+    """The experts' checkpoint format: "mxfp4" (quantization_config.quant_method) or None."""
+    method = (config.quantization_config or {}).get("quant_method")
+    return "mxfp4" if method == "mxfp4" else None
 
 
 class GptOssMLP(nn.Module):
@@ -42,6 +48,7 @@ class GptOssMLP(nn.Module):
             swiglu_limit=config.swiglu_limit,
             tp_rank=tp_rank,
             tp_size=tp_size,
+            quant_method=_experts_quant_method(config),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -100,14 +107,7 @@ class GptOssForCausalLM(CausalLM):
                 pending_mxfp4.setdefault(base, {})[kind] = w
                 if len(pending_mxfp4[base]) == 2:
                     t = pending_mxfp4.pop(base)
-                    target = params.get(self._expert_param_name(base))
-                    if target is None:
-                        raise KeyError(f"MXFP4 tensor {name!r} matches no model parameter")
-                    # On the model's device, straight to its dtype (FP4 x 2^k is exact in bf16).
-                    dev = target.device
-                    w = dequantize_mxfp4(t["blocks"].to(dev), t["scales"].to(dev), target.dtype)
-                    shard = "gate_up_interleaved" if base.endswith("gate_up_proj") else "down"
-                    loaded.add(self._load_expert(params, base, w, shard))
+                    loaded |= self._load_mxfp4_expert(base, t["blocks"], t["scales"])
                 continue
             expert = next((k for k in _EXPERT_PARAMS if name.endswith(k)), None)
             if expert is not None:
@@ -119,6 +119,21 @@ class GptOssForCausalLM(CausalLM):
                 f"MXFP4 tensors without their blocks/scales pair: {list(pending_mxfp4)}"
             )
         return loaded | super().load_weights(rest)
+
+    def _load_mxfp4_expert(
+        self, ckpt_base: str, blocks: torch.Tensor, scales: torch.Tensor
+    ) -> set[str]:
+        """An MXFP4 expert pair (<prefix>.experts.{gate_up,down}_proj _blocks / _scales) into the
+        layer's TopKExperts: packed, or dequantised at load (see TopKExperts.load_mxfp4)."""
+        prefix, proj = ckpt_base.rsplit(".", 1)  # "<...>.mlp.experts", "gate_up_proj"
+        if proj not in ("gate_up_proj", "down_proj"):
+            raise KeyError(f"MXFP4 tensor {ckpt_base!r} matches no model parameter")
+        try:
+            experts = self.get_submodule(prefix)
+        except AttributeError:
+            raise KeyError(f"MXFP4 tensor {ckpt_base!r} matches no model parameter") from None
+        names = experts.load_mxfp4(proj[: -len("_proj")], blocks, scales)
+        return {f"{prefix}.{n}" for n in names}
 
     @staticmethod
     def _expert_param_name(ckpt_name: str) -> str:

@@ -17,7 +17,14 @@ from typing import Any
 import torch
 
 # Parameters of a routed-experts module (srt/layers/moe.py): the first dim is the expert.
-EXPERT_PARAM_SUFFIXES = ("w13_weight", "w2_weight", "w13_bias", "w2_bias")
+EXPERT_PARAM_SUFFIXES = (
+    "w13_weight",
+    "w2_weight",
+    "w13_bias",
+    "w2_bias",
+    "w13_weight_scale",  # MXFP4 experts (packed on CUDA)
+    "w2_weight_scale",
+)
 
 
 @dataclass(frozen=True)

@@ -2,17 +2,27 @@
 reference and the torch layer, TP shards, argument checks; on CUDA: bigger shapes, every launch
 configuration and CUDA-graph replay with new routings."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from srt.layers.moe import TopKExperts
-from srt.layers.moe.fused_moe_triton.fused_moe import MOE_CONFIGS, fused_experts, get_config
+from srt.layers.moe.fused_moe_triton.fused_moe import (
+    MOE_CONFIGS,
+    MXFP4_CONFIGS,
+    SHARED_MEMORY_BUDGET,
+    fused_experts,
+    get_config,
+)
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import (
     max_num_blocks,
     moe_align_block_size,
 )
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# The kernel tests run the compiled kernels on CUDA when present, else the interpreter on CPU.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 ALPHA, LIMIT = 1.5, 0.8  # small limit: the clamps are exercised
 
@@ -60,7 +70,13 @@ def _problem(T, E, H, inter, k, dtype=torch.float32, device="cpu", seed=0, bias=
 def test_align_groups_every_pair_once_by_expert(T, E, k, block_m):
     ids = torch.randint(0, E, (T, k), generator=torch.Generator().manual_seed(T))
     ids[0, :] = 1  # same expert twice for one token, and for several tokens
-    a = moe_align_block_size(ids, E, block_m)
+    a = moe_align_block_size(ids.to(DEV), E, block_m)
+    a = dataclasses.replace(
+        a,
+        sorted_token_ids=a.sorted_token_ids.cpu(),
+        expert_ids=a.expert_ids.cpu(),
+        num_tokens_post_padded=a.num_tokens_post_padded.cpu(),
+    )
     n = T * k
     assert a.max_blocks == max_num_blocks(n, E, block_m)
     sorted_ids = a.sorted_token_ids.view(-1, block_m)  # [blocks, block_m]
@@ -89,7 +105,7 @@ def test_align_groups_every_pair_once_by_expert(T, E, k, block_m):
     [(1, 5, 40, 24, 2), (7, 4, 33, 17, 3), (33, 9, 48, 16, 2)],  # bs 1, odd sizes, idle experts
 )
 def test_fused_experts_match_float64_reference_fp32(T, E, H, inter, k):
-    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, seed=T)
+    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, device=DEV, seed=T)
     out = fused_experts(x, w13, w2, wts, ids, b13, b2, swiglu_alpha=ALPHA, swiglu_limit=LIMIT)
     ref = _ref(x, w13, b13, w2, b2, wts, ids)
     assert out.dtype == torch.float32 and out.shape == (T, H)
@@ -99,7 +115,7 @@ def test_fused_experts_match_float64_reference_fp32(T, E, H, inter, k):
 def test_repeated_expert_per_token_silu_no_bias_int32_ids():
     """A token routed twice to one expert counts twice; silu, no biases, int32 ids."""
     ids = torch.tensor([[2, 2], [0, 2], [2, 0]], dtype=torch.int32)
-    x, w13, b13, w2, b2, wts, ids = _problem(3, 6, 24, 20, 2, bias=False, ids=ids)
+    x, w13, b13, w2, b2, wts, ids = _problem(3, 6, 24, 20, 2, device=DEV, bias=False, ids=ids)
     out = fused_experts(x, w13, w2, wts, ids, activation="silu")
     torch.testing.assert_close(
         out.double(), _ref(x, w13, None, w2, None, wts, ids, "silu"), atol=2e-5, rtol=1e-5
@@ -109,12 +125,13 @@ def test_repeated_expert_per_token_silu_no_bias_int32_ids():
 def test_bf16_matches_reference_and_torch_layer():
     T, E, H, inter, k = 9, 6, 64, 32, 2
     m = TopKExperts(E, H, inter, swiglu_alpha=ALPHA, swiglu_limit=LIMIT, tp_rank=0, tp_size=1)
-    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, dtype=torch.bfloat16, seed=3)
-    m.to(torch.bfloat16)
+    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, torch.bfloat16, DEV, seed=3)
+    m.to(device=DEV, dtype=torch.bfloat16)
     for p, v in zip(
         (m.w13_weight, m.w13_bias, m.w2_weight, m.w2_bias), (w13, b13, w2, b2), strict=True
     ):
         p.data.copy_(v)
+    m.moe_runner_backend = "torch"
     torch_out = m(x, wts.bfloat16(), ids)
     m.moe_runner_backend = "triton"
     out = m(x, wts.bfloat16(), ids)
@@ -126,11 +143,12 @@ def test_bf16_matches_reference_and_torch_layer():
 
 def test_tp_shards_sum_to_full_and_down_bias_counts_once():
     E, H, full_i, T, k = 4, 24, 32, 5, 2
-    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, full_i, k, seed=5)
+    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, full_i, k, device=DEV, seed=5)
     ref = _ref(x, w13, b13, w2, b2, wts, ids)
-    total = torch.zeros(T, H, dtype=torch.float64)
+    total = torch.zeros(T, H, dtype=torch.float64, device=DEV)
     for r in range(2):
         m = TopKExperts(E, H, full_i, swiglu_alpha=ALPHA, swiglu_limit=LIMIT, tp_rank=r, tp_size=2)
+        m = m.to(DEV)
         m.moe_runner_backend, m.reduce_results = "triton", False
         for p, v in zip(
             (m.w13_weight, m.w13_bias, m.w2_weight, m.w2_bias), (w13, b13, w2, b2), strict=True
@@ -159,18 +177,32 @@ def test_bad_arguments_raise_before_launch():
 
 
 def test_config_table_covers_every_token_count():
-    bounds = [b for b, _ in MOE_CONFIGS]
-    assert bounds == sorted(bounds)
+    for table in (MOE_CONFIGS, MXFP4_CONFIGS):
+        bounds = [b for b, _ in table]
+        assert bounds == sorted(bounds) and bounds[-1] >= 1 << 40
+    cuda = torch.device("cuda")
     for T in (1, 8, 32, 64, 512, 4096, 1 << 20):
-        cfg = get_config(T, torch.device("cuda"))
-        assert cfg.block_m in (16, 32, 64, 128)
+        for mx, table in ((False, MOE_CONFIGS), (True, MXFP4_CONFIGS)):
+            cfg = get_config(T, cuda, mxfp4=mx)
+            assert cfg.block_m in (16, 32, 64, 128)
+            assert cfg == next(c for b, c in table if T <= b)  # bf16: the table as measured
+            for dtype in (torch.bfloat16, torch.float32):  # pipelined tiles fit in shared memory
+                c = get_config(T, cuda, dtype, mxfp4=mx)
+                assert c.mxfp4_mode == (
+                    "split" if mx and dtype == torch.float32 else cfg.mxfp4_mode
+                )
+                w_size = 0.5 if mx else dtype.itemsize
+                for g, mats in ((c.gate_up, 2), (c.down, 1)):
+                    per_k = c.block_m * dtype.itemsize + mats * g.block_n * w_size
+                    assert g.num_stages * g.block_k * per_k <= SHARED_MEMORY_BUDGET, (T, dtype, g)
+                    assert not mx or g.block_k % 32 == 0
 
 
 # ----------------------------------------------------------------------------- CUDA
 
 
 @gpu
-@pytest.mark.parametrize("T", [1, 7, 64, 300, 2048])  # every config of the table
+@pytest.mark.parametrize("T", [1, 7, 20, 64, 300, 2048])  # every config of the table
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_matches_reference(T, dtype):
     E, H, inter, k = 8, 256, 192, 4  # 192: the uneven-K path of 128-wide K blocks
@@ -226,16 +258,17 @@ def test_gpu_layer_uses_triton_and_matches_torch_path():
     torch.testing.assert_close(out, m(x, wts, ids), atol=1e-4, rtol=1e-4)
 
 
-def _mxfp4_problem(T, E, H, inter, k, seed, device="cpu"):
+def _mxfp4_problem(T, E, H, inter, k, seed, device="cpu", scales=(120, 126)):
     """A synthetic gpt-oss MXFP4 expert checkpoint in the HF layout (gate/up rows interleaved)
     and our layout of it (gate rows, then up rows)."""
     g = torch.Generator().manual_seed(seed)
     u8 = lambda *s, lo=0, hi=256: torch.randint(lo, hi, s, generator=g, dtype=torch.uint8)
+    lo, hi = scales
     hf = {
         "gate_up_proj_blocks": u8(E, 2 * inter, H // 32, 16),
-        "gate_up_proj_scales": u8(E, 2 * inter, H // 32, lo=120, hi=126),
+        "gate_up_proj_scales": u8(E, 2 * inter, H // 32, lo=lo, hi=hi),
         "down_proj_blocks": u8(E, H, inter // 32, 16),
-        "down_proj_scales": u8(E, H, inter // 32, lo=120, hi=126),
+        "down_proj_scales": u8(E, H, inter // 32, lo=lo, hi=hi),
     }
     split = lambda t: torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)  # g0 u0 g1 u1 .. -> gate | up
     w13_q = split(hf["gate_up_proj_blocks"]).flatten(-2).to(device)  # [E, 2I, H/2]
@@ -246,18 +279,34 @@ def _mxfp4_problem(T, E, H, inter, k, seed, device="cpu"):
     return hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids
 
 
-@pytest.mark.parametrize(
-    "T, E, H, inter, k, block_k", [(1, 4, 64, 32, 2, 32), (9, 5, 96, 96, 3, 64)]
-)
-def test_mxfp4_weights_match_dequantised_reference(T, E, H, inter, k, block_k):
-    from srt.layers.moe.fused_moe_triton.fused_moe import GemmConfig, MoeConfig
+def _dequantised(hf, device):
+    """float64 w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I] of an HF checkpoint."""
     from srt.layers.mxfp4 import dequantize_mxfp4
 
-    hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(T, E, H, inter, k, T)
     gate_up = dequantize_mxfp4(hf["gate_up_proj_blocks"], hf["gate_up_proj_scales"], torch.float64)
     w13 = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1)  # [E, 2I, H]
     w2 = dequantize_mxfp4(hf["down_proj_blocks"], hf["down_proj_scales"], torch.float64)
-    cfg = MoeConfig(16, GemmConfig(16, block_k, 1, 1), GemmConfig(16, block_k, 1, 1))
+    return w13.to(device), w2.to(device)
+
+
+@pytest.mark.parametrize(
+    "T, E, H, inter, k, block_k, dtype, mode, scales",
+    [
+        (1, 4, 64, 32, 2, 32, torch.float32, "split", (120, 126)),
+        (9, 5, 96, 96, 3, 64, torch.float32, "split", (100, 160)),  # uneven K blocks, wide scales
+        (7, 4, 64, 96, 2, 64, torch.bfloat16, "split", (118, 130)),
+        (7, 4, 64, 96, 2, 64, torch.bfloat16, "dot_scaled", (118, 130)),
+    ],
+)
+def test_mxfp4_weights_match_dequantised_reference(T, E, H, inter, k, block_k, dtype, mode, scales):
+    from srt.layers.moe.fused_moe_triton.fused_moe import GemmConfig, MoeConfig
+
+    hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
+        T, E, H, inter, k, T, DEV, scales
+    )
+    x = x.to(dtype)
+    w13, w2 = _dequantised(hf, DEV)
+    cfg = MoeConfig(16, GemmConfig(16, block_k, 1, 1), GemmConfig(16, block_k, 1, 1), mode)
     out = fused_experts(
         x,
         w13_q,
@@ -272,8 +321,12 @@ def test_mxfp4_weights_match_dequantised_reference(T, E, H, inter, k, block_k):
         w13_scale=w13_s,
         w2_scale=w2_s,
     )
+    assert out.dtype == dtype
     ref = _ref(x, w13, b13, w2, b2, wts, ids)
-    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-5)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.double(), ref, atol=1e-4 * ref.abs().max(), rtol=1e-5)
+    else:
+        assert _rel(out, ref) < 1e-2
 
 
 def test_mxfp4_bad_scales_raise():
@@ -284,21 +337,26 @@ def test_mxfp4_bad_scales_raise():
         fused_experts(x, w13_q, w2_q, wts, ids, w13_scale=w13_s, w2_scale=w2_s[:, :, :0])
     with pytest.raises(ValueError, match="w13"):
         fused_experts(x[:, :32], w13_q, w2_q, wts, ids, w13_scale=w13_s, w2_scale=w2_s)
+    from srt.layers.moe.fused_moe_triton.fused_moe import INTERPRETER_CONFIG
+
+    bad = dataclasses.replace(INTERPRETER_CONFIG, mxfp4_mode="int4")
+    with pytest.raises(ValueError, match="mxfp4_mode"):
+        fused_experts(x, w13_q, w2_q, wts, ids, config=bad, w13_scale=w13_s, w2_scale=w2_s)
 
 
 @gpu
-@pytest.mark.parametrize("T", [1, 64, 700])
-def test_gpu_mxfp4_bf16_matches_dequantised(T):
-    E, H, inter, k = 8, 256, 192, 4
+@pytest.mark.parametrize("mode", ["dot_scaled", "split"])
+@pytest.mark.parametrize("T", [1, 7, 64, 700, 2048])  # every MXFP4 config of the table
+def test_gpu_mxfp4_bf16_matches_dequantised(T, mode):
+    from srt.layers.moe.fused_moe_triton import fused_moe
+
+    E, H, inter, k = 8, 256, 192, 4  # 192: uneven K blocks of 128
     hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
         T, E, H, inter, k, T, "cuda"
     )
     x, b13, b2 = x.bfloat16(), b13.bfloat16(), b2.bfloat16()
-    from srt.layers.mxfp4 import dequantize_mxfp4
-
-    gate_up = dequantize_mxfp4(hf["gate_up_proj_blocks"], hf["gate_up_proj_scales"], torch.float64)
-    w13 = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1).cuda()
-    w2 = dequantize_mxfp4(hf["down_proj_blocks"], hf["down_proj_scales"], torch.float64).cuda()
+    w13, w2 = _dequantised(hf, "cuda")
+    cfg = dataclasses.replace(get_config(T, x.device, x.dtype, mxfp4=True), mxfp4_mode=mode)
     out = fused_experts(
         x,
         w13_q,
@@ -309,8 +367,40 @@ def test_gpu_mxfp4_bf16_matches_dequantised(T):
         b2,
         swiglu_alpha=ALPHA,
         swiglu_limit=LIMIT,
+        config=cfg,
         w13_scale=w13_s,
         w2_scale=w2_s,
     )
+    if mode == "dot_scaled":  # no silent fallback to split
+        assert not fused_moe._DOT_SCALED_FAILED, fused_moe._DOT_SCALED_FAILED
     assert out.dtype == torch.bfloat16
     assert _rel(out, _ref(x, w13, b13, w2, b2, wts, ids)) < 1e-2
+    # the unquantised kernel on the dequantised bf16 weights agrees within bf16 rounding
+    dense = fused_experts(
+        x, w13.bfloat16(), w2.bfloat16(), wts, ids, b13, b2, swiglu_alpha=ALPHA, swiglu_limit=LIMIT
+    )
+    assert _rel(out, dense) < 1e-2
+
+
+@gpu
+def test_gpu_mxfp4_graph_replay_equals_eager():
+    T, E, H, inter, k = 8, 8, 256, 128, 4
+    _, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
+        T, E, H, inter, k, 3, "cuda"
+    )
+    x, b13, b2 = x.bfloat16(), b13.bfloat16(), b2.bfloat16()
+    run = lambda: fused_experts(x, w13_q, w2_q, wts, ids, b13, b2, w13_scale=w13_s, w2_scale=w2_s)
+    run()  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = run()
+    g = torch.Generator().manual_seed(0)
+    for step in range(3):
+        ids.copy_(torch.rand(T, E, generator=g).argsort(-1)[:, :k])
+        x.copy_(torch.randn(T, H, generator=g))
+        static_out.fill_(float("nan"))
+        graph.replay()
+        eager = run()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager), f"step {step}: replay != eager"

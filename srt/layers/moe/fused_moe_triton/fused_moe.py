@@ -7,56 +7,31 @@ call can be captured in a CUDA graph and replayed with other routings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import logging
+from dataclasses import replace
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
+from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
+    INTERPRETER_CONFIG,
+    MOE_CONFIGS,
+    MXFP4_CONFIGS,
+    MXFP4_MODES,
+    SHARED_MEMORY_BUDGET,
+    GemmConfig,
+    MoeConfig,
+    fit_mxfp4,
+    get_config,
+)
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import (
     moe_down_kernel,
     moe_gate_up_kernel,
 )
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block_size
 
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """One grouped GEMM's launch configuration."""
-
-    block_n: int
-    block_k: int
-    num_warps: int = 4
-    num_stages: int = 3
-    group_m: int = 1
-
-
-@dataclass(frozen=True)
-class MoeConfig:
-    """Both GEMMs' configurations; block_m is shared (the alignment's block size)."""
-
-    block_m: int
-    gate_up: GemmConfig
-    down: GemmConfig
-
-
-# Upper bound on T -> config. Decode (few pairs per expert) is weight-read bound: BLOCK_M 16,
-# narrow N tiles so enough programs stream weights, deep pipelines; prefill grows BLOCK_M.
-# H100 bf16 starting points; benchmarks/bench_moe.py --sweep measures the alternatives.
-MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    (32, MoeConfig(16, GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 4))),
-    (128, MoeConfig(16, GemmConfig(64, 128, 4, 3), GemmConfig(64, 128, 4, 4))),
-    (1024, MoeConfig(32, GemmConfig(64, 64, 4, 4, 8), GemmConfig(128, 64, 4, 4, 8))),
-    (1 << 62, MoeConfig(64, GemmConfig(64, 64, 4, 4, 8), GemmConfig(128, 64, 8, 4, 8))),
-)
-# Tiny tiles for the CPU interpreter (tests): same code paths, fewer wasted lanes.
-INTERPRETER_CONFIG = MoeConfig(16, GemmConfig(16, 16, 1, 1), GemmConfig(16, 16, 1, 1))
-
-
-def get_config(num_tokens: int, device: torch.device) -> MoeConfig:
-    """The launch configuration for a batch of num_tokens tokens on `device`."""
-    if device.type != "cuda":
-        return INTERPRETER_CONFIG
-    return next(cfg for bound, cfg in MOE_CONFIGS if num_tokens <= bound)
+logger = logging.getLogger(__name__)
 
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
@@ -90,10 +65,12 @@ def fused_experts(
     w13_bias : [E, 2I] or None; w2_bias : [E, H] or None (pass None on TP ranks > 0).
     activation : "swiglu_oai" (gate = min(gate, limit), up = clamp(up, +-limit),
         (up + 1) * gate * sigmoid(alpha * gate)) or "silu" (silu(gate) * up).
-    config : launch configuration (default: get_config(T)).
+    config : launch configuration (default: get_config(T, device, dtype, MXFP4 or not)).
     w13_scale, w2_scale : MXFP4 weights only: w13 is then uint8 [E, 2I, H/2] and w2 uint8
         [E, H, I/2] (E2M1 pairs along the input dim, low nibble first) and these are their uint8
-        E8M0 scales [E, 2I, H/32] and [E, H, I/32]; dequantised inside the kernels.
+        E8M0 scales [E, 2I, H/32] and [E, H, I/32]; dequantised inside the kernels, in
+        config.mxfp4_mode ("dot_scaled" for bf16/fp16 activations, else "split"; should the
+        scaled-dot kernels fail to compile, a warning is logged and "split" is used).
 
     Returns
     -------
@@ -103,27 +80,66 @@ def fused_experts(
     _check(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, activation)
     if mxfp4:
         _check_mxfp4(hidden_states, w13, w13_scale, w2, w2_scale)
-    T, H = hidden_states.shape
-    E, two_i, _ = w13.shape
-    inter = two_i // 2
-    k = topk_ids.shape[1]
-    s13 = w13_scale if mxfp4 else w13  # (a dummy pointer when not MXFP4)
-    s2 = w2_scale if mxfp4 else w2
     dtype, dev = hidden_states.dtype, hidden_states.device
+    T = hidden_states.shape[0]
+    cfg = config or get_config(T, dev, dtype, mxfp4)
+    if cfg.mxfp4_mode not in MXFP4_MODES:
+        raise ValueError(f"config.mxfp4_mode must be one of {MXFP4_MODES}, got {cfg.mxfp4_mode!r}")
     if T == 0:
         return torch.zeros_like(hidden_states)
-    cfg = config or get_config(T, dev)
-    if mxfp4:  # whole scale groups per K block
-        cfg = _fit_mxfp4(cfg)
-    align = moe_align_block_size(topk_ids, E, cfg.block_m)
+    mode = 0
+    if mxfp4:
+        cfg = fit_mxfp4(cfg)  # whole scale groups per K block
+        scaled = cfg.mxfp4_mode == "dot_scaled" and dtype in (torch.bfloat16, torch.float16)
+        mode = 2 if scaled and (cfg, dtype) not in _DOT_SCALED_FAILED else 1
+    align = moe_align_block_size(topk_ids, w13.shape[0], cfg.block_m)
+    args = (hidden_states, w13, w2, topk_weights, w13_bias, w2_bias, w13_scale, w2_scale)
+    kw = dict(activation=activation, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
+    if mode == 2:
+        try:
+            return _run_gemms(*args, align, cfg, 2, **kw)
+        except Exception as e:  # no working scaled dot for this config here: split from now on
+            _DOT_SCALED_FAILED[(cfg, dtype)] = f"{type(e).__name__}: {str(e)[:300]}"
+            logger.warning("MXFP4 dot_scaled kernels failed for %s (%s); using 'split'", cfg, e)
+            mode = 1
+    try:
+        return _run_gemms(*args, align, cfg, mode, **kw)
+    except OutOfResources as e:  # shared memory of this GPU: shallower pipelines
+        small = replace(
+            cfg,
+            gate_up=replace(cfg.gate_up, num_stages=2),
+            down=replace(cfg.down, num_stages=2),
+        )
+        if small == cfg:
+            raise
+        logger.warning("MoE kernels out of resources with %s (%s); retrying 2 stages", cfg, e)
+        return _run_gemms(*args, align, small, mode, **kw)
+
+
+# (config, dtype) -> error, of the dot_scaled MXFP4 kernels in this process (these take "split").
+_DOT_SCALED_FAILED: dict[tuple[MoeConfig, torch.dtype], str] = {}
+
+
+def _run_gemms(
+    x, w13, w2, topk_weights, w13_bias, w2_bias, w13_scale, w2_scale, align, cfg, mode, **kw
+) -> torch.Tensor:
+    """The two grouped GEMMs on the alignment and the top-k sum; mode 0 (unquantised weights),
+    1 (MXFP4 split) or 2 (MXFP4 dot_scaled)."""
+    T, H = x.shape
+    inter = w13.shape[1] // 2
+    k = align.num_pairs // T
+    s13 = w13_scale if mode else w13  # (a dummy pointer when not MXFP4)
+    s2 = w2_scale if mode else w2
+    dtype, dev = x.dtype, x.device
     rows = align.max_blocks * cfg.block_m
     act = torch.empty(rows, inter, dtype=dtype, device=dev)  # [padded rows, I]
     prec = _dot_precision(dtype)
     upcast = dev.type != "cuda"  # interpreter: fp32 dot (its bf16 dot is wrong)
+    a_format = "fp16" if dtype == torch.float16 else "bf16"
     g = cfg.gate_up
     grid = (align.max_blocks * triton.cdiv(inter, g.block_n),)
     moe_gate_up_kernel[grid](
-        hidden_states,
+        x,
         w13,
         s13,
         w13_bias if w13_bias is not None else w13,
@@ -135,17 +151,17 @@ def fused_experts(
         inter,
         H,
         align.max_blocks,
-        hidden_states.stride(0),
+        x.stride(0),
         w13.stride(0),
         w13.stride(1),
         s13.stride(0),
         s13.stride(1),
         w13_bias.stride(0) if w13_bias is not None else 0,
         act.stride(0),
-        float(swiglu_alpha),
-        float(swiglu_limit),
+        kw["alpha"],
+        kw["limit"],
         TOP_K=k,
-        ACTIVATION=activation,
+        ACTIVATION=kw["activation"],
         HAS_BIAS=w13_bias is not None,
         DOT_PRECISION=prec,
         BLOCK_M=cfg.block_m,
@@ -154,7 +170,8 @@ def fused_experts(
         GROUP_M=g.group_m,
         EVEN_K=H % g.block_k == 0,
         UPCAST=upcast,
-        MXFP4=mxfp4,
+        MXFP4=mode,
+        A_FORMAT=a_format,
         num_warps=g.num_warps,
         num_stages=g.num_stages,
     )
@@ -190,17 +207,12 @@ def fused_experts(
         GROUP_M=d.group_m,
         EVEN_K=inter % d.block_k == 0,
         UPCAST=upcast,
-        MXFP4=mxfp4,
+        MXFP4=mode,
+        A_FORMAT=a_format,
         num_warps=d.num_warps,
         num_stages=d.num_stages,
     )
     return out.view(T, k, H).sum(dim=1)  # top-k combine -> [T, H]
-
-
-def _fit_mxfp4(cfg: MoeConfig) -> MoeConfig:
-    """cfg with every block_k a multiple of 32 (one MXFP4 scale group)."""
-    fit = lambda g: replace(g, block_k=max(32, g.block_k // 32 * 32))
-    return replace(cfg, gate_up=fit(cfg.gate_up), down=fit(cfg.down))
 
 
 def _check_mxfp4(x, w13, w13_scale, w2, w2_scale) -> None:

@@ -10,9 +10,17 @@ order (act [max_blocks * BLOCK_M, I]).
 down: act rows @ the expert's down rows; epilogue: bias, routing weight, store at the pair's row
 (out [T*k, H]); the top-k sum happens after (no atomics).
 
-MXFP4 weights (uint8 E2M1 pairs [E, N, K/2], low nibble first, and E8M0 scales [E, N, K/32],
-one per 32 values along K) are dequantised per tile in registers before the dot; K must be a
-multiple of 32 and BLOCK_K of 32.
+MXFP4 weights (uint8 E2M1 pairs [E, N, K/2], byte j of a row holding K elements 2j (low nibble)
+and 2j+1 (high nibble), and E8M0 scales [E, N, K/32], one per 32 K elements; K a multiple of 32,
+BLOCK_K of 32) are streamed packed, as wide uint8 loads along K, in one of two modes:
+  MXFP4 == 2 ("dot_scaled"): tl.dot_scaled(x, None, "bf16", w [BK/2, BN], scales [BN, BK/32],
+      "e2m1"): Triton's own FP4 upcast (bf16/fp16 activations only).
+  MXFP4 == 1 ("split"): no in-register shuffles: x's even and odd K columns are loaded through
+      strided pointers and multiplied with the low and the high nibbles,
+      acc += x[:, 0::2] @ lo + x[:, 1::2] @ hi; a nibble becomes an fp16 by bit arithmetic
+      (sign to bit 15, exponent and mantissa bits to 11..9: the value / 2**14, exact, E2M1's
+      subnormal 0.5 an fp16 subnormal) and one fp32 multiply applies 2**14 * 2**(scale - 127)
+      (scales up to 240, i.e. factors up to 2**113). Any activation dtype (fp32 included).
 
 UPCAST (the CPU interpreter only) multiplies in fp32: Triton 3.9's interpreter returns garbage
 for bf16 tl.dot.
@@ -48,30 +56,102 @@ def _swiglu(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_to_f32(nib):
-    """E2M1 nibbles (uint8 0..15: sign, 2 exponent bits, 1 mantissa bit) -> fp32 values."""
-    e = ((nib >> 1) & 3).to(tl.float32)
-    m = (nib & 1).to(tl.float32)
-    mag = tl.where(e == 0.0, m * 0.5, (1.0 + m * 0.5) * tl.exp2(e - 1.0))
-    return tl.where((nib & 8) != 0, -mag, mag)
+def _e2m1_to_f16_over_2e14(nib):
+    """E2M1 nibbles (uint8 0..15: sign, 2 exponent bits, 1 mantissa bit) -> fp16 value / 2**14."""
+    n = nib.to(tl.uint16)
+    return (((n & 8) << 12) | ((n & 7) << 9)).to(tl.float16, bitcast=True)
 
 
 @triton.jit
-def _mxfp4_tile(
-    q_ptr, s_ptr, q_rows, s_rows, col_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+def _mxfp4_split(q, sc):
+    """Packed bytes q [BK/2, BN] and their E8M0 scales sc (same shape, one per byte) -> the
+    dequantised low-nibble (K even) and high-nibble (K odd) tiles, fp32 [BK/2, BN] each."""
+    scale = ((sc.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)  # 2**14 * 2**(s - 127)
+    lo = _e2m1_to_f16_over_2e14(q & 15).to(tl.float32) * scale
+    hi = _e2m1_to_f16_over_2e14(q >> 4).to(tl.float32) * scale
+    return lo, hi
+
+
+@triton.jit
+def _mxfp4_gemm(
+    acc0,
+    acc1,
+    a_rows,  # [BM] pointers to the activation rows
+    a_ok,  # [BM] valid rows
+    w_ptr,
+    ws_ptr,
+    q_rows,  # [BN] byte offsets of the packed weight rows
+    s_rows,  # [BN] offsets of their scale rows
+    q_off1,  # offset of the second matrix's rows (TWO)
+    s_off1,
+    col_ok,
+    K,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+    MODE: tl.constexpr,
+    A_FORMAT: tl.constexpr,
+    TWO: tl.constexpr,
 ):
-    """MXFP4 weight tile [BLOCK_K, BLOCK_N] in fp32, rows starting at q_rows / s_rows [BLOCK_N]
-    (byte offsets into the packed values [.., K/2] and the E8M0 scales [.., K/32]), at k0."""
-    kb = tl.arange(0, BLOCK_K // 2)
-    kg = tl.arange(0, BLOCK_K // 32)
-    q_ok = col_ok[:, None] & (kb[None, :] < (K - k0) // 2)
-    q = tl.load(q_ptr + q_rows[:, None] + k0 // 2 + kb[None, :], mask=q_ok, other=0)  # [BN, BK/2]
-    s_ok = col_ok[:, None] & (kg[None, :] < (K - k0) // 32)
-    sc = tl.load(s_ptr + s_rows[:, None] + k0 // 32 + kg[None, :], mask=s_ok, other=127)
-    v = tl.interleave(_e2m1_to_f32(q & 15), _e2m1_to_f32(q >> 4))  # [BN, BK]: lo0 hi0 lo1 ...
-    v = tl.reshape(v, [BLOCK_N, BLOCK_K // 32, 32])  # [BN, groups, 32]
-    v = v * tl.exp2(sc.to(tl.float32) - 127.0)[:, :, None]
-    return tl.trans(tl.reshape(v, [BLOCK_N, BLOCK_K]))  # [BK, BN]
+    """acc0 (+= x @ w rows q_rows) and, with TWO, acc1 (+= x @ w rows q_rows + q_off1), over K,
+    the weights MXFP4 (MODE 1 "split" or 2 "dot_scaled", see the module docstring)."""
+    kb = tl.arange(0, BLOCK_K // 2)  # byte (K pair) index in the block
+    q_ptrs = w_ptr + q_rows[None, :] + kb[:, None]  # [BK/2, BN], contiguous along K
+    if MODE == 1:
+        a_ptrs = a_rows[:, None] + 2 * kb[None, :]  # [BM, BK/2]: the even K columns
+        s_ptrs = ws_ptr + s_rows[None, :] + (kb // 16)[:, None]  # [BK/2, BN]: each byte's scale
+    else:
+        ks = tl.arange(0, BLOCK_K)
+        kg = tl.arange(0, BLOCK_K // 32)
+        a_ptrs = a_rows[:, None] + ks[None, :]  # [BM, BK]
+        s_ptrs = ws_ptr + s_rows[:, None] + kg[None, :]  # [BN, BK/32]
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            q_ok = col_ok[None, :]
+            a_mask = a_ok[:, None]
+        else:
+            kb_ok = kb < (K - k0) // 2
+            q_ok = kb_ok[:, None] & col_ok[None, :]
+            if MODE == 1:
+                a_mask = a_ok[:, None] & kb_ok[None, :]
+            else:
+                a_mask = a_ok[:, None] & (ks < K - k0)[None, :]
+        if MODE == 1:
+            x_even = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            x_odd = tl.load(a_ptrs + 1, mask=a_mask, other=0.0)
+            if UPCAST:
+                x_even, x_odd = x_even.to(tl.float32), x_odd.to(tl.float32)
+            q = tl.load(q_ptrs, mask=q_ok, other=0)
+            sc = tl.load(s_ptrs, mask=q_ok, other=127)
+            lo, hi = _mxfp4_split(q, sc)
+            acc0 = tl.dot(x_even, lo.to(x_even.dtype), acc0, input_precision=DOT_PRECISION)
+            acc0 = tl.dot(x_odd, hi.to(x_odd.dtype), acc0, input_precision=DOT_PRECISION)
+            if TWO:
+                q = tl.load(q_ptrs + q_off1, mask=q_ok, other=0)
+                sc = tl.load(s_ptrs + s_off1, mask=q_ok, other=127)
+                lo, hi = _mxfp4_split(q, sc)
+                acc1 = tl.dot(x_even, lo.to(x_even.dtype), acc1, input_precision=DOT_PRECISION)
+                acc1 = tl.dot(x_odd, hi.to(x_odd.dtype), acc1, input_precision=DOT_PRECISION)
+            s_ptrs += BLOCK_K // 32
+        else:
+            if EVEN_K:
+                s_ok = col_ok[:, None]
+            else:
+                s_ok = col_ok[:, None] & (kg < (K - k0) // 32)[None, :]
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            q = tl.load(q_ptrs, mask=q_ok, other=0)
+            sc = tl.load(s_ptrs, mask=s_ok, other=127)
+            acc0 = tl.dot_scaled(a, None, A_FORMAT, q, sc, "e2m1", acc0, fast_math=True)
+            if TWO:
+                q = tl.load(q_ptrs + q_off1, mask=q_ok, other=0)
+                sc = tl.load(s_ptrs + s_off1, mask=s_ok, other=127)
+                acc1 = tl.dot_scaled(a, None, A_FORMAT, q, sc, "e2m1", acc1, fast_math=True)
+            s_ptrs += BLOCK_K // 32
+        a_ptrs += BLOCK_K
+        q_ptrs += BLOCK_K // 2
+    return acc0, acc1
 
 
 @triton.jit
@@ -107,7 +187,8 @@ def moe_gate_up_kernel(
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
-    MXFP4: tl.constexpr,
+    MXFP4: tl.constexpr,  # 0: bf16/fp16/fp32 weights; 1: MXFP4 "split"; 2: "dot_scaled"
+    A_FORMAT: tl.constexpr,  # dot_scaled's name of x's dtype ("bf16" / "fp16")
 ):
     pid_m, pid_n = _block_coords(tl.program_id(0), max_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
@@ -119,47 +200,53 @@ def moe_gate_up_kernel(
     token = (pair // TOP_K).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + token[:, None] * stride_xm + ks[None, :]  # [BLOCK_M, BLOCK_K]
-    g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + ks[:, None]  # [BK, BN]
-    u_ptrs = g_ptrs + N * stride_wn
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    gq_rows = expert * stride_we + cols * stride_wn  # MXFP4 [BN] byte offsets
-    gs_rows = expert * stride_se + cols * stride_sn
-    for k0 in range(0, K, BLOCK_K):
-        if MXFP4:
-            k_ok = ks < K - k0
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            wg = _mxfp4_tile(w_ptr, ws_ptr, gq_rows, gs_rows, col_ok, k0, K, BLOCK_N, BLOCK_K)
-            wu = _mxfp4_tile(
-                w_ptr,
-                ws_ptr,
-                gq_rows + N * stride_wn,
-                gs_rows + N * stride_sn,
-                col_ok,
-                k0,
-                K,
-                BLOCK_N,
-                BLOCK_K,
-            )
-            wg, wu = wg.to(a.dtype), wu.to(a.dtype)
-        elif EVEN_K:
-            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            wg = tl.load(g_ptrs, mask=col_ok[None, :], other=0.0)
-            wu = tl.load(u_ptrs, mask=col_ok[None, :], other=0.0)
-        else:
-            k_ok = ks < K - k0
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            wg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            wu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if UPCAST:
-            a, wg, wu = a.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
-        acc_g = tl.dot(a, wg, acc_g, input_precision=DOT_PRECISION)
-        acc_u = tl.dot(a, wu, acc_u, input_precision=DOT_PRECISION)
-        a_ptrs += BLOCK_K
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
+    if MXFP4:
+        acc_g, acc_u = _mxfp4_gemm(
+            acc_g,
+            acc_u,
+            x_ptr + token * stride_xm,
+            valid,
+            w_ptr,
+            ws_ptr,
+            expert * stride_we + cols * stride_wn,
+            expert * stride_se + cols * stride_sn,
+            N * stride_wn,
+            N * stride_sn,
+            col_ok,
+            K,
+            DOT_PRECISION,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            UPCAST,
+            MXFP4,
+            A_FORMAT,
+            True,
+        )
+    else:
+        ks = tl.arange(0, BLOCK_K)
+        a_ptrs = x_ptr + token[:, None] * stride_xm + ks[None, :]  # [BLOCK_M, BLOCK_K]
+        g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + ks[:, None]  # [BK, BN]
+        u_ptrs = g_ptrs + N * stride_wn
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                wg = tl.load(g_ptrs, mask=col_ok[None, :], other=0.0)
+                wu = tl.load(u_ptrs, mask=col_ok[None, :], other=0.0)
+            else:
+                k_ok = ks < K - k0
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                wg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                wu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if UPCAST:
+                a, wg, wu = a.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
+            acc_g = tl.dot(a, wg, acc_g, input_precision=DOT_PRECISION)
+            acc_u = tl.dot(a, wu, acc_u, input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K
+            g_ptrs += BLOCK_K
+            u_ptrs += BLOCK_K
     if HAS_BIAS:
         b_row = b_ptr + expert * stride_be
         acc_g += tl.load(b_row + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -200,6 +287,7 @@ def moe_down_kernel(
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     MXFP4: tl.constexpr,
+    A_FORMAT: tl.constexpr,
 ):
     pid_m, pid_n = _block_coords(tl.program_id(0), max_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
@@ -210,30 +298,47 @@ def moe_down_kernel(
     valid = pair < num_pairs
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = act_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]  # [BM, BK]
-    w_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + ks[:, None]  # [BK, BN]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    q_rows = expert * stride_we + cols * stride_wn  # MXFP4 [BN] byte offsets
-    s_rows = expert * stride_se + cols * stride_sn
-    for k0 in range(0, K, BLOCK_K):
-        if MXFP4:
-            k_ok = ks < K - k0
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            w = _mxfp4_tile(w_ptr, ws_ptr, q_rows, s_rows, col_ok, k0, K, BLOCK_N, BLOCK_K)
-            w = w.to(a.dtype)
-        elif EVEN_K:
-            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            w = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
-        else:
-            k_ok = ks < K - k0
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if UPCAST:
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    if MXFP4:
+        acc, _ = _mxfp4_gemm(
+            acc,
+            acc,
+            act_ptr + rows.to(tl.int64) * stride_am,
+            valid,
+            w_ptr,
+            ws_ptr,
+            expert * stride_we + cols * stride_wn,
+            expert * stride_se + cols * stride_sn,
+            0,
+            0,
+            col_ok,
+            K,
+            DOT_PRECISION,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            UPCAST,
+            MXFP4,
+            A_FORMAT,
+            False,
+        )
+    else:
+        ks = tl.arange(0, BLOCK_K)
+        a_ptrs = act_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]  # [BM, BK]
+        w_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + ks[:, None]  # [BK, BN]
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                w = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
+            else:
+                k_ok = ks < K - k0
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if UPCAST:
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(b_ptr + expert * stride_be + cols, mask=col_ok, other=0.0).to(tl.float32)[
             None, :

@@ -14,15 +14,28 @@ Tensor parallelism splits every expert's intermediate dim I: rank r holds gate a
 [r * I/tp, (r+1) * I/tp) (w13 [E, 2I/tp, H]) and the matching down columns (w2 [E, H, I/tp]);
 each rank's output is a partial sum, all-reduced at the end; the down bias is added on rank 0
 only, so it counts once.
+
+MXFP4 experts (quant_method "mxfp4", the gpt-oss checkpoint format, loaded with `load_mxfp4`):
+on CUDA they stay packed, w13_weight uint8 [E, 2I, H/2] + w13_weight_scale uint8 [E, 2I, H/32]
+and w2_weight uint8 [E, H, I/2] + w2_weight_scale uint8 [E, H, I/32] (E2M1 pairs along the input
+dim, low nibble first; one E8M0 scale per 32 inputs), and the Triton kernels dequantise them
+(the torch paths dequantise all experts per call: a reference only). Elsewhere (the CPU
+reference) they are dequantised at load into the layout above. TP shards the packed down
+weights along I in whole scale groups, so packing needs I / tp % 32 == 0 (else: dequantised).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
+from srt.layers.mxfp4 import dequantize_mxfp4
+
+logger = logging.getLogger(__name__)
 
 
 class TopKExperts(nn.Module):
@@ -37,6 +50,8 @@ class TopKExperts(nn.Module):
     tp_rank, tp_size : TP position (default: the TP group's); tp_size must divide I.
     reduce_results : all-reduce the partial outputs over the TP ranks (tp > 1).
     moe_runner_backend : "auto" (Triton kernels on CUDA, torch elsewhere), "triton" or "torch".
+    quant_method : None (weights in the model dtype) or "mxfp4" (checkpoint experts in MXFP4).
+    mxfp4_packed : with "mxfp4", keep the weights packed (default: when built on CUDA).
     """
 
     dense_max_tokens = 64  # batches up to this size run every expert densely
@@ -64,8 +79,12 @@ class TopKExperts(nn.Module):
         tp_size: int | None = None,
         reduce_results: bool = True,
         moe_runner_backend: str = "auto",
+        quant_method: str | None = None,
+        mxfp4_packed: bool | None = None,
     ) -> None:
         super().__init__()
+        if quant_method not in (None, "mxfp4"):
+            raise ValueError(f"quant_method must be None or 'mxfp4', got {quant_method!r}")
         if activation not in ("swiglu_oai", "silu"):
             raise ValueError(f"activation must be 'swiglu_oai' or 'silu', got {activation!r}")
         if moe_runner_backend not in ("auto", "triton", "torch"):
@@ -83,9 +102,26 @@ class TopKExperts(nn.Module):
         E, H, I2 = num_experts, hidden_size, intermediate_size // self.tp_size
         self.num_experts, self.hidden_size, self.intermediate_size = E, H, I2
         self.activation, self.alpha, self.limit = activation, swiglu_alpha, swiglu_limit
+        self.quant_method = quant_method
+        if mxfp4_packed is None:
+            mxfp4_packed = torch.empty(0).device.type == "cuda"  # the device being built on
+        self.mxfp4 = quant_method == "mxfp4" and mxfp4_packed
+        if self.mxfp4 and (H % 32 or I2 % 32):
+            logger.warning(
+                "MXFP4 experts dequantised at load: hidden %d and intermediate/tp %d must be "
+                "multiples of 32 to stay packed",
+                H,
+                I2,
+            )
+            self.mxfp4 = False
         p = lambda *s: nn.Parameter(torch.empty(s), requires_grad=False)
-        self.w13_weight = p(E, 2 * I2, H)
-        self.w2_weight = p(E, H, I2)
+        u8 = lambda *s: nn.Parameter(torch.empty(s, dtype=torch.uint8), requires_grad=False)
+        if self.mxfp4:
+            self.w13_weight, self.w13_weight_scale = u8(E, 2 * I2, H // 2), u8(E, 2 * I2, H // 32)
+            self.w2_weight, self.w2_weight_scale = u8(E, H, I2 // 2), u8(E, H, I2 // 32)
+        else:
+            self.w13_weight, self.w2_weight = p(E, 2 * I2, H), p(E, H, I2)
+            self.w13_weight_scale = self.w2_weight_scale = None
         self.w13_bias = p(E, 2 * I2) if bias else None
         self.w2_bias = p(E, H) if bias else None
         for prm in (self.w13_weight, self.w2_weight, self.w13_bias, self.w2_bias):
@@ -123,6 +159,62 @@ class TopKExperts(nn.Module):
             return loaded[..., r * i_loc : (r + 1) * i_loc]  # [E, H, I/tp]
         return loaded  # w2_bias [E, H]: replicated
 
+    def load_mxfp4(self, proj: str, blocks: torch.Tensor, scales: torch.Tensor) -> list[str]:
+        """Load one expert projection of an HF MXFP4 checkpoint (full, TP-1 shaped).
+
+        Parameters
+        ----------
+        proj : "gate_up" (blocks uint8 [E, 2I, H/32, 16], scales uint8 [E, 2I, H/32], rows
+            g0 u0 g1 u1 ...) or "down" (blocks [E, H, I/32, 16], scales [E, H, I/32]).
+
+        Returns
+        -------
+        The names of the parameters set (packed: the weight and its scale).
+        """
+        if proj not in ("gate_up", "down"):
+            raise ValueError(f"proj must be 'gate_up' or 'down', got {proj!r}")
+        if not self.mxfp4:  # dequantised straight to the model's dtype, on its device
+            param = self.w13_weight if proj == "gate_up" else self.w2_weight
+            dev, dt = param.device, param.dtype
+            w = dequantize_mxfp4(blocks.to(dev), scales.to(dev), dt)
+            self.weight_loader(param, w, "gate_up_interleaved" if proj == "gate_up" else "down")
+            return ["w13_weight" if proj == "gate_up" else "w2_weight"]
+        if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+            raise TypeError(f"MXFP4 {proj} blocks/scales must be uint8")
+        if blocks.dim() != 4 or blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
+            raise ValueError(
+                f"MXFP4 {proj} blocks {tuple(blocks.shape)} / scales {tuple(scales.shape)} are "
+                "not [E, N, G, 16] / [E, N, G]"
+            )
+        if proj == "gate_up":
+            pairs = ((self.w13_weight, blocks.flatten(-2)), (self.w13_weight_scale, scales))
+            for param, t in pairs:
+                t = torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)  # gate rows | up rows
+                t = self._tp_slice(self.w13_weight, t)  # this rank's gate and up rows
+                self._copy_packed(param, t, proj)
+            return ["w13_weight", "w13_weight_scale"]
+        groups, r = self.intermediate_size // 32, self.tp_rank  # this rank's scale groups of I
+        if self.tp_size > 1 and scales.shape[-1] == self.full_intermediate_size // 32:
+            blocks = blocks[:, :, r * groups : (r + 1) * groups]
+            scales = scales[:, :, r * groups : (r + 1) * groups]
+        self._copy_packed(self.w2_weight, blocks.flatten(-2), proj)  # [E, H, I/2]
+        self._copy_packed(self.w2_weight_scale, scales, proj)  # [E, H, I/32]
+        return ["w2_weight", "w2_weight_scale"]
+
+    @staticmethod
+    def _copy_packed(param: nn.Parameter, t: torch.Tensor, proj: str) -> None:
+        if tuple(t.shape) != tuple(param.shape):
+            raise ValueError(f"MXFP4 {proj} shape {tuple(t.shape)} != {tuple(param.shape)}")
+        param.data.copy_(t)
+
+    def _dense_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13 [E, 2I, H], w2 [E, H, I]) for the torch paths: packed MXFP4 dequantised."""
+        if not self.mxfp4:
+            return self.w13_weight, self.w2_weight
+        deq = lambda q, s: dequantize_mxfp4(q.view(*s.shape, 16), s, dtype)  # [E, N, K]
+        w13 = deq(self.w13_weight, self.w13_weight_scale)
+        return w13, deq(self.w2_weight, self.w2_weight_scale)
+
     def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up[..., : self.intermediate_size], gate_up[..., self.intermediate_size :]
         if self.activation == "silu":
@@ -131,46 +223,46 @@ class TopKExperts(nn.Module):
         up = up.clamp(min=-self.limit, max=self.limit)
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
-    def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        h = x @ self.w13_weight[e].T  # [n, 2I]
+    def _expert(self, x: torch.Tensor, e: int, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        h = x @ w13[e].T  # [n, 2I]
         if self.w13_bias is not None:
             h = h + self.w13_bias[e]
-        out = self._act(h) @ self.w2_weight[e].T  # [n, H]
+        out = self._act(h) @ w2[e].T  # [n, H]
         if self.w2_bias is not None and self.tp_rank == 0:
             out = out + self.w2_bias[e]
         return out
 
-    def _forward_gathered(self, x, topk_weights, topk_ids) -> torch.Tensor:
+    def _forward_gathered(self, x, topk_weights, topk_ids, w13, w2) -> torch.Tensor:
         """Static shapes, reads only the T*k selected experts (cheapest when T*k < E)."""
         out = torch.zeros_like(x)
         for j in range(topk_ids.shape[1]):
             ids = topk_ids[:, j]  # [T]
-            h = torch.bmm(self.w13_weight[ids], x[:, :, None])[..., 0]  # [T, 2I, H] @ [T, H, 1]
+            h = torch.bmm(w13[ids], x[:, :, None])[..., 0]  # [T, 2I, H] @ [T, H, 1]
             if self.w13_bias is not None:
                 h = h + self.w13_bias[ids]
             a = self._act(h)  # [T, I]
-            y = torch.bmm(self.w2_weight[ids], a[:, :, None])[..., 0]  # [T, H]
+            y = torch.bmm(w2[ids], a[:, :, None])[..., 0]  # [T, H]
             if self.w2_bias is not None and self.tp_rank == 0:
                 y = y + self.w2_bias[ids]
             out += (y * topk_weights[:, j, None]).to(x.dtype)
         return out
 
-    def _forward_dense(self, x, topk_weights, topk_ids) -> torch.Tensor:
+    def _forward_dense(self, x, topk_weights, topk_ids, w13, w2) -> torch.Tensor:
         """Static shapes, every expert on every token (weight 0 where unused)."""
         out = torch.zeros_like(x)
         for e in range(self.num_experts):
             w = (topk_weights * (topk_ids == e)).sum(-1, keepdim=True)  # [T, 1]
-            out += (self._expert(x, e) * w).to(x.dtype)
+            out += (self._expert(x, e, w13, w2) * w).to(x.dtype)
         return out
 
-    def _forward_grouped(self, x, topk_weights, topk_ids) -> torch.Tensor:
+    def _forward_grouped(self, x, topk_weights, topk_ids, w13, w2) -> torch.Tensor:
         """Each expert on its own tokens only (host sync per expert: eager only)."""
         out = torch.zeros_like(x)
         for e in range(self.num_experts):
             tok, slot = torch.where(topk_ids == e)
             if tok.numel() == 0:
                 continue
-            y = self._expert(x[tok], e) * topk_weights[tok, slot, None]
+            y = self._expert(x[tok], e, w13, w2) * topk_weights[tok, slot, None]
             out.index_add_(0, tok, y.to(x.dtype))
         return out
 
@@ -195,6 +287,8 @@ class TopKExperts(nn.Module):
             activation=self.activation,
             swiglu_alpha=self.alpha,
             swiglu_limit=self.limit,
+            w13_scale=self.w13_weight_scale,
+            w2_scale=self.w2_weight_scale,
         )
 
     def forward(
@@ -222,13 +316,15 @@ class TopKExperts(nn.Module):
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
         if self.uses_triton(x):
             out = self._forward_triton(x, topk_weights, topk_ids)
-        elif capturing or T <= self.dense_max_tokens:
-            if T * k < self.num_experts:
-                out = self._forward_gathered(x, topk_weights, topk_ids)
-            else:
-                out = self._forward_dense(x, topk_weights, topk_ids)
         else:
-            out = self._forward_grouped(x, topk_weights, topk_ids)
+            w = self._dense_weights(x.dtype)
+            if capturing or T <= self.dense_max_tokens:
+                if T * k < self.num_experts:
+                    out = self._forward_gathered(x, topk_weights, topk_ids, *w)
+                else:
+                    out = self._forward_dense(x, topk_weights, topk_ids, *w)
+            else:
+                out = self._forward_grouped(x, topk_weights, topk_ids, *w)
         if self.tp_size > 1 and self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)  # partial sums over I -> [T, H]
         return out

@@ -1,0 +1,111 @@
+"""Launch configurations of the routed-expert kernels, by token count, weight format and dtype.
+
+`get_config(T, device, dtype, mxfp4)` picks a row of the measured tables (bf16 experts:
+MOE_CONFIGS, MXFP4 experts: MXFP4_CONFIGS), shrunk where its pipelined tiles would not fit in
+shared memory (fp32), and the interpreter's tiny tiles off CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+MXFP4_MODES = ("dot_scaled", "split")
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One grouped GEMM's launch configuration."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 1
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Both GEMMs' configurations; block_m is shared (the alignment's block size).
+
+    mxfp4_mode (MXFP4 weights only): "dot_scaled" (Triton's scaled dot, bf16/fp16 activations)
+    or "split" (even/odd K halves, bit-arithmetic dequantisation; any dtype); see
+    fused_moe_triton_kernels.py.
+    """
+
+    block_m: int
+    gate_up: GemmConfig
+    down: GemmConfig
+    mxfp4_mode: str = "dot_scaled"
+
+
+# Upper bound on T -> config, measured on the H100 (bf16 activations and experts, gpt-oss-20b
+# shape, CUDA graph; benchmarks/bench_moe.py --sweep). Decode (few pairs per expert) is weight-read
+# bound: BLOCK_M 16, narrow N tiles so enough programs stream weights, long K blocks; prefill
+# grows BLOCK_M and the N tiles.
+MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
+    (1, MoeConfig(16, GemmConfig(32, 64, 4, 5, 1), GemmConfig(32, 256, 4, 3, 1))),  # 85.3 µs
+    (8, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 128, 4, 4, 1))),  # 325.0 µs
+    (32, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),  # 535.7 µs
+    (64, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),  # 551.8 µs
+    (512, MoeConfig(64, GemmConfig(64, 64, 4, 4, 8), GemmConfig(128, 64, 4, 4, 8))),  # 664.0 µs
+    (1 << 62, MoeConfig(128, GemmConfig(128, 64, 8, 3, 8), GemmConfig(256, 64, 8, 3, 8))),  # 2060
+)
+# MXFP4 experts (starting points, not yet measured: `bench_moe.py --mxfp4 --sweep` times both
+# modes). A weight tile is BLOCK_K / 2 bytes a row, so decode takes long K blocks (128-byte
+# row segments per load) and deep pipelines to keep enough bytes in flight.
+MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
+    (8, MoeConfig(16, GemmConfig(32, 256, 4, 4), GemmConfig(32, 256, 4, 4))),
+    (64, MoeConfig(16, GemmConfig(64, 256, 4, 4), GemmConfig(64, 256, 4, 4))),
+    (512, MoeConfig(64, GemmConfig(64, 128, 4, 4, 8), GemmConfig(128, 128, 4, 3, 8))),
+    (1 << 62, MoeConfig(128, GemmConfig(64, 128, 8, 3, 8), GemmConfig(128, 128, 8, 3, 8))),
+)
+# Shared memory the pipelined operand tiles of one GEMM may take (H100: 227 KiB per block).
+SHARED_MEMORY_BUDGET = 192 * 1024
+# Tiny tiles for the CPU interpreter (tests): same code paths, fewer wasted lanes.
+INTERPRETER_CONFIG = MoeConfig(16, GemmConfig(16, 16, 1, 1), GemmConfig(16, 16, 1, 1), "split")
+
+
+def get_config(
+    num_tokens: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    mxfp4: bool = False,
+) -> MoeConfig:
+    """The launch configuration for num_tokens tokens of `dtype` on `device` (MXFP4 experts:
+    mxfp4=True; fp32 activations then take the "split" mode)."""
+    if device.type != "cuda":
+        return fit_mxfp4(INTERPRETER_CONFIG) if mxfp4 else INTERPRETER_CONFIG
+    table = MXFP4_CONFIGS if mxfp4 else MOE_CONFIGS
+    cfg = next(cfg for bound, cfg in table if num_tokens <= bound)
+    if mxfp4 and dtype not in (torch.bfloat16, torch.float16):
+        cfg = replace(cfg, mxfp4_mode="split")
+    act_size = torch.empty((), dtype=dtype).element_size()
+    return fit_shared_memory(cfg, act_size, 0.5 if mxfp4 else act_size)
+
+
+def fit_shared_memory(cfg: MoeConfig, act_size: int, weight_size: float) -> MoeConfig:
+    """cfg with block_k (down to 32), then num_stages (down to 2), halved until each GEMM's
+    pipelined tiles (activations [BM, BK] + 2 or 1 weight tiles [BK, BN] per stage, of
+    act_size / weight_size bytes an element) fit in SHARED_MEMORY_BUDGET; a no-op for the
+    bf16 and MXFP4 tables with bf16 activations."""
+
+    def fit(g: GemmConfig, mats: int) -> GemmConfig:
+        def size(g: GemmConfig) -> float:
+            per_k = cfg.block_m * act_size + mats * g.block_n * weight_size
+            return g.num_stages * g.block_k * per_k
+
+        while size(g) > SHARED_MEMORY_BUDGET and g.block_k > 32:
+            g = replace(g, block_k=g.block_k // 2)
+        while size(g) > SHARED_MEMORY_BUDGET and g.num_stages > 2:
+            g = replace(g, num_stages=g.num_stages - 1)
+        return g
+
+    return replace(cfg, gate_up=fit(cfg.gate_up, 2), down=fit(cfg.down, 1))
+
+
+def fit_mxfp4(cfg: MoeConfig) -> MoeConfig:
+    """cfg with every block_k a multiple of 32 (whole MXFP4 scale groups per K block)."""
+    fit = lambda g: replace(g, block_k=max(32, g.block_k // 32 * 32))
+    return replace(cfg, gate_up=fit(cfg.gate_up), down=fit(cfg.down))
