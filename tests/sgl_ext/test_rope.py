@@ -17,7 +17,7 @@ from sgl_ext_testutil import (
 )
 
 import sgl_ext
-from sgl_ext import FusedSetKVBufferArg
+from sgl_ext import FusedSetKVBufferArg, settings
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -214,6 +214,7 @@ LAUNCH_CONFIGS = [
 def test_triton_launch_configs(backend, monkeypatch, config, case):
     backend("triton")
     monkeypatch.setenv("SGL_EXT_TRITON_CONFIG", config)
+    settings.reload()
     run_case(device="cuda" if HAS_CUDA else "cpu", **case)
 
 
