@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from sgl_ext import settings
@@ -106,10 +105,26 @@ def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max) if dtype in FP8_DTYPES else 0.0
 
 
+def to_float32(x: float) -> float:
+    """x rounded to float32 (to nearest, ties to even; subnormals and overflow to inf as IEEE),
+    as a Python float. Pure Python, so torch.compile can trace the checks that use it."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    ax = abs(x)
+    if ax >= 2.0**128 - 2.0**103:  # at or past the midpoint of FLT_MAX and 2^128
+        return math.copysign(math.inf, x)
+    m, e = math.frexp(ax)  # ax = m * 2^e, 0.5 <= m < 1
+    bits = 24 - max(0, -125 - e)  # mantissa bits kept (fewer below the normal range)
+    return math.copysign(math.ldexp(round(math.ldexp(m, bits)), e - bits), x)
+
+
 def host_inverse(scale: float) -> float:
-    """1 / scale as the reference computes it: fp32(scale), then one IEEE fp32 division."""
-    with np.errstate(over="ignore", divide="ignore"):
-        return float(np.float32(1.0) / np.float32(scale))
+    """1 / scale as the reference computes it: fp32(scale), then one IEEE fp32 division (a
+    double division rounded to fp32 is the same: 53 >= 2 * 24 + 2 bits)."""
+    s = to_float32(float(scale))
+    if s == 0:
+        return math.copysign(math.inf, s)
+    return to_float32(1.0 / s)
 
 
 def scale_args(scale: Scale) -> tuple[int, torch.Tensor | None, float]:
@@ -231,9 +246,8 @@ def check_scale(name: str, scale: object, device: torch.device) -> tuple[int, fl
     if isinstance(scale, bool):
         raise TypeError(f"{name} must be a float, a 1-element tensor or None, got bool")
     if isinstance(scale, (int, float)):
-        with np.errstate(over="ignore", under="ignore"):
-            f32 = float(np.float32(scale))
-        inv = host_inverse(scale) if f32 > 0 else 0.0
+        f32 = to_float32(float(scale))
+        inv = host_inverse(f32) if f32 > 0 else 0.0
         if not (math.isfinite(f32) and f32 > 0 and math.isfinite(inv) and inv > 0):
             raise ValueError(
                 f"{name} must be positive and finite in float32 (and so its reciprocal), got"
