@@ -45,7 +45,9 @@ EOF
 }
 t_tests() { timeout 540 python -m pytest -q -p no:cacheprovider tests -x -rfE; }
 t_memcheck() {
-  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  # every case twice (the second call is a direct launch of the compiled kernel), NaN / inf into
+  # fp8 caches
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
     python tests/sgl_ext/gpu_memcheck_sweep.py
 }
 t_rope() {
@@ -58,7 +60,12 @@ t_rope() {
 }
 t_eager() {
   peers_env
-  timeout 300 python benchmarks/bench_rope_kv.py --eager
+  # eager µs per call (host + device, and host only): ours fused / RoPE-only / CUDA C++ backend,
+  # SGLang fused / RoPE-only, FlashInfer, unfused, set_kv_buffer vs indexing; floor x.add_(1)
+  timeout 420 python benchmarks/bench_rope_kv.py --eager --json-out "$LOGS/eager.json"
+  # the same with direct launches off (the JIT path per call): what the direct launch saves
+  SGL_EXT_DIRECT_LAUNCH=0 timeout 150 python benchmarks/bench_rope_kv.py --eager \
+    --tokens 1 64 512 --shapes llama3-8b
 }
 t_qknorm() { peers_env; timeout 300 python benchmarks/bench_qk_norm_rope.py; }
 t_moe() { timeout 300 python benchmarks/bench_moe.py; }
