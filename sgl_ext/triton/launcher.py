@@ -38,6 +38,9 @@ _ENTER, _EXIT = _RT.launch_enter_hook, _RT.launch_exit_hook
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
 DIRECT_SUPPORTED = _RAW_STREAM is not None and (3, 3) <= _VERSION < (4, 0)
+# Triton 3.6's CudaLauncher.__call__ only adds (cooperative, pdl, scratch, scratch) before
+# forwarding to its C `launch`; without scratch buffers the C function is called directly.
+_C_LAUNCH_ABI = _VERSION == (3, 6)
 
 
 def _no_hooks() -> bool:
@@ -109,8 +112,12 @@ class KernelLauncher:
             return  # the launcher would allocate scratch memory per call
         names = [p.name for p in params[len(params) - n_const :]]
         self._tail = (*self.fixed, *(self.constexprs[n] for n in names))
-        self._run = kernel.run  # the C launcher (loads the module: here, outside any capture)
-        self._pre = (kernel.function, kernel.packed_metadata)
+        run = kernel.run  # the launcher (loads the module: here, outside any capture)
+        self._run, self._pre = run, (kernel.function, kernel.packed_metadata)
+        c_launch = getattr(run, "launch", None)
+        if _C_LAUNCH_ABI and type(run).__name__ == "CudaLauncher" and c_launch is not None:
+            flags = (run.launch_cooperative_grid, run.launch_pdl, None, None)
+            self._run, self._pre = c_launch, (kernel.function, *flags, kernel.packed_metadata)
         self.compiled = kernel
 
     def direct(self, *ptrs: int) -> None:
@@ -119,7 +126,9 @@ class KernelLauncher:
         if _no_hooks():
             self._run(*self._grid3, stream, *self._pre, None, None, None, *ptrs, *self._tail)
             return
+        k = self.compiled
         args = (*ptrs, *self._tail)
-        meta = self.compiled.launch_metadata(self.grid, stream, *args)
+        meta = k.launch_metadata(self.grid, stream, *args)
         enter, leave = _RT.launch_enter_hook, _RT.launch_exit_hook
-        self._run(*self._grid3, stream, *self._pre, meta, enter, leave, *args)
+        pre = (k.function, k.packed_metadata)
+        k.run(*self._grid3, stream, *pre, meta, enter, leave, *args)

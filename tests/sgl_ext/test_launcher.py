@@ -132,3 +132,25 @@ def test_direct_launches_match_reference_on_cuda(backend, kv_dtype):
     with settings.override(direct_launch=False):  # the JIT path gives the same result
         run_case(device="cuda", dtype=torch.bfloat16, num_tokens=33, hq=8, hkv=2, d=64, seed=9)
         assert all(p.launcher.compiled is None for p in rope._PLANS.values() if p.launcher)
+
+
+class CudaLauncher:  # the name Triton 3.6's launcher class has
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self):
+        self.calls: list = []
+
+    def launch(self, *args):
+        self.calls.append(args)
+
+
+def test_triton36_c_launch_abi(direct_on, monkeypatch):
+    """With Triton 3.6 the C launch function is called as CudaLauncher.__call__ would."""
+    monkeypatch.setattr(L, "_C_LAUNCH_ABI", True)
+    fn = _FakeJit()
+    fn.kernel.run = CudaLauncher()
+    lau = L.KernelLauncher(fn, (3,), (9,), {"X": 1, "Y": 2}, {}, 0, True)
+    lau.launch("A", "B")
+    lau.direct(5, 6)
+    want = (3, 1, 1, 1000, "FN", False, True, None, None, "META", None, None, None, 5, 6, 9, 1, 2)
+    assert fn.kernel.run.calls == [want]
