@@ -67,7 +67,9 @@ t_layers() {
     tests/sgl_ext/test_activation.py tests/srt/layers tests/srt/models tests/srt/model_executor
 }
 t_memcheck() {
-  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  # every case twice (the second call is a direct launch of the compiled kernel), NaN / inf into
+  # fp8 caches
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
     python -m tests.sgl_ext.gpu_memcheck_sweep
 }
 t_rope() {
@@ -80,7 +82,12 @@ t_rope() {
 }
 t_eager() {
   peers_env
-  timeout 300 python benchmarks/bench_rope_kv.py --eager
+  # eager µs per call (host + device, and host only): ours fused / RoPE-only / CUDA C++ backend,
+  # SGLang fused / RoPE-only, FlashInfer, unfused, set_kv_buffer vs indexing; floor x.add_(1)
+  timeout 420 python benchmarks/bench_rope_kv.py --eager --json-out "$LOGS/eager.json"
+  # the same with direct launches off (the JIT path per call): what the direct launch saves
+  SGL_EXT_DIRECT_LAUNCH=0 timeout 150 python benchmarks/bench_rope_kv.py --eager \
+    --tokens 1 64 512 --shapes llama3-8b
 }
 t_qknorm() {
   # issue 17: the op's and Qwen3's GPU tests, then the tables (bf16 with the SGLang columns,

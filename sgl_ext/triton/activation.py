@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting
+from sgl_ext import settings
 from sgl_ext.triton.rounding import cast_rne
 
 BLOCK = 1024
@@ -34,5 +34,12 @@ def silu_and_mul_launch(x: torch.Tensor, out: torch.Tensor) -> None:
         return
     block = min(BLOCK, 1 << (d - 1).bit_length())
     _silu_and_mul_kernel[(rows, -(-d // block))](
-        x, out, d, x.stride(0), out.stride(0), BLOCK=block, EMULATE=interpreting(), num_warps=4
+        x,
+        out,
+        d,
+        x.stride(0),
+        out.stride(0),
+        BLOCK=block,
+        EMULATE=settings.get().interpret,
+        num_warps=4,
     )

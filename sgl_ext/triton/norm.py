@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting
+from sgl_ext import settings
 from sgl_ext.triton.rounding import cast_rne
 
 
@@ -99,6 +99,6 @@ def rmsnorm_launch(
         WEIGHT_FP32=weight_in_fp32,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        EMULATE=interpreting(),
+        EMULATE=settings.get().interpret,
         num_warps=num_warps,
     )
