@@ -13,12 +13,12 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
+from sgl_ext._plans import PlanCache
 from sgl_ext.native import kv_write_native
-from sgl_ext.rope import _MAX_PLANS, RopeKVPlan, _scale_key, _scale_tensor
+from sgl_ext.rope import RopeKVPlan, _scale_key, _scale_tensor
 
 _is_compiling = torch.compiler.is_compiling
-_PLANS: dict[object, RopeKVPlan] = {}
-settings.on_change(_PLANS.clear)
+_PLANS = PlanCache()
 
 
 def check(
@@ -62,12 +62,7 @@ def _new_plan(plan_key: object, *args: object) -> RopeKVPlan:
 
         align = key.data_ptr() % 16
         launcher = plan_rope_kv(call, align, align, k_buffer.data_ptr() % 16, None)
-    plan = RopeKVPlan(call, backend, s.debug, launcher)
-    if plan_key is not None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[plan_key] = plan
-    return plan
+    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher))
 
 
 def set_kv_buffer(

@@ -26,9 +26,9 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall
+from sgl_ext._plans import PlanCache
 from sgl_ext.native import kv_write_native, rms_norm_heads_native, rotate_native
 from sgl_ext.rope import (
-    _MAX_PLANS,
     FusedSetKVBufferArg,
     _check_kv,
     _kv_tensors,
@@ -50,8 +50,7 @@ class QKNormRopePlan:
     launcher: object | None  # triton.launcher.KernelLauncher for backend "triton"
 
 
-_PLANS: dict[object, QKNormRopePlan] = {}
-settings.on_change(_PLANS.clear)
+_PLANS = PlanCache()
 
 
 def _check_norm(
@@ -139,12 +138,7 @@ def _new_plan(
         kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else key
         aligns = (query.data_ptr() % 16, key.data_ptr() % 16, kb.data_ptr() % 16)
         launcher = plan_rope_kv(call, *aligns, enable_pdl, norm)
-    plan = QKNormRopePlan(call, norm, backend, settings.get().debug, launcher)
-    if plan_key is not None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[plan_key] = plan
-    return plan
+    return _PLANS.put(plan_key, QKNormRopePlan(call, norm, backend, settings.get().debug, launcher))
 
 
 def _run(

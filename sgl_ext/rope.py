@@ -22,10 +22,10 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
+from sgl_ext._plans import PlanCache
 from sgl_ext.native import kv_write_native, rotate_native
 
 _is_compiling = torch.compiler.is_compiling
-_MAX_PLANS = 4096  # a cache past this size is dropped (e.g. a float scale that changes per call)
 
 
 @dataclass
@@ -61,8 +61,7 @@ class RopeKVPlan:
     launcher: object | None  # triton.launcher.KernelLauncher for backend "triton"
 
 
-_PLANS: dict[object, RopeKVPlan] = {}
-settings.on_change(_PLANS.clear)
+_PLANS = PlanCache()
 
 
 def _check_kv(key: torch.Tensor, arg: object, head_size: int) -> C.KVWrite:
@@ -147,12 +146,7 @@ def _new_plan(
         launcher = plan_rope_kv(
             call, query.data_ptr() % 16, key.data_ptr() % 16, kb.data_ptr() % 16, enable_pdl
         )
-    plan = RopeKVPlan(call, backend, s.debug, launcher)
-    if plan_key is not None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[plan_key] = plan
-    return plan
+    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher))
 
 
 def _run(

@@ -33,6 +33,8 @@ import torch
 import triton
 from triton import knobs
 
+from sgl_ext import settings
+
 _RT = knobs.runtime
 _ENTER, _EXIT = _RT.launch_enter_hook, _RT.launch_exit_hook
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -99,6 +101,10 @@ class KernelLauncher:
         if self.compiled is None and self.allow_direct and kernel is not None:
             self._keep(kernel)
 
+    def launch_jit(self, *tensors: object) -> None:
+        """Launch through the JIT and keep nothing (under torch.compile tracing)."""
+        self.fn[self.grid](*tensors, *self.fixed, **self.constexprs, **self.options)
+
     def _keep(self, kernel: Any) -> None:
         if hasattr(kernel, "result"):  # an asynchronous compile's future
             kernel = kernel.result()
@@ -132,3 +138,21 @@ class KernelLauncher:
         enter, leave = _RT.launch_enter_hook, _RT.launch_exit_hook
         pre = (k.function, k.packed_metadata)
         k.run(*self._grid3, stream, *pre, meta, enter, leave, *args)
+
+
+def make_launcher(
+    fn: Any,
+    grid: tuple[int, ...],
+    fixed: tuple[int | float, ...],
+    constexprs: dict[str, object],
+    options: dict[str, object],
+    device: torch.device,
+) -> KernelLauncher:
+    """A KernelLauncher for tensors on `device` (a tensor's device: CUDA ones carry their
+    index): direct launches on CUDA unless the settings turn them off
+    (`SGL_EXT_DIRECT_LAUNCH=0`) or Triton interprets."""
+    s = settings.get()
+    is_cuda = device.type == "cuda"
+    index = device.index if is_cuda else -1
+    direct = is_cuda and s.direct_launch and not s.interpret
+    return KernelLauncher(fn, grid, fixed, constexprs, options, index, direct)

@@ -24,7 +24,7 @@ import triton.language as tl
 from sgl_ext import settings
 from sgl_ext._backend import pdl_capable
 from sgl_ext._common import KVLayout, QKNormCall, RopeCall, fp8_max
-from sgl_ext.triton.launcher import KernelLauncher
+from sgl_ext.triton.launcher import KernelLauncher, make_launcher
 from sgl_ext.triton.pairs import load_pairs, load_scale, quantize, reciprocal, store_pairs
 from sgl_ext.triton.qk_norm import load_norm_weights, query_in, query_out, rms_norm_head
 
@@ -646,9 +646,7 @@ def plan_rope_kv(
         USE_PDL=use_pdl,
         QK_NORM=norm is not None,
     )
-    index = call.device.index if is_cuda else -1
-    direct = is_cuda and s.direct_launch and not s.interpret
-    return KernelLauncher(rope_kv_kernel, grid, fixed, constexprs, options, index, direct)
+    return make_launcher(rope_kv_kernel, grid, fixed, constexprs, options, call.device)
 
 
 def _strides(v) -> tuple[int, int]:
