@@ -23,6 +23,7 @@ Usage: python benchmarks/bench_rope_kv.py [--tokens 1 8 ...] [--shapes llama3-8b
 host loop, synchronised at the end, divided by n (median of 7 repeats; every shape warmed up
 first), and the host-only part (the loop before the sync). Columns (bf16 cache):
   fused / rope   ours with and without the FusedSetKVBufferArg
+  qknorm         ours, apply_qk_norm_rope_with_cos_sin_cache_inplace with the KV write
   cuda           ours, fused, with the CUDA C++ backend (ctypes launch) forced
   sglang / sglang_rope / fi_rope   the peers' kernels, called straight through tvm-ffi
                  (without SGLang's custom-op wrapper: their cost as the lowest it can be)
@@ -312,6 +313,15 @@ def eager_fns(c) -> dict:
         op(pos, q, k, d, cs, neox)
         set_kv(k, v, c.kb, c.vb, loc, ks, ks)
 
+    qk_op = sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace
+    qkv0 = sets[0][1]
+    qw = torch.rand(d, device=qkv0.device, dtype=qkv0.dtype) + 0.5
+    kw = torch.rand(d, device=qkv0.device, dtype=qkv0.dtype) + 0.5
+
+    def qknorm(i):  # issue 17's op (Qwen3): q/k RMSNorm + RoPE + KV write
+        pos, q, k, v, loc = sets[i % n]
+        qk_op(pos, q, k, d, cs, qw, kw, 1e-6, neox, fused_args[i % n])
+
     def set_kv_only(i):
         pos, q, k, v, loc = sets[i % n]
         set_kv(k, v, c.kb, c.vb, loc, ks, ks)
@@ -321,7 +331,8 @@ def eager_fns(c) -> dict:
         c.kb[loc] = k
         c.vb[loc] = v
 
-    fns = {"fused": fused, "rope": rope, "unfused": unfused, "set_kv": set_kv_only}
+    fns = {"fused": fused, "rope": rope, "qknorm": qknorm, "unfused": unfused}
+    fns["set_kv"] = set_kv_only
     if ks is None:  # plain indexing stores no scaled fp8
         fns["index"] = index
     return fns
@@ -330,6 +341,7 @@ def eager_fns(c) -> dict:
 EAGER_COLUMNS = [
     "fused",
     "rope",
+    "qknorm",
     "cuda",
     "sglang",
     "sglang_rope",
@@ -338,7 +350,7 @@ EAGER_COLUMNS = [
     "set_kv",
     "index",
 ]
-EAGER_HOST = ["fused", "rope", "set_kv", "sglang"]
+EAGER_HOST = ["fused", "rope", "qknorm", "set_kv", "sglang"]
 
 
 def run_eager(args) -> tuple[list[dict], float]:

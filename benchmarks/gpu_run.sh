@@ -15,7 +15,8 @@
 #              graph runner), for a quick check of issue 15's work
 #   memcheck   compute-sanitizer memcheck over the kernel sweep
 #   rope       bench_rope_kv tables: bf16 graph + eager, fp8, GPT-J, partial rotary, vs peers
-#   eager      host time per eager call: ours vs SGLang / FlashInfer and set_kv_buffer vs indexing
+#   eager      host time per eager call: ours (RoPE, q/k-norm op) vs SGLang / FlashInfer and
+#              set_kv_buffer vs indexing, both shapes, T 1..32768
 #   qknorm     q/k-norm op + Qwen3 GPU tests, bench_qk_norm_rope tables (Qwen3-8B / -32B shapes)
 #   moe        MoE tests (test_moe*.py, GPU ones included) + bench_moe (gpt-oss-20b shape):
 #              routed-expert kernel vs torch, read floor; bf16 experts, then MXFP4 experts
@@ -24,7 +25,8 @@
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   cli        bench_one_batch / gpqa CLI GPU tests, --correctness-test with graphs, floor + --profile
 #   layerbench bench_layers: add+RMSNorm / RMSNorm / SiLU-and-mul kernels vs torch-native and
-#              split-KV decode attention, with floors (llama3-8b, qwen3-8b shapes)
+#              split-KV decode attention, device time in CUDA graphs with floors (llama3-8b,
+#              qwen3-8b shapes); eager µs per call of every layer op, direct launch on / off
 #   profile    per-kernel breakdown of one decode step (PROFILE_PRESETS, default llama3-8b and
 #              qwen3-8b; bs 1 and 64), eager wall per decoder layer
 #   small      small-T tables (T 1/8/32), bf16 and fp8, positions over the whole cos/sin table
@@ -117,7 +119,11 @@ t_e2e() {
       --input-len 512 --output-len 32 --result-filename "$LOGS/e2e_result.jsonl"
   done
 }
-t_layerbench() { timeout 300 python benchmarks/bench_layers.py; }
+t_layerbench() {
+  # device µs in CUDA graphs vs floors, then eager µs per call of every per-layer op (T 1, 512)
+  # with the direct launch on / off beside x.add_(1) (issue 14/15: "on host" near the floor)
+  timeout 480 python benchmarks/bench_layers.py --eager
+}
 PROFILE_PRESETS=${PROFILE_PRESETS:-llama3-8b qwen3-8b}
 t_profile() {
   for m in $PROFILE_PRESETS; do
