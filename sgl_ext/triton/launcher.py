@@ -156,3 +156,104 @@ def make_launcher(
     index = device.index if is_cuda else -1
     direct = is_cuda and s.direct_launch and not s.interpret
     return KernelLauncher(fn, grid, fixed, constexprs, options, index, direct)
+
+
+class CachedLauncher:
+    """`launcher[grid](*args, **kwargs)`: a drop-in for `fn[grid](...)` with the host work of a
+    direct launch (for kernels called from Python per layer, e.g. attention).
+
+    The arguments must follow the kernel convention: tensors first (the per-call pointers),
+    then ints / floats / bools (fixed per plan), constexprs and launch options by keyword. A
+    call's plan key holds the grid, each tensor's (dtype, device, data_ptr() % 16) - all that
+    Triton specialises a pointer on - and every other argument's type and value; a hit launches
+    that plan's compiled kernel directly. Any other call shape (a tensor among the scalars, a
+    None, an unhashable value), CPU tensors, the interpreter, torch.compile tracing or
+    `SGL_EXT_DIRECT_LAUNCH=0` go through the JIT as `fn[grid](...)` would.
+    """
+
+    __slots__ = ("fn", "_plans", "_params")
+
+    def __init__(self, fn: Any) -> None:
+        from sgl_ext._plans import PlanCache
+
+        self.fn = fn
+        self._plans = PlanCache()
+        self._params: dict[str, Any] | None = None
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.run(grid, args, kwargs)
+
+        return launch
+
+    def run(self, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
+        s = settings.get()
+        if s.interpret or not s.direct_launch or not DIRECT_SUPPORTED or _compiling():
+            self.fn[grid](*args, **kwargs)
+            return
+        ptrs = []
+        metas = []
+        n = 0
+        for a in args:
+            if a.__class__ is not torch.Tensor and not isinstance(a, torch.Tensor):
+                break
+            p = a.data_ptr()
+            ptrs.append(p)
+            metas.append((a.dtype, a.device, p & 15))
+            n += 1
+        rest = args[n:]
+        try:
+            key = (grid, *metas, *[(a.__class__, a) for a in rest], *kwargs.items())
+            plan = self._plans.get(key)
+        except TypeError:  # unhashable
+            self.fn[grid](*args, **kwargs)
+            return
+        if plan is None:
+            plan = self._plans.put(key, self._plan(grid, args[:n], rest, kwargs))
+        if plan is False:
+            self.fn[grid](*args, **kwargs)
+        elif plan.compiled is not None:
+            plan.direct(*ptrs)
+        else:
+            plan.launch(*args[:n])
+
+    def _plan(
+        self, grid: tuple[int, ...], tensors: tuple, rest: tuple, kwargs: dict[str, Any]
+    ) -> KernelLauncher | bool:
+        """The launcher of a call shape, or False where only the JIT can launch it."""
+        if not tensors or tensors[0].device.type != "cuda":
+            return False
+        if any(a is None or isinstance(a, torch.Tensor) for a in rest):
+            return False
+        if self._params is None:
+            self._params = {p.name: p for p in self.fn.params}
+        runtime = sum(not p.is_constexpr for p in self._params.values())
+        if len(tensors) + len(rest) != runtime:  # a runtime parameter left to its default
+            return False
+        constexprs, options = {}, {}
+        for name, value in kwargs.items():
+            p = self._params.get(name)
+            (constexprs if p is not None else options)[name] = value
+        for name, p in self._params.items():  # constexprs left to their defaults
+            if p.is_constexpr and name not in constexprs:
+                if not p.has_default:
+                    return False
+                constexprs[name] = p.default
+        index = tensors[0].device.index
+        return KernelLauncher(self.fn, grid, rest, constexprs, options, index, True)
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+_CACHED: dict[Any, CachedLauncher] = {}
+
+
+def cached_launcher(fn: Any) -> CachedLauncher:
+    """The CachedLauncher of a @triton.jit function (one per function, made on first use):
+    `cached_launcher(kernel)[grid](*args, **kwargs)` launches like `kernel[grid](...)`."""
+    lau = _CACHED.get(fn)
+    if lau is None:
+        lau = _CACHED[fn] = CachedLauncher(fn)
+    return lau

@@ -154,3 +154,69 @@ def test_triton36_c_launch_abi(direct_on, monkeypatch):
     lau.direct(5, 6)
     want = (3, 1, 1, 1000, "FN", False, True, None, None, "META", None, None, None, 5, 6, 9, 1, 2)
     assert fn.kernel.run.calls == [want]
+
+
+# ------------------------------------------------------------------------- CachedLauncher
+class _FakeTensor(torch.Tensor):
+    """A CPU tensor that reports itself on CUDA (the plan logic only reads the metadata)."""
+
+    @property
+    def device(self):  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+
+def _fake(ptr_offset: int = 0) -> torch.Tensor:
+    t = torch.zeros(8).as_subclass(_FakeTensor)
+    return t[ptr_offset:] if ptr_offset else t
+
+
+def _fake_params(fn: _FakeJit) -> None:
+    for p in fn.params:
+        p.has_default = p.name == "Y"
+        p.default = 7
+
+
+@pytest.fixture
+def compiled_mode():
+    """Settings as on a GPU host (the CPU suite runs with TRITON_INTERPRET=1)."""
+    with settings.override(interpret=False, direct_launch=True):
+        yield
+
+
+def test_cached_launcher_keys_and_direct(direct_on, compiled_mode):
+    fn = _FakeJit()
+    _fake_params(fn)
+    lau = L.CachedLauncher(fn)
+    a, b = _fake(), _fake()
+    lau[(3,)](a, b, 5, X=1, num_warps=4)  # JIT, keeps the compiled kernel
+    assert fn.jit_calls[-1] == ((3,), (a, b, 5), {"X": 1, "Y": 7, "num_warps": 4})
+    lau[(3,)](b, a, 5, X=1, num_warps=4)  # same plan: direct, the new pointers
+    assert len(fn.jit_calls) == 1
+    assert fn.runs[-1][-5:] == (b.data_ptr(), a.data_ptr(), 5, 1, 7)
+    # any change of grid, scalar, constexpr, option or pointer alignment is another plan
+    for grid, args, kw in (
+        ((4,), (a, b, 5), {"X": 1, "num_warps": 4}),
+        ((3,), (a, b, 6), {"X": 1, "num_warps": 4}),
+        ((3,), (a, b, 5), {"X": 2, "num_warps": 4}),
+        ((3,), (a, b, 5), {"X": 1, "num_warps": 8}),
+        ((3,), (_fake(1), b, 5), {"X": 1, "num_warps": 4}),  # 4-byte offset: alignment 4
+    ):
+        n = len(fn.jit_calls)
+        lau[grid](*args, **kw)
+        assert len(fn.jit_calls) == n + 1, (grid, kw)
+
+
+def test_cached_launcher_falls_back_to_jit(direct_on, compiled_mode):
+    fn = _FakeJit()
+    _fake_params(fn)
+    lau = L.CachedLauncher(fn)
+    a = _fake()
+    cpu = torch.zeros(4)
+    for args in ((cpu, cpu, 5), (a, a, None), (a, 5, a), (a, a)):  # CPU, None, order, arity
+        for _ in range(2):
+            lau[(1,)](*args, X=1)
+    assert len(fn.jit_calls) == 8 and not fn.runs
+    with settings.override(direct_launch=False):
+        lau[(1,)](a, a, 5, X=1)
+        lau[(1,)](a, a, 5, X=1)
+    assert len(fn.jit_calls) == 10 and not fn.runs
