@@ -75,13 +75,15 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from srt.managers.schedule_batch import Req, ScheduleBatch
+    from srt.model_executor.model_builder import tiny_config_dict
     from srt.model_executor.model_runner import ModelRunner
     from srt.sampling.sampling_params import SamplingParams
     from srt.server_args import ServerArgs
 
     override = {}
-    if a.arch == "qwen3":
-        override = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
+    if a.arch == "qwen3":  # the tiny Llama's sizes as a Qwen3 (q/k RMSNorm per head)
+        override = {**tiny_config_dict(), "architectures": ["Qwen3ForCausalLM"]}
+        override.update(model_type="qwen3", attention_bias=False)
     args = ServerArgs(
         device="cpu",
         dtype="bfloat16",
