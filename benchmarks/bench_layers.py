@@ -1,22 +1,33 @@
-"""Kernel times of the decoder-layer ops against their torch-native paths, with floors.
+"""Kernel times of the decoder-layer ops against their torch-native paths, with floors; and
+their eager cost per call with the direct launch on and off.
 
-    python benchmarks/bench_layers.py [--presets llama3-8b qwen3-8b]
+    python benchmarks/bench_layers.py [--presets llama3-8b qwen3-8b] [--eager] [--no-graph]
 
 Per preset shape (bf16): fused add+RMSNorm, RMSNorm, SiLU-and-mul at T = 1, 64, 512, 4096 tokens
 (sgl_ext kernel vs the torch-native math the layers used before), and decode attention at batch
 1 / 64 with 512 / 4096 cached tokens per request (the backend's split-KV choice vs one split).
-Each row prints the median µs (triton.testing.do_bench, warm-up included), the bytes moved and
-the floor = bytes / measured device-copy bandwidth. A failing row prints its error and the rest
-go on.
+Each row prints the device µs per call inside a CUDA graph (50 calls captured, median of 10
+replays: no launch cost), the floor = bytes moved / measured device-copy bandwidth, and their
+ratio. A failing row prints its error and the rest go on.
+
+--eager (bench_eager.py): per op at T = 1 and 512, the eager µs per call (n calls in a host loop,
+then a sync; host + device, and the host-only part) with the direct launch on (default) and off
+(SGL_EXT_DIRECT_LAUNCH=0: the Triton JIT on every call), beside a bare `x.add_(1)` (the floor of
+any launch from Python) and the op's device time in a graph.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
+import statistics
+import sys
 
 import torch
 import triton.testing as tt
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SHAPES = {  # hidden, intermediate, q heads, kv heads, head dim
     "llama3-8b": (4096, 14336, 32, 8, 128),
@@ -24,8 +35,31 @@ SHAPES = {  # hidden, intermediate, q heads, kv heads, head dim
 }
 
 
-def _bench(fn) -> float:
-    return tt.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # µs
+def graph_us(fn, reps: int = 50, replays: int = 10) -> float:
+    """Device µs per fn() call: `reps` calls captured in one CUDA graph (after 3 warm-up calls
+    on a side stream: compiles, plans), median of `replays` timed replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    del g
+    return statistics.median(times)
 
 
 def copy_bandwidth() -> float:
@@ -37,7 +71,7 @@ def copy_bandwidth() -> float:
 
 def _row(name: str, fn, nbytes: int, bw: float) -> None:
     try:
-        us = _bench(fn)
+        us = graph_us(fn)
         floor = nbytes / bw / 1e3
         print(f"{name:48s} {us:9.2f} {floor:9.2f} {us / max(floor, 1e-9):6.1f}x")
     except Exception as e:  # noqa: BLE001 - one failing row must not stop the table
@@ -111,13 +145,21 @@ def _decode_rows(preset: str, B: int, L: int, bw: float) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--presets", nargs="+", default=list(SHAPES), choices=sorted(SHAPES))
+    p.add_argument("--eager", action="store_true", help="eager µs per call, direct launch on/off")
+    p.add_argument("--no-graph", action="store_true", help="skip the graph (device time) table")
     a = p.parse_args(argv)
     bw = copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()}: device copy {bw:.0f} GB/s (read + write)")
-    print(f"{'op':48s} {'us':>9s} {'floor us':>9s} {'ratio':>7s}")
-    for preset in a.presets:
-        bench_elementwise(preset, bw)
-        bench_decode(preset, bw)
+    if not a.no_graph:
+        print(f"{'op (device µs in a CUDA graph)':48s} {'us':>9s} {'floor us':>9s} {'ratio':>7s}")
+        for preset in a.presets:
+            bench_elementwise(preset, bw)
+            bench_decode(preset, bw)
+    if a.eager:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_eager import run_eager
+
+        run_eager(a.presets, graph_us)
 
 
 if __name__ == "__main__":

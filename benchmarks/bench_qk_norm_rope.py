@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_rope_kv,
 import bench_rope_kv as brk  # noqa: E402  (benchmarks/)
 
 import sgl_ext  # noqa: E402
-from sgl_ext import FusedSetKVBufferArg  # noqa: E402
+from sgl_ext import FusedSetKVBufferArg, settings  # noqa: E402
 from srt.layers.layernorm import RMSNorm  # noqa: E402
 
 SHAPES = {"qwen3-8b": (32, 8, 128), "qwen3-32b": (64, 8, 128)}  # (Hq, Hkv, D)
@@ -160,13 +160,15 @@ def run(args) -> tuple[list[dict], float, float]:
             r["rope_kv"] = brk.graph_time_us(c.fused, reps)
             r["sep"] = brk.graph_time_us(c.separate, reps)
             r["floor"] = c.bytes / (bw * 1e9) * 1e6
-            for cfg in args.fused_configs:  # the launcher reads the override at capture
+            for cfg in args.fused_configs:  # a settings change drops the cached launch plans
                 os.environ["SGL_EXT_TRITON_CONFIG"] = cfg
+                settings.reload()
                 try:
                     r[f"fused@{cfg}"] = brk.graph_time_us(c.qk_fused, reps)
                     r[f"rope_kv@{cfg}"] = brk.graph_time_us(c.fused, reps)
                 finally:
                     os.environ.pop("SGL_EXT_TRITON_CONFIG")
+                    settings.reload()
             if not args.no_peers:
                 for name, make in (("sg_2k", sglang_two_kernels), ("sg_qkr", sglang_qknorm_rope)):
                     try:

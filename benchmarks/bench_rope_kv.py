@@ -17,7 +17,19 @@ Variants (all inside CUDA graphs, median over replays, µs per call):
 
 Usage: python benchmarks/bench_rope_kv.py [--tokens 1 8 ...] [--shapes llama3-8b gpt-oss-20b]
            [--kv-dtype bf16|fp8_e4m3] [--rot-frac 0.5] [--gptj] [--no-compile] [--json-out F]
-           [--plot F.png] [--compare] [--only-fused] [--pos-range N]
+           [--plot F.png] [--compare] [--only-fused] [--pos-range N] [--eager]
+
+--eager: the cost of one call made eagerly (no graph), host and device together: n calls in a
+host loop, synchronised at the end, divided by n (median of 7 repeats; every shape warmed up
+first), and the host-only part (the loop before the sync). Columns (bf16 cache):
+  fused / rope   ours with and without the FusedSetKVBufferArg
+  qknorm         ours, apply_qk_norm_rope_with_cos_sin_cache_inplace with the KV write
+  cuda           ours, fused, with the CUDA C++ backend (ctypes launch) forced
+  sglang / sglang_rope / fi_rope   the peers' kernels, called straight through tvm-ffi
+                 (without SGLang's custom-op wrapper: their cost as the lowest it can be)
+  unfused        ours: RoPE alone + set_kv_buffer
+  set_kv / index sgl_ext.set_kv_buffer vs `k_buffer[loc] = k; v_buffer[loc] = v`
+  floor          `x.add_(1)`: a bare eager kernel launch from Python
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peers, peer_co
 from peer_columns import peer_columns  # noqa: E402  (benchmarks/)
 
 import sgl_ext  # noqa: E402
-from sgl_ext import FusedSetKVBufferArg  # noqa: E402
+from sgl_ext import FusedSetKVBufferArg, settings  # noqa: E402
 from sgl_ext.native import rotate_native  # noqa: E402
 
 SHAPES = {  # name: (Hq, Hkv, D)
@@ -227,12 +239,11 @@ def run(args) -> list[dict]:
             r["fused_GBps"] = c.bytes / (r["fused"] * 1e-6) / 1e9
             r["pct_of_copy_bw"] = 100 * r["fused_GBps"] / bw
             for name in ("triton", "cuda") if args.compare else ():
-                os.environ["SGL_EXT_BACKEND"] = name  # read when the graph is captured
                 try:
-                    r[name] = graph_time_us(c.fused, reps)
+                    with settings.override(backend=name):  # the plan is made at capture
+                        r[name] = graph_time_us(c.fused, reps)
                 except RuntimeError as err:  # the CUDA kernel cannot take this call
                     print(f"# {name} skipped: {err}")
-                os.environ.pop("SGL_EXT_BACKEND")
             if t >= 2048:  # where the bandwidth goal applies
                 r["copy"] = same_size_copy_us(c.bytes, reps)
             for name, fn in peer_columns(c, args.kv_dtype).items():
@@ -258,6 +269,148 @@ def run(args) -> list[dict]:
             del c
             torch.cuda.empty_cache()
     return rows, bw, empty
+
+
+def eager_us(fn, n: int, repeats: int = 7) -> tuple[float, float]:
+    """(host + device, host only) µs per eager call: n calls of fn(i) in a host loop, then a
+    sync; medians of `repeats` loops after a warm-up."""
+    for i in range(min(n, 50)):
+        fn(i)
+    torch.cuda.synchronize()
+    total, host = [], []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(n):
+            fn(i)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        total.append((t2 - t0) / n * 1e6)
+        host.append((t1 - t0) / n * 1e6)
+    return statistics.median(total), statistics.median(host)
+
+
+def eager_fns(c) -> dict:
+    """{column: fn(i)} of the eager table for one Case; argument objects are made up front."""
+    d, cs, neox, ks = c.d, c.cs, c.neox, c.k_scale
+    sets = [c.split(i) for i in range(c.nsets)]
+    fused_args = [FusedSetKVBufferArg(v, c.kb, c.vb, ks, ks, loc) for _, _, _, v, loc in sets]
+    rows = [(k.view(c.t, -1, d), v.view(c.t, -1, d), loc) for _, _, k, v, loc in sets]
+    op, set_kv = sgl_ext.apply_rope_with_cos_sin_cache_inplace, sgl_ext.set_kv_buffer
+    n = c.nsets
+
+    def fused(i):
+        pos, q, k, v, loc = sets[i % n]
+        op(pos, q, k, d, cs, neox, fused_args[i % n])
+
+    def rope(i):
+        pos, q, k, v, loc = sets[i % n]
+        op(pos, q, k, d, cs, neox)
+
+    def unfused(i):
+        pos, q, k, v, loc = sets[i % n]
+        op(pos, q, k, d, cs, neox)
+        set_kv(k, v, c.kb, c.vb, loc, ks, ks)
+
+    qk_op = sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace
+    qkv0 = sets[0][1]
+    qw = torch.rand(d, device=qkv0.device, dtype=qkv0.dtype) + 0.5
+    kw = torch.rand(d, device=qkv0.device, dtype=qkv0.dtype) + 0.5
+
+    def qknorm(i):  # issue 17's op (Qwen3): q/k RMSNorm + RoPE + KV write
+        pos, q, k, v, loc = sets[i % n]
+        qk_op(pos, q, k, d, cs, qw, kw, 1e-6, neox, fused_args[i % n])
+
+    def set_kv_only(i):
+        pos, q, k, v, loc = sets[i % n]
+        set_kv(k, v, c.kb, c.vb, loc, ks, ks)
+
+    def index(i):
+        k, v, loc = rows[i % n]
+        c.kb[loc] = k
+        c.vb[loc] = v
+
+    fns = {"fused": fused, "rope": rope, "qknorm": qknorm, "unfused": unfused}
+    fns["set_kv"] = set_kv_only
+    if ks is None:  # plain indexing stores no scaled fp8
+        fns["index"] = index
+    return fns
+
+
+EAGER_COLUMNS = [
+    "fused",
+    "rope",
+    "qknorm",
+    "cuda",
+    "sglang",
+    "sglang_rope",
+    "fi_rope",
+    "unfused",
+    "set_kv",
+    "index",
+]
+EAGER_HOST = ["fused", "rope", "qknorm", "set_kv", "sglang"]
+
+
+def run_eager(args) -> tuple[list[dict], float]:
+    kv_dtype = KV_DTYPES[args.kv_dtype]
+    x = torch.zeros(1, device="cuda")
+    floor, floor_host = eager_us(lambda i: x.add_(1), 2000)
+    print(f"# floor x.add_(1): {floor:.2f} µs per call ({floor_host:.2f} host)", flush=True)
+    rows = []
+    for shape in args.shapes:
+        for t in args.tokens:
+            c = Case(shape, t, kv_dtype, args.rot_frac, not args.gptj, pos_range=args.pos_range)
+            n = max(20, min(1000, int(2e8 / c.bytes)))
+            r = {"shape": shape, "T": t, "n": n, "floor": floor}
+            fns = eager_fns(c)
+            fns.update(peer_columns(c, args.kv_dtype, rope_only=True))
+            for name in EAGER_COLUMNS:
+                if name == "cuda":
+                    try:
+                        with settings.override(backend="cuda"):
+                            r["cuda"], r["cuda_host"] = eager_us(fns["fused"], n)
+                    except RuntimeError as err:  # unavailable, or cannot take this call
+                        print(f"# cuda skipped: {str(err)[:150]}")
+                    continue
+                if name in fns:
+                    try:
+                        r[name], r[name + "_host"] = eager_us(fns[name], n)
+                    except Exception as err:  # one failing column must not end the table
+                        print(f"# {name} failed: {type(err).__name__}: {str(err)[:150]}")
+            rows.append(r)
+            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}))
+            del c, fns
+            torch.cuda.empty_cache()
+    return rows, floor
+
+
+def eager_table(rows, floor, args) -> str:
+    cols = [c for c in EAGER_COLUMNS if any(c in r for r in rows)]
+    host = [c for c in EAGER_HOST if any(c + "_host" in r for r in rows)]
+    ratios = [("fused", "sglang"), ("rope", "sglang_rope"), ("set_kv", "index")]
+    ratios = [(a, b) for a, b in ratios if any(a in r and b in r for r in rows)]
+    out = [
+        f"device: {torch.cuda.get_device_name()}; kv {args.kv_dtype}; eager µs per call, host and"
+        f" device (median of 7 loops, synchronised at the end); floor x.add_(1) = {floor:.2f} µs",
+        "",
+        "| shape | T | "
+        + " | ".join(cols)
+        + " | "
+        + " | ".join(f"{a}/{b}" for a, b in ratios)
+        + " | "
+        + " | ".join(f"{h} host" for h in host)
+        + " | fused/floor |",
+    ]
+    out.append("|" + "---|" * (2 + len(cols) + len(ratios) + len(host) + 1))
+    for r in rows:
+        vals = [f"{r[c]:.1f}" if c in r else "-" for c in cols]
+        vals += [f"{r[a] / r[b]:.2f}" if a in r and b in r else "-" for a, b in ratios]
+        vals += [f"{r[h + '_host']:.1f}" if h + "_host" in r else "-" for h in host]
+        vals.append(f"{r['fused'] / floor:.2f}" if "fused" in r else "-")
+        out.append(f"| {r['shape']} | {r['T']} | " + " | ".join(vals) + " |")
+    return "\n".join(out)
 
 
 def table(rows, bw, empty, args) -> str:
@@ -319,10 +472,21 @@ def main() -> None:
     p.add_argument("--compare", action="store_true", help="also time each backend forced")
     p.add_argument("--only-fused", action="store_true", help="skip unfused/native/compile")
     p.add_argument("--pos-range", type=int, help="draw positions from [0, N) (default: all)")
+    p.add_argument("--eager", action="store_true", help="eager cost per call (see above)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_rope_kv needs a CUDA GPU")
     t0 = time.time()
+    if args.eager:
+        if args.tokens == TOKENS:
+            args.tokens = [1, 8, 64, 512, 2048, 8192, 32768]
+        rows, floor = run_eager(args)
+        print(eager_table(rows, floor, args))
+        print(f"# {time.time() - t0:.0f} s")
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump({"rows": rows, "floor_us": floor, "args": vars(args)}, f, indent=1)
+        return
     rows, bw, empty = run(args)
     md = table(rows, bw, empty, args)
     print(md)

@@ -15,7 +15,8 @@
 #              graph runner), for a quick check of issue 15's work
 #   memcheck   compute-sanitizer memcheck over the kernel sweep
 #   rope       bench_rope_kv tables: bf16 graph + eager, fp8, GPT-J, partial rotary, vs peers
-#   eager      host time per eager call: ours vs SGLang / FlashInfer and set_kv_buffer vs indexing
+#   eager      host time per eager call: ours (RoPE, q/k-norm op) vs SGLang / FlashInfer and
+#              set_kv_buffer vs indexing, both shapes, T 1..32768
 #   qknorm     q/k-norm op + Qwen3 GPU tests, bench_qk_norm_rope tables (Qwen3-8B / -32B shapes)
 #   moe        MoE tests (test_moe*.py, gpt-oss MXFP4 model tests, GPU ones included) + bench_moe
 #              (gpt-oss-20b shape): routed-expert kernel vs torch, read floor; bf16 experts, then
@@ -27,7 +28,8 @@
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   cli        bench_one_batch / gpqa CLI GPU tests, --correctness-test with graphs, floor + --profile
 #   layerbench bench_layers: add+RMSNorm / RMSNorm / SiLU-and-mul kernels vs torch-native and
-#              split-KV decode attention, with floors (llama3-8b, qwen3-8b shapes)
+#              split-KV decode attention, device time in CUDA graphs with floors (llama3-8b,
+#              qwen3-8b shapes); eager µs per call of every layer op, direct launch on / off
 #   profile    per-kernel breakdown of one decode step (PROFILE_PRESETS, default llama3-8b and
 #              qwen3-8b; bs 1 and 64), eager wall per decoder layer
 #   small      small-T tables (T 1/8/32), bf16 and fp8, positions over the whole cos/sin table
@@ -70,7 +72,9 @@ t_layers() {
     tests/sgl_ext/test_activation.py tests/srt/layers tests/srt/models tests/srt/model_executor
 }
 t_memcheck() {
-  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  # every case twice (the second call is a direct launch of the compiled kernel), NaN / inf into
+  # fp8 caches
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
     python -m tests.sgl_ext.gpu_memcheck_sweep
 }
 t_rope() {
@@ -83,7 +87,12 @@ t_rope() {
 }
 t_eager() {
   peers_env
-  timeout 300 python benchmarks/bench_rope_kv.py --eager
+  # eager µs per call (host + device, and host only): ours fused / RoPE-only / CUDA C++ backend,
+  # SGLang fused / RoPE-only, FlashInfer, unfused, set_kv_buffer vs indexing; floor x.add_(1)
+  timeout 420 python benchmarks/bench_rope_kv.py --eager --json-out "$LOGS/eager.json"
+  # the same with direct launches off (the JIT path per call): what the direct launch saves
+  SGL_EXT_DIRECT_LAUNCH=0 timeout 150 python benchmarks/bench_rope_kv.py --eager \
+    --tokens 1 64 512 --shapes llama3-8b
 }
 t_qknorm() {
   # issue 17: the op's and Qwen3's GPU tests, then the tables (bf16 with the SGLang columns,
@@ -119,7 +128,11 @@ t_e2e() {
       --input-len 512 --output-len 32 --result-filename "$LOGS/e2e_result.jsonl"
   done
 }
-t_layerbench() { timeout 300 python benchmarks/bench_layers.py; }
+t_layerbench() {
+  # device µs in CUDA graphs vs floors, then eager µs per call of every per-layer op (T 1, 512)
+  # with the direct launch on / off beside x.add_(1) (issue 14/15: "on host" near the floor)
+  timeout 480 python benchmarks/bench_layers.py --eager
+}
 PROFILE_PRESETS=${PROFILE_PRESETS:-llama3-8b qwen3-8b}
 t_profile() {
   for m in $PROFILE_PRESETS; do

@@ -2,6 +2,7 @@
 and checked against ours on fresh inputs with poisoned caches before it is timed.
 
   sglang   SGLang's fused RoPE + K/V store (bf16 cache, full rotary): must equal ours
+  sglang_rope  SGLang's RoPE alone (eager table): q and k must equal ours
   fi_rope  FlashInfer's RoPE alone, no cache write (bf16 cache tables): q and k must equal ours
   fi_fp8   FlashInfer's RoPE + fp8 quantisation of q, K, V + paged append (fp8 e4m3 table, full
            rotary): q (fp8, out of place), K and V within one fp8 step of ours
@@ -46,6 +47,20 @@ def _sglang(c):
     return call, outputs, outputs, 1e-2
 
 
+def _sglang_rope(c):
+    fn = peers.sglang_rope(c.neox, c.rot, torch.bfloat16)
+
+    def call(i):
+        pos, q, k, v, loc = _views(c, i)
+        fn(pos, q, k, c.cs)
+
+    def outputs():  # in place, as ours
+        pos, q, k, v, loc = _views(c, 0)
+        return q, k
+
+    return call, outputs, outputs, 1e-2
+
+
 def _fi_rope(c):
     fn = peers.flashinfer_rope(c.neox)
 
@@ -84,11 +99,13 @@ def _fi_fp8(c):
 _UNAVAILABLE: set[str] = set()  # peers that failed to build or load: reported once
 
 
-def peer_columns(c, kv_dtype: str) -> dict:
-    """{column: fn(i)} for the peers that cover this case, load here, and agree with ours."""
+def peer_columns(c, kv_dtype: str, rope_only: bool = False) -> dict:
+    """{column: fn(i)} for the peers that cover this case, load here, and agree with ours.
+    rope_only: also SGLang's RoPE alone (`sglang_rope`, the eager table)."""
     wanted = []
     if kv_dtype == "bf16":
         wanted += [("sglang", _sglang)] if c.rot == c.d else []
+        wanted += [("sglang_rope", _sglang_rope)] if rope_only else []
         wanted.append(("fi_rope", _fi_rope))
     elif kv_dtype == "fp8_e4m3" and c.rot == c.d:
         wanted.append(("fi_fp8", _fi_fp8))

@@ -16,6 +16,7 @@ benchmarks/peers.py --arch 90`) can be carried to the GPU machine. Loaders raise
 
 Peers (all called with our benchmark's tensors; cos/sin fp32 [max_pos, rot], first half cos):
   sglang_fused           SGLang's fused RoPE + K/V store (`rope.cuh`, FusedRopeKernel::run_fused)
+  sglang_rope            SGLang's RoPE alone (`rope.cuh`, FusedRopeKernel::run)
   flashinfer_rope        FlashInfer's in-place RoPE from a cos/sin cache (no cache write)
   flashinfer_fp8_append  FlashInfer's RoPE + fp8 quantisation (q too) + paged K/V append
 """
@@ -147,6 +148,30 @@ def build_sglang(is_neox: bool, rope_dim: int, pdl: bool, dtype: torch.dtype, ar
         flags,
         arch,
     )
+
+
+def build_sglang_rope(is_neox: bool, rope_dim: int, pdl: bool, dtype: torch.dtype, arch: int):
+    """SGLang's RoPE alone (`FusedRopeKernel::run`, its `apply_rope_inplace`), a module of its
+    own so the fused module's cache key stays as it was."""
+    jit = _root("SGL_BENCH_SGLANG_DIR", "sglang/kernels/jit/csrc/elementwise/rope.cuh")
+    jit = jit / "sglang" / "kernels" / "jit"
+    neox, use_pdl = ("true" if b else "false" for b in (is_neox, pdl))
+    args = f"{neox}, {rope_dim}, {use_pdl}, {_CPP_DTYPE[dtype]}, {_CPP_DTYPE[dtype]}"
+    wrapper = _FFI_INCLUDES + '#include "elementwise/rope.cuh"\nnamespace sglang {\n'
+    wrapper += f"TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_rope, (FusedRopeKernel<{args}>::run));\n}}\n"
+    flags = [f"-DSGL_CUDA_ARCH={arch * 10}", "-std=c++20", "-O3", "--expt-relaxed-constexpr"]
+    includes = [jit / "include", jit / "csrc"]
+    headers = [jit / "csrc/elementwise/rope.cuh"]
+    return _build("sglang_rope_only", [], headers, wrapper, includes, flags, arch)
+
+
+def sglang_rope(is_neox: bool, rope_dim: int, dtype: torch.dtype):
+    """fn(pos, q, k, cos_sin): SGLang's RoPE in place on q [T, Hq, D] and k [T, Hkv, D]."""
+    if dtype not in _CPP_DTYPE:
+        raise PeerUnavailable(f"SGLang's kernel takes bf16/fp16, not {dtype}")
+    arch = _arch()
+    run = _load(build_sglang_rope(is_neox, rope_dim, arch >= 90, dtype, arch))["run_rope"]
+    return lambda pos, q, k, cs: run(q, k, cs, pos)
 
 
 def sglang_fused(is_neox: bool, rope_dim: int, dtype: torch.dtype):
@@ -315,6 +340,7 @@ if __name__ == "__main__":
     for neox, dim in ((True, 128), (True, 64), (False, 128), (False, 64)):
         try:
             print(build_sglang(neox, dim, True, torch.bfloat16, arch))
+            print(build_sglang_rope(neox, dim, True, torch.bfloat16, arch))
         except PeerUnavailable as err:
             print("sglang:", err)
     for build in (

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from bench_rope_kv import Case, copy_bandwidth, graph_time_us  # noqa: E402
 
 import sgl_ext  # noqa: E402
-from sgl_ext import FusedSetKVBufferArg  # noqa: E402
+from sgl_ext import FusedSetKVBufferArg, settings  # noqa: E402
 
 
 def main() -> None:
@@ -56,8 +56,10 @@ def main() -> None:
 
                 if args.cuda_configs:
                     os.environ["SGL_EXT_BACKEND"] = "cuda"
+                    settings.reload()  # the ops read SGL_EXT_* once
                     for cfg in args.cuda_configs:
                         os.environ["SGL_EXT_CUDA_CONFIG"] = cfg
+                        settings.reload()  # the ops read SGL_EXT_* once
                         us = graph_time_us(fn, reps, replays=10)
                         r = {"shape": shape, "T": t, "cuda": cfg, "pdl": pdl, "us": us}
                         results.append(r)
@@ -65,6 +67,7 @@ def main() -> None:
                             best = r
                     os.environ.pop("SGL_EXT_BACKEND")
                     os.environ.pop("SGL_EXT_CUDA_CONFIG")
+                    settings.reload()  # the ops read SGL_EXT_* once
                     continue
                 grid = itertools.product(
                     args.block_h, args.warps, args.order, args.merged, args.spread
@@ -73,6 +76,7 @@ def main() -> None:
                     if bh * c.d // 2 < 32 * nw // 2:  # too few elements for the warps
                         continue
                     os.environ["SGL_EXT_TRITON_CONFIG"] = f"{bh},{nw},{order},{merged},{spread}"
+                    settings.reload()  # the ops read SGL_EXT_* once
                     us = graph_time_us(fn, reps, replays=10)
                     r = {
                         "shape": shape,
@@ -88,6 +92,7 @@ def main() -> None:
                     if best is None or us < best["us"]:
                         best = r
             os.environ.pop("SGL_EXT_TRITON_CONFIG", None)
+            settings.reload()  # the ops read SGL_EXT_* once
             default = [r for r in results if r["shape"] == shape and r["T"] == t]
             print(f"BEST {shape} T={t}: {best}", flush=True)
             line = sorted(default, key=lambda r: r["us"])[:5]

@@ -1,18 +1,18 @@
 """Backend choice for the sgl_ext ops: `native`, `triton` or `cuda`.
 
-`SGL_EXT_BACKEND` forces one (CI sets `triton` with `TRITON_INTERPRET=1` to run the Triton kernel
-on CPU tensors). Otherwise CUDA tensors get the fastest available kernel and others `native`.
+`SGL_EXT_BACKEND` (settings.backend) forces one (CI sets `triton` with `TRITON_INTERPRET=1` to
+run the Triton kernel on CPU tensors). Otherwise CUDA tensors get the fastest available kernel and
+others `native`. The ops choose once per launch plan (see `rope.py`), not per call.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 
 import torch
 
-BACKENDS = ("native", "triton", "cuda")
+from sgl_ext import settings
 
 
 @functools.cache
@@ -20,23 +20,15 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def interpreting() -> bool:
+    """Triton runs in its interpreter (`TRITON_INTERPRET=1`, read once into the settings)."""
+    return settings.get().interpret
+
+
 @functools.cache
 def pdl_capable(device_index: int | None) -> bool:
     """Programmatic dependent launch needs Hopper (sm_90) or newer."""
     return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def forced_backend() -> str | None:
-    name = os.environ.get("SGL_EXT_BACKEND", "").strip().lower()
-    if not name:
-        return None
-    if name not in BACKENDS:
-        raise ValueError(f"SGL_EXT_BACKEND must be one of {BACKENDS}, got {name!r}")
-    return name
 
 
 def select_backend(
@@ -48,13 +40,14 @@ def select_backend(
     faster than Triton at this size; has_cuda: the op has a CUDA kernel at all (forcing `cuda`
     for an op without one falls back to the automatic choice).
     """
-    forced = forced_backend()
+    s = settings.get()
+    forced = s.backend
     if forced == "cuda" and not has_cuda:
         forced = None
     if forced is not None:
         if forced == "triton" and not triton_available():
             raise RuntimeError("SGL_EXT_BACKEND=triton but triton is not installed")
-        if forced == "triton" and device.type != "cuda" and not interpreting():
+        if forced == "triton" and device.type != "cuda" and not s.interpret:
             raise RuntimeError(
                 f"SGL_EXT_BACKEND=triton needs CUDA tensors (got {device}) or TRITON_INTERPRET=1"
             )

@@ -29,12 +29,13 @@ def rope_kv_op(
     v_scale: torch.Tensor | None,
     cache_loc: torch.Tensor | None,
 ) -> None:
-    q_info, k_info = rope._check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
-    kv = None
+    arg = None
     if value is not None:
+        assert k_buffer is not None and v_buffer is not None and cache_loc is not None
         arg = rope.FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
-        kv = rope._check_kv(key, arg, head_size)
-    rope._run(positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv)
+    rope.apply_rope_with_cos_sin_cache_inplace(
+        positions, query, key, head_size, cos_sin_cache, is_neox, arg
+    )
 
 
 @rope_kv_op.register_fake
@@ -60,14 +61,21 @@ def qk_norm_rope_kv_op(
     v_scale: torch.Tensor | None,
     cache_loc: torch.Tensor | None,
 ) -> None:
-    q_info, k_info = rope._check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
-    norm = qk_norm_rope._check_norm(query, head_size, q_norm_weight, k_norm_weight, eps)
-    kv = None
+    arg = None
     if value is not None:
+        assert k_buffer is not None and v_buffer is not None and cache_loc is not None
         arg = rope.FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
-        kv = rope._check_kv(key, arg, head_size)
-    qk_norm_rope._run(
-        positions, query, key, head_size, cos_sin_cache, norm, is_neox, q_info, k_info, kv
+    qk_norm_rope.apply_qk_norm_rope_with_cos_sin_cache_inplace(
+        positions,
+        query,
+        key,
+        head_size,
+        cos_sin_cache,
+        q_norm_weight,
+        k_norm_weight,
+        eps,
+        is_neox,
+        arg,
     )
 
 
@@ -87,10 +95,7 @@ def set_kv_op(
     v_scale: torch.Tensor | None,
     head_size: int,
 ) -> None:
-    head_size, k_info, kv = kv_cache._check(
-        key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size
-    )
-    kv_cache._run(key, head_size, k_info, kv)
+    kv_cache.set_kv_buffer(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
 
 
 @set_kv_op.register_fake

@@ -6,11 +6,20 @@ test oracle and rounds in the same order (silu rounded to the input dtype, then 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
+from sgl_ext._plans import PlanCache, optional_key, tensor_key
+
+if TYPE_CHECKING:
+    from sgl_ext.triton.launcher import KernelLauncher
+
+_is_compiling = torch.compiler.is_compiling
 
 
 def silu_and_mul_native(x: torch.Tensor) -> torch.Tensor:
@@ -19,10 +28,50 @@ def silu_and_mul_native(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :d]) * x[..., d:]
 
 
+@dataclass(frozen=True)
+class ActPlan:
+    """A checked silu_and_mul call: its backend and (Triton, work to do) its kernel launch,
+    whose per-call tensors are input and out."""
+
+    backend: str
+    launcher: KernelLauncher | None
+
+
+_PLANS = PlanCache()
+
+
+def _plan(input: object, out: object) -> ActPlan:
+    """Check a call (metadata only) and choose its backend and launch."""
+    C.check_tensor("input", input, C.INPUT_DTYPES)
+    assert isinstance(input, torch.Tensor)
+    if input.ndim < 1 or input.shape[-1] % 2:
+        raise ValueError(f"input must be [..., 2 * d], got shape {tuple(input.shape)}")
+    d = input.shape[-1] // 2
+    shape = (*input.shape[:-1], d)
+    if out is not None:
+        C.check_tensor("out", out, (input.dtype,))
+        assert isinstance(out, torch.Tensor)
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out must be {shape}, got {tuple(out.shape)}")
+        C.check_device("out", out, input.device)
+    x2 = _rows("input", input, 2 * d)  # [rows, 2 * d]
+    o_stride = d if out is None else _rows("out", out, d).stride(0)  # a new out is contiguous
+    backend = select_backend(input.device, has_cuda=False)
+    if backend != "triton":
+        return ActPlan(backend, None)
+    from sgl_ext.triton.activation import plan_silu_and_mul
+
+    launcher = plan_silu_and_mul(x2.shape[0], d, x2.stride(0), o_stride, input.device)
+    return ActPlan(backend, launcher)
+
+
 def silu_and_mul(
     input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
 ) -> torch.Tensor:
     """silu(gate) * up for input = [gate | up] (sgl_kernel's `silu_and_mul`).
+
+    Checked once per distinct metadata (input, out); the Triton kernel of a plan is then
+    launched directly (`_plans.py`).
 
     Parameters
     ----------
@@ -34,30 +83,37 @@ def silu_and_mul(
     -------
     out : [..., d], input's dtype.
     """
-    C.check_tensor("input", input, C.INPUT_DTYPES)
-    if input.ndim < 1 or input.shape[-1] % 2:
-        raise ValueError(f"input must be [..., 2 * d], got shape {tuple(input.shape)}")
-    d = input.shape[-1] // 2
-    shape = (*input.shape[:-1], d)
-    if out is not None:
-        C.check_tensor("out", out, (input.dtype,))
-        if tuple(out.shape) != shape:
-            raise ValueError(f"out must be {shape}, got {tuple(out.shape)}")
-        C.check_device("out", out, input.device)
-    x2 = _rows("input", input, 2 * d)
-    o2 = None if out is None else _rows("out", out, d)
-    if select_backend(input.device, has_cuda=False) == "native":
+    key = plan = None
+    if not _is_compiling():
+        try:
+            key = (tensor_key(input), optional_key(out))
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not a tensor: the checks will say
+            key = None
+    if plan is None:
+        plan = _PLANS.put(key, _plan(input, out))
+    if plan.backend != "triton":
         y = silu_and_mul_native(input)
         if out is None:
             return y
-        o2.copy_(y.view(o2.shape))
+        out.copy_(y)
         return out
-    from sgl_ext.triton.activation import silu_and_mul_launch
-
+    new = out is None
     if out is None:
-        out = torch.empty(shape, dtype=input.dtype, device=input.device)
-        o2 = out.view(-1, d)
-    silu_and_mul_launch(x2, o2)
+        out = torch.empty(
+            (*input.shape[:-1], input.shape[-1] // 2), dtype=input.dtype, device=input.device
+        )
+    lau = plan.launcher
+    if lau is None:  # nothing to do
+        return out
+    if _is_compiling():
+        lau.launch_jit(input, out)
+        return out
+    op = out.data_ptr()
+    if lau.compiled is not None and not (new and op & 15):  # a new out is 16-byte aligned
+        lau.direct(input.data_ptr(), op)
+    else:
+        lau.launch(input, out)
     return out
 
 

@@ -1,7 +1,8 @@
 """set_kv_buffer: store K and V into the KV cache (the unfused write; the fused op's semantics).
 
 For layers that cannot fuse the write into RoPE. Identical bits to the fused op's cache write:
-fused == RoPE alone + this op, exactly.
+fused == RoPE alone + this op, exactly. Checked once per distinct metadata and launched
+directly, like the fused op (see `rope.py`).
 """
 
 from __future__ import annotations
@@ -9,11 +10,18 @@ from __future__ import annotations
 import torch
 
 from sgl_ext import _common as C
+from sgl_ext import settings
 from sgl_ext._backend import select_backend
-from sgl_ext.native import Scale, kv_write_native
+from sgl_ext._common import RopeCall, Scale
+from sgl_ext._plans import PlanCache
+from sgl_ext.native import kv_write_native
+from sgl_ext.rope import RopeKVPlan, _scale_key, _scale_tensor
+
+_is_compiling = torch.compiler.is_compiling
+_PLANS = PlanCache()
 
 
-def _check(
+def check(
     key: object,
     value: object,
     k_buffer: object,
@@ -21,8 +29,9 @@ def _check(
     cache_loc: object,
     k_scale: object,
     v_scale: object,
-    head_size: int | None,
-) -> tuple:
+    head_size: object,
+) -> RopeCall:
+    """All argument checks of set_kv_buffer: the checked call (no rotation)."""
     C.check_tensor("key", key, C.INPUT_DTYPES)
     assert isinstance(key, torch.Tensor)
     if head_size is None:
@@ -32,27 +41,28 @@ def _check(
             head_size = k_buffer.shape[-1]
         else:
             raise ValueError("head_size is required for a 2-D key with a 2-D k_buffer")
-    if not isinstance(head_size, int) or head_size <= 0:
+    if not isinstance(head_size, int) or isinstance(head_size, bool) or head_size <= 0:
         raise ValueError(f"head_size must be a positive int, got {head_size!r}")
-    k_info = C.heads_view("key", key, key.shape[0], head_size)
-    k_lay, v_lay, v_dim, v_tok, v_head = C.check_kv_write(
+    k_view = C.heads_view("key", key, key.shape[0], head_size)
+    kv = C.check_kv_write(
         key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, key.shape[0], head_size
     )
-    if C.debug_checks_enabled():
-        assert isinstance(cache_loc, torch.Tensor)
-        C.debug_check_slots(cache_loc, k_lay.num_slots)
-    kv = (value, v_tok, v_head, v_dim, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
-    return head_size, k_info, (*kv, k_lay, v_lay)
+    return RopeCall(key.shape[0], head_size, key.dtype, key.device, None, k_view, 0, 1, 0, True, kv)
 
 
-def _run(key: torch.Tensor, head_size: int, k_info: tuple, kv: tuple) -> None:
-    if select_backend(key.device, has_cuda=False) == "native":
-        value, _, _, _, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
-        kv_write_native(key, value, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
-        return
-    from sgl_ext.triton.rope_kv import launch_rope_kv
+def _new_plan(plan_key: object, *args: object) -> RopeKVPlan:
+    call = check(*args)
+    key, k_buffer = args[0], args[2]
+    assert isinstance(key, torch.Tensor) and isinstance(k_buffer, torch.Tensor)
+    s = settings.get()
+    backend = select_backend(call.device, has_cuda=False)
+    launcher = None
+    if backend == "triton" and call.num_tokens > 0:
+        from sgl_ext.triton.rope_kv import plan_rope_kv
 
-    launch_rope_kv(None, None, key, head_size, None, True, None, k_info, kv)
+        align = key.data_ptr() % 16
+        launcher = plan_rope_kv(call, align, align, k_buffer.data_ptr() % 16, None)
+    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher))
 
 
 def set_kv_buffer(
@@ -72,24 +82,85 @@ def set_kv_buffer(
     key : bf16/fp16/fp32 [T, Hkv*D] or [T, Hkv, D]
     value : dtype of key, [T, Hkv*Dv] or [T, Hkv, Dv]
     k_buffer, v_buffer : [slots, H*D], [slots, H, D] or [pages, page_size, H, D] strided views,
-        last dim contiguous; dtype of key or fp8 (float8_e4m3fn / float8_e5m2).
-    cache_loc : int32/int64 [T]
+        last dim contiguous, not requiring grad, not overlapping themselves; dtype of key or
+        fp8 (float8_e4m3fn / float8_e5m2).
+    cache_loc : int32/int64 [T], contiguous
         Slot per token; slots < 0 (or >= num_slots) are not written.
-    k_scale, v_scale : None, positive float, or 1-element float tensor
-        The cache stores x * (1 / scale) cast to the buffer dtype (saturating for fp8).
+    k_scale, v_scale : None, float (positive and finite in float32), or 1-element float tensor
+        The cache stores x * (1 / scale) cast to the buffer dtype (fp8: finite values saturate,
+        NaN stays NaN). A tensor scale is never read on the host: it must be positive and
+        finite (SGL_EXT_DEBUG checks it).
     head_size : int, optional
         D; needed only when both key and k_buffer are 2-D.
     """
-    head_size, k_info, kv = _check(
-        key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size
-    )
-    if torch.compiler.is_compiling():
-        from sgl_ext.rope import _scale_tensor
-
+    args = (key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
+    if _is_compiling():
+        call = check(*args)
         ks, vs = _scale_tensor(k_scale, key), _scale_tensor(v_scale, key)
-        torch.ops.sgl_ext.set_kv(key, value, k_buffer, v_buffer, cache_loc, ks, vs, head_size)
+        torch.ops.sgl_ext.set_kv(key, value, k_buffer, v_buffer, cache_loc, ks, vs, call.head_size)
         return
-    _run(key, head_size, k_info, kv)
+    try:
+        kp, vp, kbp = key.data_ptr(), value.data_ptr(), k_buffer.data_ptr()
+        vbp, lp = v_buffer.data_ptr(), cache_loc.data_ptr()
+        if k_scale is None and v_scale is None:
+            ks_key = vs_key = None
+            ksp = vsp = kp
+        else:
+            ks_key, ksp = _scale_key(k_scale, kp)
+            vs_key, vsp = _scale_key(v_scale, kp)
+        kb, vb = k_buffer, v_buffer
+        plan_key = (
+            (key.dtype, key.shape, key.stride(), key.device, kp & 15),
+            (value.dtype, value.shape, value.stride(), value.device, vp & 15),
+            (kb.dtype, kb.shape, kb.stride(), kb.device, kbp & 15, kb.requires_grad),
+            (vb.dtype, vb.shape, vb.stride(), vb.device, vbp & 15, vb.requires_grad),
+            (cache_loc.dtype, cache_loc.shape, cache_loc.stride(), cache_loc.device, lp & 15),
+            ks_key,
+            vs_key,
+            head_size.__class__,
+            head_size,
+        )
+        plan = _PLANS.get(plan_key)
+    except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+        plan_key = plan = None
+    if plan is None:
+        plan = _new_plan(plan_key, *args)
+    launcher = plan.launcher
+    if launcher is not None and launcher.compiled is not None and not plan.debug:
+        launcher.direct(kp, kp, kp, kp, vp, kbp, vbp, lp, ksp, vsp, kp, kp)
+        return
+    _run(plan, *args[:7])
+
+
+def _run(
+    plan: RopeKVPlan,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    cache_loc: torch.Tensor,
+    k_scale: Scale,
+    v_scale: Scale,
+) -> None:
+    call = plan.call
+    kv = call.kv
+    assert kv is not None
+    if plan.debug:
+        C.debug_check_slots(cache_loc, kv.k_layout.num_slots)
+        C.debug_check_scales(k_scale, v_scale)
+    if call.num_tokens == 0:
+        return
+    if plan.backend == "native":
+        kv_write_native(
+            key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, kv.k_layout, kv.v_layout
+        )
+        return
+    from sgl_ext.triton.rope_kv import rope_kv_args
+
+    tensors = rope_kv_args(
+        None, None, key, None, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale
+    )
+    plan.launcher.launch(*tensors)  # type: ignore[union-attr]
 
 
 def set_kv_buffer_native(
@@ -103,6 +174,9 @@ def set_kv_buffer_native(
     head_size: int | None = None,
 ) -> None:
     """Torch-native reference of set_kv_buffer."""
-    _, _, kv = _check(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
-    value, _, _, _, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
-    kv_write_native(key, value, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
+    call = check(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
+    kv = call.kv
+    assert kv is not None
+    kv_write_native(
+        key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, kv.k_layout, kv.v_layout
+    )

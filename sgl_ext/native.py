@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_ext._common import KVLayout, fp8_max
-
-Scale = float | torch.Tensor | None
+from sgl_ext._common import KVLayout, Scale, fp8_max
 
 
 def rotate_native(
@@ -42,7 +40,9 @@ def rotate_native(
 def quantize_native(x: torch.Tensor, buf_dtype: torch.dtype, scale: Scale) -> torch.Tensor:
     """What the cache stores for x: x * (1 / scale) in fp32, cast to the buffer dtype.
 
-    The reciprocal is one IEEE fp32 division; fp8 casts saturate to the largest finite value.
+    The reciprocal is one IEEE fp32 division. fp8: finite values saturate to the largest finite
+    value; NaN stays NaN; +-inf is not saturated (e5m2 stores +-inf, e4m3fn, which has no
+    infinity, NaN).
     """
     if scale is None and buf_dtype == x.dtype:
         return x
@@ -53,7 +53,8 @@ def quantize_native(x: torch.Tensor, buf_dtype: torch.dtype, scale: Scale) -> to
         y = y * inv
     fmax = fp8_max(buf_dtype)
     if fmax:
-        y = y.clamp(-fmax, fmax)
+        inf_out = y if buf_dtype == torch.float8_e5m2 else torch.full_like(y, float("nan"))
+        y = torch.where(y.isinf(), inf_out, y.clamp(-fmax, fmax))  # clamp keeps NaN
     return y.to(buf_dtype)
 
 

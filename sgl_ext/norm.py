@@ -14,10 +14,19 @@ so the kernel and the reference differ only by the float32 reduction order and r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 
 from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
+from sgl_ext._plans import PlanCache, optional_key, tensor_key
+
+if TYPE_CHECKING:
+    from sgl_ext.triton.launcher import KernelLauncher
+
+_is_compiling = torch.compiler.is_compiling
 
 MAX_HIDDEN = 65536  # the Triton kernel keeps one row in one program's registers
 
@@ -105,6 +114,84 @@ def _new(like: torch.Tensor) -> torch.Tensor:
     return torch.empty(like.shape, dtype=like.dtype, device=like.device)
 
 
+@dataclass(frozen=True)
+class NormPlan:
+    """A checked rmsnorm / fused_add_rmsnorm call: its backend and (Triton, rows > 0) its
+    kernel launch, whose per-call tensors are x, residual, weight, out, residual_out."""
+
+    backend: str
+    launcher: KernelLauncher | None
+
+
+_PLANS = PlanCache()
+
+
+def _plan(
+    input: object,
+    weight: object,
+    eps: object,
+    weight_in_fp32: bool,
+    residual: object = None,
+    out: object = None,
+    residual_out: object = None,
+    inplace: bool = False,
+) -> NormPlan:
+    """Check a call (metadata only) and choose its backend and launch."""
+    x2, r2 = _check(input, weight, eps, weight_in_fp32, residual)
+    assert isinstance(input, torch.Tensor)
+    if inplace and (out is not None or residual_out is not None):
+        raise ValueError("out / residual_out need inplace=False")
+    if inplace:
+        out, residual_out = input, residual
+    o2 = None if out is None else _dest("out", out, input)
+    ro2 = None if r2 is None or residual_out is None else _dest("residual_out", residual_out, input)
+    backend = select_backend(input.device, has_cuda=False)
+    if backend != "triton":
+        return NormPlan(backend, None)
+    from sgl_ext.triton.norm import plan_rmsnorm
+
+    n = x2.shape[1]
+    o_st = n if o2 is None else o2.stride(0)  # a new output is contiguous
+    if r2 is None:
+        strides = (x2.stride(0), x2.stride(0), o_st, o_st)
+    else:
+        strides = (x2.stride(0), r2.stride(0), o_st, n if ro2 is None else ro2.stride(0))
+    assert isinstance(eps, (int, float))
+    launcher = plan_rmsnorm(
+        x2.shape[0], n, strides, eps, r2 is not None, weight_in_fp32, input.device
+    )
+    return NormPlan(backend, launcher)
+
+
+def _launch(
+    plan: NormPlan,
+    x: torch.Tensor,
+    r: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor | None,
+    r_out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run a Triton plan: new outputs where None; direct launch once compiled (a new output
+    from the caching allocator is 16-byte aligned, as the compiled kernel may assume)."""
+    new_o, new_r = out is None, r_out is None
+    if out is None:
+        out = _new(x)
+    if r_out is None:
+        r_out = _new(x) if r is not x else out
+    lau = plan.launcher
+    if lau is None:  # no rows
+        return out, r_out
+    if _is_compiling():
+        lau.launch_jit(x, r, w, out, r_out)
+        return out, r_out
+    op, rop = out.data_ptr(), r_out.data_ptr()
+    if lau.compiled is not None and not ((new_o and op & 15) or (new_r and rop & 15)):
+        lau.direct(x.data_ptr(), r.data_ptr(), w.data_ptr(), op, rop)
+    else:
+        lau.launch(x, r, w, out, r_out)
+    return out, r_out
+
+
 def rmsnorm(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -115,6 +202,9 @@ def rmsnorm(
     weight_in_fp32: bool = False,
 ) -> torch.Tensor:
     """out = RMSNorm(input) * weight (sgl_kernel's `rmsnorm`).
+
+    Checked once per distinct metadata (input, weight, out, eps, weight_in_fp32); the Triton
+    kernel of a plan is then launched directly (`_plans.py`).
 
     Parameters
     ----------
@@ -129,20 +219,22 @@ def rmsnorm(
     -------
     out : [..., N], input's dtype.
     """
-    x2, _ = _check(input, weight, eps, weight_in_fp32)
-    o2 = None if out is None else _dest("out", out, input)
-    if select_backend(input.device, has_cuda=False) == "native":
-        y = rmsnorm_native(input, weight, eps, weight_in_fp32)
-        if out is None:
-            return y
-        o2.copy_(y.view(o2.shape))
-        return out
-    from sgl_ext.triton.norm import rmsnorm_launch
-
+    key = plan = None
+    if not _is_compiling():
+        try:
+            key = (tensor_key(input), tensor_key(weight), optional_key(out))
+            key = (key, eps.__class__, eps, bool(weight_in_fp32))
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+            key = None
+    if plan is None:
+        plan = _PLANS.put(key, _plan(input, weight, eps, weight_in_fp32, out=out))
+    if plan.backend == "triton":
+        return _launch(plan, input, input, weight, out, out)[0]
+    y = rmsnorm_native(input, weight, eps, weight_in_fp32)
     if out is None:
-        out = _new(input)
-        o2 = out.view(x2.shape)
-    rmsnorm_launch(x2, weight, eps, o2, weight_in_fp32=weight_in_fp32)
+        return y
+    out.copy_(y)
     return out
 
 
@@ -161,6 +253,8 @@ def fused_add_rmsnorm(
     """residual = input + residual; input = RMSNorm(residual) * weight, in one pass
     (sgl_kernel's `fused_add_rmsnorm`: in place by default).
 
+    Checked once per distinct metadata, then launched directly, as `rmsnorm`.
+
     Parameters
     ----------
     input : [..., N] bf16/fp16/fp32, last dim contiguous (leading dims one strided dim).
@@ -177,28 +271,25 @@ def fused_add_rmsnorm(
     -------
     (normalised, sum) : [..., N] each, input's dtype; the tensors written.
     """
-    x2, r2 = _check(input, weight, eps, weight_in_fp32, residual)
-    assert r2 is not None
-    if inplace and (out is not None or residual_out is not None):
-        raise ValueError("out / residual_out need inplace=False")
+    key = plan = None
+    if not _is_compiling():
+        try:
+            key = (tensor_key(input), tensor_key(residual), tensor_key(weight))
+            key = (key, optional_key(out), optional_key(residual_out), eps.__class__, eps)
+            key = (key, bool(weight_in_fp32), bool(inplace))
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+            key = None
+    if plan is None:
+        args = (input, weight, eps, weight_in_fp32, residual, out, residual_out, inplace)
+        plan = _PLANS.put(key, _plan(*args))
     if inplace:
         out, residual_out = input, residual
-    o2 = None if out is None else _dest("out", out, input)
-    ro2 = None if residual_out is None else _dest("residual_out", residual_out, input)
-    if select_backend(input.device, has_cuda=False) == "native":
-        y, s = fused_add_rmsnorm_native(input, residual, weight, eps, weight_in_fp32)
-        if ro2 is not None:  # the sum first: residual_out may alias input
-            ro2.copy_(s.view(ro2.shape))
-        if o2 is not None:
-            o2.copy_(y.view(o2.shape))
-        return (y if out is None else out), (s if residual_out is None else residual_out)
-    from sgl_ext.triton.norm import rmsnorm_launch
-
-    if out is None:
-        out = _new(input)
-        o2 = out.view(x2.shape)
-    if residual_out is None:
-        residual_out = _new(input)
-        ro2 = residual_out.view(x2.shape)
-    rmsnorm_launch(x2, weight, eps, o2, r2, ro2, weight_in_fp32=weight_in_fp32)
-    return out, residual_out
+    if plan.backend == "triton":
+        return _launch(plan, input, residual, weight, out, residual_out)
+    y, s = fused_add_rmsnorm_native(input, residual, weight, eps, weight_in_fp32)
+    if residual_out is not None:  # the sum first: residual_out may alias input
+        residual_out.copy_(s)
+    if out is not None:
+        out.copy_(y)
+    return (y if out is None else out), (s if residual_out is None else residual_out)

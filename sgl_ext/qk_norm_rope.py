@@ -5,38 +5,59 @@ weight of [head_size]) before RoPE. This op does the norm, the rotation and, wit
 `FusedSetKVBufferArg`, the KV-cache write of `apply_rope_with_cos_sin_cache_inplace` in one
 launch of the same Triton kernel (its QK_NORM variant): the norm rides on the bytes the RoPE +
 KV op already moves. The cache write has exactly the semantics of that op (DESIGN §2.1).
+
+Eager cost: as the RoPE op (`rope.py`), a call is checked once per distinct metadata; the plan
+key is the RoPE op's key plus both weights' metadata (dtype, shape, stride, device, data_ptr()
+% 16) and eps, and the plan's Triton kernel is launched directly after its first launch.
+The q/k bits do not depend on whether the KV write is on: the kernel sums the squares of a head
+in float64 (exact for 16-bit inputs), so the reduction order of the launch layout cannot
+change them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
 from sgl_ext import _common as C
+from sgl_ext import settings
 from sgl_ext._backend import select_backend
+from sgl_ext._common import QKNormCall, RopeCall
+from sgl_ext._plans import PlanCache
 from sgl_ext.native import kv_write_native, rms_norm_heads_native, rotate_native
-from sgl_ext.rope import FusedSetKVBufferArg, _check_kv, _check_rope, _op_kv_args
+from sgl_ext.rope import (
+    FusedSetKVBufferArg,
+    _check_kv,
+    _kv_tensors,
+    _scale_tensor,
+    call_key,
+)
+
+_is_compiling = torch.compiler.is_compiling
 
 
 @dataclass(frozen=True)
-class QKNorm:
-    """The q/k RMSNorm parameters that travel to the kernel.
+class QKNormRopePlan:
+    """What a checked call launches: the call, the norm, the backend and the kernel launch."""
 
-    q_weight / k_weight: [head_size], the dtype of query, contiguous, on query's device.
-    eps: the variance epsilon (positive, finite).
-    """
+    call: RopeCall
+    norm: QKNormCall
+    backend: str
+    debug: bool
+    launcher: object | None  # triton.launcher.KernelLauncher for backend "triton"
 
-    q_weight: torch.Tensor
-    k_weight: torch.Tensor
-    eps: float
+
+_PLANS = PlanCache()
 
 
 def _check_norm(
     query: torch.Tensor, head_size: int, q_norm_weight: object, k_norm_weight: object, eps: object
-) -> QKNorm:
-    """Metadata-only checks of the norm arguments (after the RoPE checks: head_size is valid)."""
+) -> float:
+    """Metadata-only checks of the norm arguments (after the RoPE checks: head_size is valid);
+    returns eps as a float."""
     for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
         C.check_tensor(name, w, C.INPUT_DTYPES)
         assert isinstance(w, torch.Tensor)
@@ -53,64 +74,134 @@ def _check_norm(
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")
     if not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps must be a finite positive number, got {eps}")
-    assert isinstance(q_norm_weight, torch.Tensor) and isinstance(k_norm_weight, torch.Tensor)
-    return QKNorm(q_norm_weight, k_norm_weight, float(eps))
+    return float(eps)
 
 
-def _run(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    norm: QKNorm,
-    is_neox: bool,
-    q_info: tuple[int, int, int],
-    k_info: tuple[int, int, int],
-    kv: tuple | None,
-    enable_pdl: bool | None = None,
-) -> None:
-    # No CUDA C++ kernel for this op: forcing `cuda` falls back to the automatic choice.
-    backend = select_backend(query.device, cuda_ok=False, cuda_preferred=False, has_cuda=False)
-    if backend == "native":
-        _native(positions, query, key, head_size, cos_sin_cache, norm, is_neox, kv)
-        return
-    from sgl_ext.triton.rope_kv import launch_rope_kv
+def check(
+    positions: object,
+    query: object,
+    key: object,
+    head_size: object,
+    cos_sin_cache: object,
+    q_norm_weight: object,
+    k_norm_weight: object,
+    eps: object,
+    is_neox: object,
+    fused_set_kv_buffer_arg: object = None,
+) -> tuple[RopeCall, float]:
+    """All argument checks of the op (metadata only), RoPE first, then the norm, then the KV
+    write: the checked call and eps, or a ValueError / TypeError naming the bad argument."""
+    call = C.check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
+    assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+    eps_f = _check_norm(query, call.head_size, q_norm_weight, k_norm_weight, eps)
+    if fused_set_kv_buffer_arg is not None:
+        kv = _check_kv(key, fused_set_kv_buffer_arg, call.head_size)
+        call = dataclasses.replace(call, kv=kv)
+    return call, eps_f
 
-    launch_rope_kv(
+
+def _new_plan(
+    plan_key: object,
+    positions: object,
+    query: object,
+    key: object,
+    head_size: object,
+    cos_sin_cache: object,
+    q_norm_weight: object,
+    k_norm_weight: object,
+    eps: object,
+    is_neox: object,
+    arg: object,
+    enable_pdl: bool | None,
+) -> QKNormRopePlan:
+    call, eps_f = check(
         positions,
         query,
         key,
         head_size,
         cos_sin_cache,
+        q_norm_weight,
+        k_norm_weight,
+        eps,
         is_neox,
-        q_info,
-        k_info,
-        kv,
-        enable_pdl,
-        qk_norm=norm,
+        arg,
     )
+    assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+    assert isinstance(q_norm_weight, torch.Tensor) and isinstance(k_norm_weight, torch.Tensor)
+    norm = QKNormCall(eps_f, q_norm_weight.data_ptr() % 16, k_norm_weight.data_ptr() % 16)
+    # No CUDA C++ kernel for this op: forcing `cuda` falls back to the automatic choice.
+    backend = select_backend(call.device, cuda_ok=False, cuda_preferred=False, has_cuda=False)
+    launcher = None
+    if backend == "triton" and call.num_tokens > 0:
+        from sgl_ext.triton.rope_kv import plan_rope_kv
+
+        kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else key
+        aligns = (query.data_ptr() % 16, key.data_ptr() % 16, kb.data_ptr() % 16)
+        launcher = plan_rope_kv(call, *aligns, enable_pdl, norm)
+    return _PLANS.put(plan_key, QKNormRopePlan(call, norm, backend, settings.get().debug, launcher))
+
+
+def _run(
+    plan: QKNormRopePlan,
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    arg: FusedSetKVBufferArg | None,
+) -> None:
+    """Launch a plan the slow way: native, or Triton through its JIT."""
+    call = plan.call
+    if plan.debug:
+        C.debug_check_positions(positions, call.max_pos)
+        if arg is not None and call.kv is not None:
+            C.debug_check_slots(arg.cache_loc, call.kv.k_layout.num_slots)
+            C.debug_check_scales(arg.k_scale, arg.v_scale)
+    if call.num_tokens == 0:
+        return
+    if plan.backend == "native":
+        _native(positions, query, key, cos_sin_cache, q_norm_weight, k_norm_weight, arg, plan)
+        return
+    from sgl_ext.triton.rope_kv import rope_kv_args
+
+    kv_tensors = _kv_tensors(arg) if arg is not None else (None,) * 6
+    tensors = rope_kv_args(
+        positions, query, key, cos_sin_cache, *kv_tensors, q_norm_weight, k_norm_weight
+    )
+    plan.launcher.launch(*tensors)  # type: ignore[union-attr]
 
 
 def _native(
     positions: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor,
-    head_size: int,
     cos_sin_cache: torch.Tensor,
-    norm: QKNorm,
-    is_neox: bool,
-    kv: tuple | None,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    a: FusedSetKVBufferArg | None,
+    plan: QKNormRopePlan,
 ) -> None:
     """Torch RMSNorm (Qwen3's rounding), then the RoPE op's native path: the same bits as the
     unfused model path (torch q/k norm, RoPE, set_kv_buffer) on the CPU."""
-    rms_norm_heads_native(query, head_size, norm.q_weight, norm.eps)
-    rms_norm_heads_native(key, head_size, norm.k_weight, norm.eps)
-    rotate_native(positions, query, head_size, cos_sin_cache, is_neox)
-    rotate_native(positions, key, head_size, cos_sin_cache, is_neox)
-    if kv is not None:
-        value, _, _, _, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
-        kv_write_native(key, value, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
+    call, eps = plan.call, plan.norm.eps
+    rms_norm_heads_native(query, call.head_size, q_norm_weight, eps)
+    rms_norm_heads_native(key, call.head_size, k_norm_weight, eps)
+    rotate_native(positions, query, call.head_size, cos_sin_cache, call.is_neox)
+    rotate_native(positions, key, call.head_size, cos_sin_cache, call.is_neox)
+    if a is not None and call.kv is not None:
+        kv = call.kv
+        kv_write_native(
+            key,
+            a.value,
+            a.k_buffer,
+            a.v_buffer,
+            a.cache_loc,
+            a.k_scale,
+            a.v_scale,
+            kv.k_layout,
+            kv.v_layout,
+        )
 
 
 def apply_qk_norm_rope_with_cos_sin_cache_inplace(
@@ -151,45 +242,78 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
         True rotates the two halves of the rotary dims; False rotates interleaved (GPT-J) pairs.
     fused_set_kv_buffer_arg : FusedSetKVBufferArg or None
         If given, the normalised, rotated K and the V are also written to the cache slots
-        `cache_loc`, with the semantics of apply_rope_with_cos_sin_cache_inplace.
+        `cache_loc`, with the semantics of apply_rope_with_cos_sin_cache_inplace. The q/k
+        results are the same bits with and without it.
     enable_pdl : bool or None
         Programmatic dependent launch on Hopper+; None: on where supported.
     """
-    q_info, k_info = _check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
-    norm = _check_norm(query, head_size, q_norm_weight, k_norm_weight, eps)
-    debug = C.debug_checks_enabled()
-    if debug:
-        C.debug_check_positions(positions, cos_sin_cache.shape[0])
-    kv = None
-    if fused_set_kv_buffer_arg is not None:
-        kv = _check_kv(key, fused_set_kv_buffer_arg, head_size, debug)
-    if torch.compiler.is_compiling():
-        a = fused_set_kv_buffer_arg
-        torch.ops.sgl_ext.qk_norm_rope_kv(
-            positions,
-            query,
-            key,
-            head_size,
-            cos_sin_cache,
-            q_norm_weight,
-            k_norm_weight,
-            norm.eps,
-            is_neox,
-            *(_op_kv_args(a) if a is not None else (None,) * 6),
-        )
+    a = fused_set_kv_buffer_arg
+    qw, kw = q_norm_weight, k_norm_weight
+    if _is_compiling():
+        _compiled(positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox, a)
         return
-    _run(
+    try:
+        rope_key, ptrs = call_key(positions, query, key, head_size, cos_sin_cache, is_neox, a)
+        qwp, kwp = qw.data_ptr(), kw.data_ptr()
+        plan_key = (
+            rope_key,
+            (qw.dtype, qw.shape, qw.stride(), qw.device, qwp & 15),
+            (kw.dtype, kw.shape, kw.stride(), kw.device, kwp & 15),
+            (eps.__class__, eps, enable_pdl),
+        )
+        plan = _PLANS.get(plan_key)
+    except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+        plan_key = plan = None
+    if plan is None:
+        args = (positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox, a)
+        plan = _new_plan(plan_key, *args, enable_pdl)
+    launcher = plan.launcher
+    if launcher is not None and launcher.compiled is not None and not plan.debug:
+        launcher.direct(*ptrs, qwp, kwp)
+        return
+    _run(plan, positions, query, key, cos_sin_cache, qw, kw, a)
+
+
+def _compiled(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    eps: float,
+    is_neox: bool,
+    a: FusedSetKVBufferArg | None,
+) -> None:
+    """Under torch.compile: check while tracing, then one opaque mutating op."""
+    _, eps_f = check(
         positions,
         query,
         key,
         head_size,
         cos_sin_cache,
-        norm,
+        q_norm_weight,
+        k_norm_weight,
+        eps,
         is_neox,
-        q_info,
-        k_info,
-        kv,
-        enable_pdl,
+        a,
+    )
+    kv_args: tuple = (None,) * 6
+    if a is not None:
+        ks, vs = _scale_tensor(a.k_scale, a.value), _scale_tensor(a.v_scale, a.value)
+        kv_args = (a.value, a.k_buffer, a.v_buffer, ks, vs, a.cache_loc)
+    torch.ops.sgl_ext.qk_norm_rope_kv(
+        positions,
+        query,
+        key,
+        head_size,
+        cos_sin_cache,
+        q_norm_weight,
+        k_norm_weight,
+        eps_f,
+        is_neox,
+        *kv_args,
     )
 
 
@@ -207,9 +331,8 @@ def apply_qk_norm_rope_native(
 ) -> None:
     """The torch-native reference of apply_qk_norm_rope_with_cos_sin_cache_inplace (same
     arguments and semantics): torch RMSNorm as Qwen3 does it, then the RoPE op's reference."""
-    q_info, k_info = _check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
-    norm = _check_norm(query, head_size, q_norm_weight, k_norm_weight, eps)
-    kv = None
-    if fused_set_kv_buffer_arg is not None:
-        kv = _check_kv(key, fused_set_kv_buffer_arg, head_size)
-    _native(positions, query, key, head_size, cos_sin_cache, norm, is_neox, kv)
+    a = fused_set_kv_buffer_arg
+    args = (positions, query, key, head_size, cos_sin_cache, q_norm_weight, k_norm_weight, eps)
+    call, eps_f = check(*args, is_neox, a)
+    plan = QKNormRopePlan(call, QKNormCall(eps_f, 0, 0), "native", False, None)
+    _native(positions, query, key, cos_sin_cache, q_norm_weight, k_norm_weight, a, plan)

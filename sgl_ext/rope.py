@@ -3,6 +3,13 @@
 Source-compatible with `sgl_kernel.apply_rope_with_cos_sin_cache_inplace`. With a
 `FusedSetKVBufferArg`, the rotated K and the V are stored into the layer's KV cache by the same
 kernel that rotates q and k (no separate `set_kv_buffer` launch, no re-read of K).
+
+Eager cost: a call is checked once per distinct metadata. The key of `_PLANS` holds everything
+a check reads (each tensor's dtype, shape, strides, device, requires_grad and data_ptr() % 16,
+the scalars' types and values, a float scale's value, a tensor scale's metadata); a hit returns
+the `RopeKVPlan` made when that metadata was first checked, so a changed input always misses
+and is checked. The Triton kernel of a plan is launched directly after its first launch
+(`triton/launcher.py`). Under torch.compile the op goes through `torch.ops.sgl_ext.rope_kv`.
 """
 
 from __future__ import annotations
@@ -12,8 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from sgl_ext import _common as C
-from sgl_ext._backend import forced_backend, select_backend
-from sgl_ext.native import Scale, kv_write_native, rotate_native
+from sgl_ext import settings
+from sgl_ext._backend import select_backend
+from sgl_ext._common import RopeCall, Scale
+from sgl_ext._plans import PlanCache
+from sgl_ext.native import kv_write_native, rotate_native
+
+_is_compiling = torch.compiler.is_compiling
 
 
 @dataclass
@@ -24,8 +36,10 @@ class FusedSetKVBufferArg:
     k_buffer / v_buffer: the layer's caches, [slots, H*D], [slots, H, D] or
         [pages, page_size, H, D] (any strided view whose last dim is contiguous); dtype of key or
         fp8 (float8_e4m3fn / float8_e5m2).
-    k_scale / v_scale: None, a positive float, or a 1-element float tensor (CUDA-graph safe);
-        the cache stores x * (1 / scale) cast to the buffer dtype (saturating for fp8).
+    k_scale / v_scale: None, a float that is positive and finite in float32, or a 1-element
+        float tensor (CUDA-graph safe; never read on the host, so its value must be positive
+        and finite: SGL_EXT_DEBUG checks it); the cache stores x * (1 / scale) cast to the
+        buffer dtype (fp8: finite values saturate, NaN stays NaN).
     cache_loc: [T] int32/int64 slot per token; a slot < 0 (or >= num_slots) is not written.
     """
 
@@ -37,54 +51,26 @@ class FusedSetKVBufferArg:
     cache_loc: torch.Tensor
 
 
-def _check_rope(
-    positions: object,
-    query: object,
-    key: object,
-    head_size: object,
-    cos_sin_cache: object,
-    is_neox: object,
-) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    C.check_tensor("positions", positions, C.INDEX_DTYPES)
-    C.check_tensor("query", query, C.INPUT_DTYPES)
-    C.check_tensor("key", key, C.INPUT_DTYPES)
-    C.check_tensor("cos_sin_cache", cos_sin_cache, (torch.float32,))
-    assert isinstance(positions, torch.Tensor) and isinstance(query, torch.Tensor)
-    assert isinstance(key, torch.Tensor) and isinstance(cos_sin_cache, torch.Tensor)
-    if not isinstance(head_size, int) or isinstance(head_size, bool) or head_size <= 0:
-        raise ValueError(f"head_size must be a positive int, got {head_size!r}")
-    if not isinstance(is_neox, bool):
-        raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
-    if key.dtype != query.dtype:
-        raise TypeError(f"key dtype {key.dtype} must equal query dtype {query.dtype}")
-    if positions.ndim != 1:
-        raise ValueError(f"positions must be 1-D [num_tokens], got shape {tuple(positions.shape)}")
-    device = query.device
-    for name, t in (("key", key), ("positions", positions), ("cos_sin_cache", cos_sin_cache)):
-        C.check_device(name, t, device)
-    num_tokens = positions.shape[0]
-    q_info = C.heads_view("query", query, num_tokens, head_size)
-    k_info = C.heads_view("key", key, num_tokens, head_size)
-    if cos_sin_cache.ndim != 2:
-        raise ValueError(
-            f"cos_sin_cache must be 2-D [max_pos, rotary_dim], got {cos_sin_cache.ndim}-D"
-        )
-    rot = cos_sin_cache.shape[1]
-    if rot == 0 or rot % 2 or rot > head_size:
-        raise ValueError(
-            f"cos_sin_cache rotary_dim {rot} must be even, positive and <= head_size {head_size}"
-        )
-    if cos_sin_cache.stride(1) != 1:
-        raise ValueError("cos_sin_cache must be contiguous in its last dim")
-    return q_info, k_info
+@dataclass(frozen=True)
+class RopeKVPlan:
+    """What a checked call launches: the call, its backend and (Triton) its kernel launch."""
+
+    call: RopeCall
+    backend: str
+    debug: bool
+    launcher: object | None  # triton.launcher.KernelLauncher for backend "triton"
 
 
-def _check_kv(key: torch.Tensor, arg: object, head_size: int, debug: bool | None = None) -> tuple:
+_PLANS = PlanCache()
+
+
+def _check_kv(key: torch.Tensor, arg: object, head_size: int) -> C.KVWrite:
+    """Check a fused argument against an already checked key (no launch)."""
     if not isinstance(arg, FusedSetKVBufferArg):
         raise TypeError(
             f"fused_set_kv_buffer_arg must be a FusedSetKVBufferArg or None, got {type(arg)}"
         )
-    k_lay, v_lay, v_dim, v_tok, v_head = C.check_kv_write(
+    return C.check_kv_write(
         key,
         arg.value,
         arg.k_buffer,
@@ -95,61 +81,126 @@ def _check_kv(key: torch.Tensor, arg: object, head_size: int, debug: bool | None
         key.shape[0],
         head_size,
     )
-    if C.debug_checks_enabled() if debug is None else debug:
-        C.debug_check_slots(arg.cache_loc, k_lay.num_slots)
-    kv = (arg.value, v_tok, v_head, v_dim, arg.k_buffer, arg.v_buffer, arg.cache_loc)
-    return (*kv, arg.k_scale, arg.v_scale, k_lay, v_lay)
 
 
-def _run(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool,
-    q_info: tuple[int, int, int],
-    k_info: tuple[int, int, int],
-    kv: tuple | None,
-    enable_pdl: bool | None = None,
-) -> None:
+def check(
+    positions: object,
+    query: object,
+    key: object,
+    head_size: object,
+    cos_sin_cache: object,
+    is_neox: object,
+    fused_set_kv_buffer_arg: object = None,
+) -> RopeCall:
+    """All argument checks of the op (metadata only): the checked call, or a ValueError /
+    TypeError naming the bad argument."""
+    call = C.check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
+    if fused_set_kv_buffer_arg is None:
+        return call
+    assert isinstance(key, torch.Tensor)
+    kv = _check_kv(key, fused_set_kv_buffer_arg, call.head_size)
+    return RopeCall(**{**call.__dict__, "kv": kv})
+
+
+def _scale_key(scale: object, unused_ptr: int) -> tuple[object, int]:
+    """A scale's part of the plan key, and the pointer the kernel receives for it."""
+    if scale is None:
+        return None, unused_ptr
+    if scale.__class__ is float or scale.__class__ is int:
+        return (scale.__class__, scale), unused_ptr
+    ptr = scale.data_ptr()  # a tensor (anything else misses and is rejected by the checks)
+    return (scale.dtype, scale.shape, scale.device, ptr & 15), ptr
+
+
+def _new_plan(
+    plan_key: object,
+    positions: object,
+    query: object,
+    key: object,
+    head_size: object,
+    cos_sin_cache: object,
+    is_neox: object,
+    arg: object,
+    enable_pdl: bool | None,
+) -> RopeKVPlan:
+    call = check(positions, query, key, head_size, cos_sin_cache, is_neox, arg)
+    assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+    s = settings.get()
     cuda_ok = cuda_preferred = False
-    if query.is_cuda:
+    if call.device.type == "cuda":
         from sgl_ext.cuda import rope_kv as cuda_rope_kv
 
         # Look at the call (and build/load the kernel: a few seconds, once) only when the CUDA
         # kernel would be used: forced, or preferred at this size.
-        cuda_preferred = cuda_rope_kv.preferred(key.shape[0])
-        if cuda_preferred or forced_backend() == "cuda":
-            cuda_ok = cuda_rope_kv.supports(
-                query, key, head_size, cos_sin_cache, q_info, k_info, kv
-            ) and cuda_rope_kv.available(query.device)
-    backend = select_backend(query.device, cuda_ok, cuda_preferred)
-    if backend == "cuda":
-        cuda_rope_kv.launch(
-            positions,
-            query,
-            key,
-            head_size,
-            cos_sin_cache,
-            is_neox,
-            q_info,
-            k_info,
-            kv,
-            enable_pdl,
-        )
-        return
-    if backend == "native":
-        rotate_native(positions, query, head_size, cos_sin_cache, is_neox)
-        rotate_native(positions, key, head_size, cos_sin_cache, is_neox)
-        if kv is not None:
-            value, _, _, _, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
-            kv_write_native(key, value, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
-        return
-    from sgl_ext.triton.rope_kv import launch_rope_kv
+        cuda_preferred = cuda_rope_kv.preferred(call.num_tokens)
+        if cuda_preferred or s.backend == "cuda":
+            cuda_ok = cuda_rope_kv.supports(call, query, key, cos_sin_cache, arg) and (
+                cuda_rope_kv.available(call.device)
+            )
+    backend = select_backend(call.device, cuda_ok, cuda_preferred)
+    launcher = None
+    if backend == "triton" and call.num_tokens > 0:
+        from sgl_ext.triton.rope_kv import plan_rope_kv
 
-    launch_rope_kv(
-        positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv, enable_pdl
+        kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else key
+        launcher = plan_rope_kv(
+            call, query.data_ptr() % 16, key.data_ptr() % 16, kb.data_ptr() % 16, enable_pdl
+        )
+    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher))
+
+
+def _run(
+    plan: RopeKVPlan,
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    arg: FusedSetKVBufferArg | None,
+    enable_pdl: bool | None,
+) -> None:
+    """Launch a plan the slow way: native, the CUDA kernel, or Triton through its JIT."""
+    call = plan.call
+    if plan.debug:
+        C.debug_check_positions(positions, call.max_pos)
+        if arg is not None and call.kv is not None:
+            C.debug_check_slots(arg.cache_loc, call.kv.k_layout.num_slots)
+            C.debug_check_scales(arg.k_scale, arg.v_scale)
+    if call.num_tokens == 0:
+        return
+    if plan.backend == "native":
+        rotate_native(positions, query, call.head_size, cos_sin_cache, call.is_neox)
+        rotate_native(positions, key, call.head_size, cos_sin_cache, call.is_neox)
+        if arg is not None and call.kv is not None:
+            _write_native(key, arg, call.kv)
+        return
+    if plan.backend == "cuda":
+        from sgl_ext.cuda import rope_kv as cuda_rope_kv
+
+        cuda_rope_kv.launch(call, positions, query, key, cos_sin_cache, arg, enable_pdl)
+        return
+    from sgl_ext.triton.rope_kv import rope_kv_args
+
+    kv_tensors = _kv_tensors(arg) if arg is not None else (None,) * 6
+    tensors = rope_kv_args(positions, query, key, cos_sin_cache, *kv_tensors)
+    plan.launcher.launch(*tensors)  # type: ignore[union-attr]
+
+
+def _kv_tensors(a: FusedSetKVBufferArg) -> tuple:
+    """(value, k_buffer, v_buffer, cache_loc, k_scale, v_scale): the kernels' order."""
+    return a.value, a.k_buffer, a.v_buffer, a.cache_loc, a.k_scale, a.v_scale
+
+
+def _write_native(key: torch.Tensor, a: FusedSetKVBufferArg, kv: C.KVWrite) -> None:
+    kv_write_native(
+        key,
+        a.value,
+        a.k_buffer,
+        a.v_buffer,
+        a.cache_loc,
+        a.k_scale,
+        a.v_scale,
+        kv.k_layout,
+        kv.v_layout,
     )
 
 
@@ -167,15 +218,16 @@ def apply_rope_with_cos_sin_cache_inplace(
 
     Parameters
     ----------
-    positions : int32/int64 [T]
+    positions : int32/int64 [T], contiguous
         Position of each token (row of cos_sin_cache).
     query : bf16/fp16/fp32 [T, Hq*D] or [T, Hq, D]
-        Rotated in place; may be a strided view (e.g. of a fused qkv output), last dim contiguous.
+        Rotated in place; may be a strided view (e.g. of a fused qkv output), last dim contiguous;
+        must not require grad or overlap itself.
     key : same dtype as query, [T, Hkv*D] or [T, Hkv, D]
-        Rotated in place.
+        Rotated in place (same conditions as query).
     head_size : int
         D.
-    cos_sin_cache : float32 [max_pos, rotary_dim]
+    cos_sin_cache : float32 [max_pos, rotary_dim], max_pos >= 1
         cos in the first rotary_dim/2 columns, sin in the rest; rotary_dim even and <= D. Dims
         rotary_dim..D of each head pass through unchanged (partial rotary).
     is_neox : bool
@@ -186,41 +238,98 @@ def apply_rope_with_cos_sin_cache_inplace(
         Programmatic dependent launch on Hopper+ (the kernel's launch overlaps the previous
         kernel's tail). None: on where supported.
     """
-    q_info, k_info = _check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
-    debug = C.debug_checks_enabled()
-    if debug:
-        C.debug_check_positions(positions, cos_sin_cache.shape[0])
-    kv = None
-    if fused_set_kv_buffer_arg is not None:
-        kv = _check_kv(key, fused_set_kv_buffer_arg, head_size, debug)
-    if torch.compiler.is_compiling():
-        a = fused_set_kv_buffer_arg
-        torch.ops.sgl_ext.rope_kv(
-            positions,
-            query,
-            key,
-            head_size,
-            cos_sin_cache,
-            is_neox,
-            *(_op_kv_args(a) if a is not None else (None,) * 6),
-        )
+    a = fused_set_kv_buffer_arg
+    if _is_compiling():
+        _compiled(positions, query, key, head_size, cos_sin_cache, is_neox, a)
         return
-    _run(positions, query, key, head_size, cos_sin_cache, is_neox, q_info, k_info, kv, enable_pdl)
+    try:
+        plan_key, ptrs = call_key(positions, query, key, head_size, cos_sin_cache, is_neox, a)
+        plan_key = (plan_key, enable_pdl)
+        plan = _PLANS.get(plan_key)
+    except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+        plan_key = plan = None
+    if plan is None:
+        args = (positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl)
+        plan = _new_plan(plan_key, *args)
+    launcher = plan.launcher
+    if launcher is not None and launcher.compiled is not None and not plan.debug:
+        kp = ptrs[3]
+        launcher.direct(*ptrs, kp, kp)  # no norm weights
+        return
+    _run(plan, positions, query, key, cos_sin_cache, a, enable_pdl)
 
 
-def _op_kv_args(a: FusedSetKVBufferArg) -> tuple:
-    """Flatten the dataclass for the registered op (a float scale travels as a tensor)."""
-    return (
-        a.value,
-        a.k_buffer,
-        a.v_buffer,
-        _scale_tensor(a.k_scale, a.value),
-        _scale_tensor(a.v_scale, a.value),
-        a.cache_loc,
+def call_key(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    a: FusedSetKVBufferArg | None,
+) -> tuple[object, tuple[int, ...]]:
+    """The plan-cache key of a call and its kernel pointers (pos, cos_sin, q, k, v, k_buffer,
+    v_buffer, cache_loc, k_scale, v_scale; key's for the ones the call does not have).
+
+    The key holds everything the checks and the launch plan read: each tensor's dtype, shape,
+    strides, device, requires_grad where written, data_ptr() % 16, the scalars' types and
+    values, a scale's key (`_scale_key`). Raises AttributeError / TypeError for arguments that
+    are not tensors (the caller then runs the checks, which say what is wrong).
+    """
+    pp, qp, kp = positions.data_ptr(), query.data_ptr(), key.data_ptr()
+    cp = cos_sin_cache.data_ptr()
+    rope_key = (
+        (positions.dtype, positions.shape, positions.stride(), positions.device, pp & 15),
+        (query.dtype, query.shape, query.stride(), query.device, qp & 15),
+        (key.dtype, key.shape, key.stride(), key.device, kp & 15),
+        (cos_sin_cache.dtype, cos_sin_cache.shape, cos_sin_cache.stride(), cp & 15),
+        (cos_sin_cache.device, query.requires_grad, key.requires_grad),
+        (head_size.__class__, head_size, is_neox.__class__, is_neox),
     )
+    if a is None:
+        return rope_key, (pp, cp, qp, kp, kp, kp, kp, kp, kp, kp)
+    value, kb, vb, loc = a.value, a.k_buffer, a.v_buffer, a.cache_loc
+    vp, kbp, vbp, lp = value.data_ptr(), kb.data_ptr(), vb.data_ptr(), loc.data_ptr()
+    ks, vs = a.k_scale, a.v_scale
+    if ks is None and vs is None:
+        ks_key = vs_key = None
+        ksp = vsp = kp
+    else:
+        ks_key, ksp = _scale_key(ks, kp)
+        vs_key, vsp = _scale_key(vs, kp)
+    plan_key = (
+        rope_key,
+        a.__class__,
+        (value.dtype, value.shape, value.stride(), value.device, vp & 15),
+        (kb.dtype, kb.shape, kb.stride(), kb.device, kbp & 15, kb.requires_grad),
+        (vb.dtype, vb.shape, vb.stride(), vb.device, vbp & 15, vb.requires_grad),
+        (loc.dtype, loc.shape, loc.stride(), loc.device, lp & 15),
+        ks_key,
+        vs_key,
+    )
+    return plan_key, (pp, cp, qp, kp, vp, kbp, vbp, lp, ksp, vsp)
+
+
+def _compiled(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    a: FusedSetKVBufferArg | None,
+) -> None:
+    """Under torch.compile: check while tracing, then one opaque mutating op."""
+    check(positions, query, key, head_size, cos_sin_cache, is_neox, a)
+    kv_args: tuple = (None,) * 6
+    if a is not None:
+        ks, vs = _scale_tensor(a.k_scale, a.value), _scale_tensor(a.v_scale, a.value)
+        kv_args = (a.value, a.k_buffer, a.v_buffer, ks, vs, a.cache_loc)
+    torch.ops.sgl_ext.rope_kv(positions, query, key, head_size, cos_sin_cache, is_neox, *kv_args)
 
 
 def _scale_tensor(scale: Scale, like: torch.Tensor) -> torch.Tensor | None:
+    """A float scale as a 0-d fp32 tensor (the registered ops take tensors)."""
     if scale is None or isinstance(scale, torch.Tensor):
         return scale
     return torch.full((), float(scale), dtype=torch.float32, device=like.device)
@@ -236,11 +345,9 @@ def apply_rope_native(
     fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
 ) -> None:
     """The torch-native reference of apply_rope_with_cos_sin_cache_inplace (same semantics)."""
-    q_info, k_info = _check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
+    a = fused_set_kv_buffer_arg
+    call = check(positions, query, key, head_size, cos_sin_cache, is_neox, a)
     rotate_native(positions, query, head_size, cos_sin_cache, is_neox)
     rotate_native(positions, key, head_size, cos_sin_cache, is_neox)
-    if fused_set_kv_buffer_arg is not None:
-        value, _, _, _, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = _check_kv(
-            key, fused_set_kv_buffer_arg, head_size
-        )
-        kv_write_native(key, value, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
+    if a is not None and call.kv is not None:
+        _write_native(key, a, call.kv)

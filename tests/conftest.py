@@ -16,8 +16,12 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch):
     """Force an sgl_ext backend for the duration of a test: backend("triton")."""
+    from sgl_ext import settings
 
     def _force(name: str) -> None:
         monkeypatch.setenv("SGL_EXT_BACKEND", name)
+        settings.reload()
 
-    return _force
+    yield _force
+    monkeypatch.undo()
+    settings.reload()

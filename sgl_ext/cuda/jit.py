@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from sgl_ext import settings
+
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo")
 
@@ -28,7 +30,7 @@ class BuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("SGL_EXT_CACHE_DIR")
+    env = settings.get().cache_dir
     return Path(env) if env else Path.home() / ".cache" / "sgl_ext"
 
 

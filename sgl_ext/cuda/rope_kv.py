@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import subprocess
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
+from sgl_ext import settings
 from sgl_ext._backend import pdl_capable
-from sgl_ext._common import scale_args
+from sgl_ext._common import RopeCall, scale_args
 from sgl_ext.cuda import jit
 
 # Token counts where the CUDA kernel is the default: none. Measured on the H100 (RESULTS.md,
@@ -96,7 +96,7 @@ class _Params(ctypes.Structure):
 def _library(device_index: int) -> ctypes.CDLL | None:
     """The built library with every kernel loaded on this device, or None (warned once).
     `SGL_EXT_NVCC_FLAGS` adds nvcc flags (experiments); each set of flags is its own build."""
-    return _library_for(device_index, os.environ.get("SGL_EXT_NVCC_FLAGS", ""))
+    return _library_for(device_index, settings.get().nvcc_flags)
 
 
 @functools.cache
@@ -130,7 +130,7 @@ def _error(lib: ctypes.CDLL, err: int) -> str:
 
 def available(device: torch.device) -> bool:
     """The kernel is built (nvcc ran once, cached) and loaded for this CUDA device."""
-    if os.environ.get("SGL_EXT_DISABLE_CUDA", "0") not in ("", "0"):
+    if settings.get().disable_cuda:
         return False
     return _library(_index(device)) is not None
 
@@ -145,44 +145,46 @@ def _aligned(t: torch.Tensor, *strides: int, elems: int = 8) -> bool:
 
 
 def supports(
+    call: RopeCall,
     query: torch.Tensor,
     key: torch.Tensor,
-    head_size: int,
     cos_sin_cache: torch.Tensor,
-    q_info: tuple[int, int, int],
-    k_info: tuple[int, int, int],
-    kv: tuple | None,
+    arg: Any,
 ) -> bool:
-    """Whether this (already checked) call fits the CUDA kernel."""
+    """Whether this (already checked) call fits the CUDA kernel. arg: the FusedSetKVBufferArg
+    or None."""
     if not query.is_cuda or query.dtype not in (torch.bfloat16, torch.float16):
         return False
-    rot = cos_sin_cache.shape[1]
-    if rot % 16 or head_size % 8 or cos_sin_cache.shape[0] >= 2**31:
+    rot, q, k = call.rot_dim, call.query, call.key
+    assert q is not None
+    if rot % 16 or call.head_size % 8 or call.max_pos >= 2**31:
         return False
-    if not (_aligned(query, *q_info[1:]) and _aligned(key, *k_info[1:])):
+    if not (_aligned(query, q.token_stride, q.head_stride)):
         return False
-    if not _aligned(cos_sin_cache, cos_sin_cache.stride(0), elems=4):
+    if not _aligned(key, k.token_stride, k.head_stride):
         return False
+    if not _aligned(cos_sin_cache, call.cs_stride, elems=4):
+        return False
+    kv = call.kv
     if kv is not None:
-        value, v_tok, v_head, v_dim, kbuf, vbuf, _, ks, vs, k_lay, v_lay = kv
-        if v_dim % 8 or not _aligned(value, v_tok, v_head) or k_lay.num_slots >= 2**31:
+        v = kv.value
+        if kv.v_head_dim % 8 or not _aligned(arg.value, v.token_stride, v.head_stride):
             return False
-        if kbuf.dtype != vbuf.dtype:  # one cache kind per kernel instance
+        if kv.k_layout.num_slots >= 2**31 or kv.k_dtype != kv.v_dtype:  # one cache kind
             return False
-        for buf, lay in ((kbuf, k_lay), (vbuf, v_lay)):
+        for buf, lay in ((arg.k_buffer, kv.k_layout), (arg.v_buffer, kv.v_layout)):
             if not _aligned(buf, *lay.strides):
                 return False
-        for s in (ks, vs):
+        for s in (arg.k_scale, arg.v_scale):
             if isinstance(s, torch.Tensor) and s.dtype != torch.float32:
                 return False
-    return key.shape[0] < 2**31
+    return call.num_tokens < 2**31
 
 
 def preferred(num_tokens: int) -> bool:
     """Where the CUDA kernel is chosen over Triton when both can run (measured, RESULTS.md).
     `SGL_EXT_CUDA_TOKENS="lo,hi"` overrides the token range (tuning)."""
-    override = os.environ.get("SGL_EXT_CUDA_TOKENS")
-    lo, hi = (int(x) for x in override.split(",")) if override else _PREFERRED_TOKENS
+    lo, hi = settings.get().cuda_tokens or _PREFERRED_TOKENS
     return lo <= num_tokens <= hi
 
 
@@ -195,9 +197,9 @@ class CudaConfig(NamedTuple):
 def launch_config(num_tokens: int, num_heads: int, pieces: int, rot_chunks: int) -> CudaConfig:
     """Lanes per block (at most 128: more blocks, more SMs at small T), heads per lane.
     `SGL_EXT_CUDA_CONFIG="block_x,tokens[,heads]"` overrides (tuning)."""
-    override = os.environ.get("SGL_EXT_CUDA_CONFIG")
+    override = settings.get().cuda_config
     if override:
-        return CudaConfig(*(int(x) for x in override.split(",")))
+        return CudaConfig(*override)
     heads = 4 if num_tokens > 4096 else 1  # sweep of 2026-11-22: 4 heads won only at 8192
     lanes = num_lanes(num_heads, pieces, rot_chunks, heads)
     padded = -(-lanes // 32) * 32
@@ -217,45 +219,40 @@ def _scale(scale: float | torch.Tensor | None) -> tuple[int, int, float]:
 
 
 def launch(
+    call: RopeCall,
     positions: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor,
-    head_size: int,
     cos_sin_cache: torch.Tensor,
-    is_neox: bool,
-    q_info: tuple[int, int, int],
-    k_info: tuple[int, int, int],
-    kv: tuple | None,
+    arg: Any,
     enable_pdl: bool | None = None,
 ) -> None:
-    """Launch the kernel for a call `supports` accepted."""
-    num_tokens = key.shape[0]
+    """Launch the kernel for a call `supports` accepted (arg: FusedSetKVBufferArg or None)."""
+    num_tokens = call.num_tokens
     if num_tokens == 0:
         return
     index = _index(query.device)
     lib = _library(index)
     if lib is None:
         raise RuntimeError("sgl_ext: the CUDA kernel is not available on this machine")
-    num_q_heads, q_tok, q_head = q_info
-    num_kv_heads, k_tok, k_head = k_info
-    rot = cos_sin_cache.shape[1]
+    q, k = call.query, call.key
+    assert q is not None
+    num_q_heads, q_tok, q_head = q.num_heads, q.token_stride, q.head_stride
+    num_kv_heads, k_tok, k_head = k.num_heads, k.token_stride, k.head_stride
+    head_size, rot, is_neox = call.head_size, call.rot_dim, call.is_neox
+    kv = call.kv
     if kv is not None:
-        value, v_tok, v_head, v_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
-        k_mode, k_ptr, k_inv = _scale(ks)
-        v_mode, v_ptr, v_inv = _scale(vs)
-        cache = _CACHE_KIND.get(kbuf.dtype, 0)
+        k_lay, v_lay, v_dim = kv.k_layout, kv.v_layout, kv.v_head_dim
+        v_tok, v_head = kv.value.token_stride, kv.value.head_stride
+        k_mode, k_ptr, k_inv = _scale(arg.k_scale)
+        v_mode, v_ptr, v_inv = _scale(arg.v_scale)
+        cache = _CACHE_KIND.get(kv.k_dtype, 0)
         ps = k_lay.page_size
         shift = ps.bit_length() - 1 if ps & (ps - 1) == 0 else -1
         pieces = num_kv_heads * ((head_size - rot) // 8 + v_dim // 8)
-        ptrs = (value.data_ptr(), kbuf.data_ptr(), vbuf.data_ptr())
-        kv_ints = (
-            k_lay.page_stride,
-            k_lay.offset_stride,
-            k_lay.head_stride,
-            v_lay.page_stride,
-            v_lay.offset_stride,
-            v_lay.head_stride,
-        )
+        ptrs = (arg.value.data_ptr(), arg.k_buffer.data_ptr(), arg.v_buffer.data_ptr())
+        kv_ints = (*k_lay.strides, *v_lay.strides)
+        loc = arg.cache_loc
         loc_ptr, loc64, slots = loc.data_ptr(), loc.dtype == torch.int64, k_lay.num_slots
     else:
         k_mode = v_mode = k_ptr = v_ptr = cache = shift = v_tok = v_head = v_dim = slots = 0

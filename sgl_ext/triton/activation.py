@@ -10,7 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting
+from sgl_ext import settings
+from sgl_ext.triton.launcher import KernelLauncher, make_launcher
 from sgl_ext.triton.rounding import cast_rne
 
 BLOCK = 1024
@@ -27,12 +28,15 @@ def _silu_and_mul_kernel(X, Out, D, stride_x, stride_o, BLOCK: tl.constexpr, EMU
     tl.store(Out + row * stride_o + cols, cast_rne(s * u, Out.dtype.element_ty, EMULATE), mask=m)
 
 
-def silu_and_mul_launch(x: torch.Tensor, out: torch.Tensor) -> None:
-    """Launch on checked 2-D operands: x [rows, 2 * d], out [rows, d], last dims contiguous."""
-    rows, d = out.shape
+def plan_silu_and_mul(
+    rows: int, d: int, stride_x: int, stride_o: int, device: torch.device
+) -> KernelLauncher | None:
+    """The launch of checked operands x [rows, 2 * d], out [rows, d] (row strides given, last
+    dims contiguous); None when there is nothing to do. Per call: x, out."""
     if rows == 0 or d == 0:
-        return
+        return None
     block = min(BLOCK, 1 << (d - 1).bit_length())
-    _silu_and_mul_kernel[(rows, -(-d // block))](
-        x, out, d, x.stride(0), out.stride(0), BLOCK=block, EMULATE=interpreting(), num_warps=4
-    )
+    grid = (rows, -(-d // block))
+    constexprs = dict(BLOCK=block, EMULATE=settings.get().interpret)
+    fixed = (d, stride_x, stride_o)
+    return make_launcher(_silu_and_mul_kernel, grid, fixed, constexprs, {"num_warps": 4}, device)

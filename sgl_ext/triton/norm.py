@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting
+from sgl_ext import settings
+from sgl_ext.triton.launcher import KernelLauncher, make_launcher
 from sgl_ext.triton.rounding import cast_rne
 
 
@@ -57,48 +58,35 @@ def _rmsnorm_kernel(
     tl.store(Out + rows[:, None] * stride_o + cols[None, :], y, mask=mask)
 
 
-def rmsnorm_launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
+def plan_rmsnorm(
+    n_rows: int,
+    n: int,
+    strides: tuple[int, int, int, int],
     eps: float,
-    out: torch.Tensor,
-    residual: torch.Tensor | None = None,
-    residual_out: torch.Tensor | None = None,
-    weight_in_fp32: bool = False,
-) -> None:
-    """Launch on checked 2-D operands.
+    has_residual: bool,
+    weight_in_fp32: bool,
+    device: torch.device,
+) -> KernelLauncher | None:
+    """The launch of checked [rows, N] operands (None for zero rows).
 
-    x, out, residual, residual_out : [rows, N], last dim contiguous, rows strided; out may be x
-    and residual_out may be residual (in place). weight : [N], contiguous.
+    strides: row strides of (x, residual, out, residual_out); without a residual pass x's and
+    out's. Per call, `launch` (tensors) or `direct` (pointers) takes x, residual, weight, out,
+    residual_out in that order (x and out for the missing residual ones).
     """
-    n_rows, n = x.shape
     if n_rows == 0:
-        return
+        return None
     block_n = 1 << (n - 1).bit_length()  # next power of two (host ints: no triton helper)
     # Rows per program from the row width only: a row's reduction order (and so its bits) must not
     # depend on how many rows there are (a padded CUDA-graph batch equals the eager one).
     block_m = max(1, 1024 // block_n)
     num_warps = max(1, min(16, block_m * block_n // 512))
-    has_res = residual is not None
-    r = residual if has_res else x
-    ro = residual_out if has_res else out
-    _rmsnorm_kernel[(-(-n_rows // block_m),)](
-        x,
-        r,
-        weight,
-        out,
-        ro,
-        n_rows,
-        n,
-        x.stride(0),
-        r.stride(0),
-        out.stride(0),
-        ro.stride(0),
-        float(eps),
-        HAS_RESIDUAL=has_res,
+    constexprs = dict(
+        HAS_RESIDUAL=has_residual,
         WEIGHT_FP32=weight_in_fp32,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        EMULATE=interpreting(),
-        num_warps=num_warps,
+        EMULATE=settings.get().interpret,
     )
+    fixed = (n_rows, n, *strides, float(eps))
+    grid = (-(-n_rows // block_m),)
+    return make_launcher(_rmsnorm_kernel, grid, fixed, constexprs, {"num_warps": num_warps}, device)

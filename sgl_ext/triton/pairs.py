@@ -29,18 +29,38 @@ def round_to_fp8_grid(x, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
 
 
 @triton.jit
-def quantize(x, inv_scale, HAS_SCALE: tl.constexpr, FP8_MAX: tl.constexpr, EMULATE: tl.constexpr):
-    """x (fp32) * inv_scale, clamped to the fp8 range when FP8_MAX > 0."""
+def quantize(
+    x,
+    inv_scale,
+    HAS_SCALE: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    EMULATE: tl.constexpr,
+    DT: tl.constexpr,
+):
+    """x (fp32) * inv_scale as the cache dtype DT. fp8 (FP8_MAX > 0): finite values saturate to
+    +-FP8_MAX, NaN stays NaN, +-inf stays +-inf in e5m2 and becomes NaN in e4m3fn (no inf)."""
     if HAS_SCALE:
         x = x * inv_scale
     if FP8_MAX > 0:
-        x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
-        if EMULATE:
-            if FP8_MAX == 448.0:  # e4m3fn
+        INF: tl.constexpr = float("inf")
+        big = tl.abs(x) > FP8_MAX  # false for NaN
+        sat = tl.where(x < 0, -FP8_MAX, FP8_MAX)
+        if FP8_MAX == 448.0:  # e4m3fn
+            x = tl.where(big, tl.where(tl.abs(x) < INF, sat, float("nan")), x)
+            if EMULATE:
                 x = round_to_fp8_grid(x, 3, -6)
-            else:  # e5m2
+        else:  # e5m2
+            x = tl.where(big & (tl.abs(x) < INF), sat, x)
+            if EMULATE:
                 x = round_to_fp8_grid(x, 2, -14)
-    return x
+        # The hardware cast saturates (cvt .satfinite turns inf into the largest value) and the
+        # interpreter's may not keep NaN: set the non-finite codes' bits explicitly.
+        b = x.to(DT).to(tl.uint8, bitcast=True).to(tl.int32)
+        b = tl.where(x != x, 127, b)  # NaN: 0x7F in both formats
+        if FP8_MAX != 448.0:
+            b = tl.where(x == INF, 124, tl.where(x == -INF, 252, b))  # e5m2 +-inf: 0x7C, 0xFC
+        return b.to(tl.uint8).to(DT, bitcast=True)
+    return x.to(DT)
 
 
 @triton.jit

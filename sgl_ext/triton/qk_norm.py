@@ -50,11 +50,21 @@ def rms_norm_head(
 ):
     """RMSNorm over whole heads: a, b [BH, BLOCK_HALF] rotary pairs and tail [BH, BLOCK_TAIL]
     pass-through dims (fp32, zeros where masked). Returns the normalised (a, b, tail), each
-    rounded to DT as the unfused torch norm stores it, in fp32."""
-    ss = tl.sum(a * a + b * b, axis=1)  # [BH]
+    rounded to DT as the unfused torch norm stores it, in fp32.
+
+    The sum of squares runs in float64: every square of a 16-bit (or 32-bit) float is exact
+    there, and so is the sum of a head's squares of a 16-bit input unless its values span more
+    than 2^15 (bf16) or 2^12 (fp16) in magnitude, where only the smallest squares round away at
+    2^-53 of the sum. So its bits do not depend on the order the launch layout (heads per
+    program, warps, KV write on or off) adds them in.
+    """
+    a64, b64 = a.to(tl.float64), b.to(tl.float64)
+    ss = tl.sum(a64 * a64 + b64 * b64, axis=1)  # [BH] fp64
     if HAS_TAIL:
-        ss += tl.sum(tail * tail, axis=1)
-    rstd = tl.rsqrt(ss / HEAD_DIM + eps)[:, None]  # [BH, 1]
+        t64 = tail.to(tl.float64)
+        ss += tl.sum(t64 * t64, axis=1)
+    var = (ss / HEAD_DIM).to(tl.float32)  # [BH], the mean square rounded once to fp32
+    rstd = tl.rsqrt(var + eps)[:, None]  # [BH, 1]
     a = _norm_round(a, rstd, wa, DT)
     b = _norm_round(b, rstd, wb, DT)
     if HAS_TAIL:

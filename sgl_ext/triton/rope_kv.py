@@ -15,20 +15,18 @@ in registers, so neither needs a gather.
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting, pdl_capable
-from sgl_ext._common import KVLayout, fp8_max, scale_args
+from sgl_ext import settings
+from sgl_ext._backend import pdl_capable
+from sgl_ext._common import KVLayout, QKNormCall, RopeCall, fp8_max
+from sgl_ext.triton.launcher import KernelLauncher, make_launcher
 from sgl_ext.triton.pairs import load_pairs, load_scale, quantize, reciprocal, store_pairs
 from sgl_ext.triton.qk_norm import load_norm_weights, query_in, query_out, rms_norm_head
-
-if TYPE_CHECKING:
-    from sgl_ext.qk_norm_rope import QKNorm
 
 
 @triton.jit
@@ -148,53 +146,57 @@ def _key_value(
         kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
         vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
         KS: tl.constexpr = K_SCALE_MODE > 0
+        KDT: tl.constexpr = kbuf_ptr.dtype.element_ty
+        VDT: tl.constexpr = vbuf_ptr.dtype.element_ty
         k_inv = reciprocal(k_s, K_SCALE_MODE)  # after all loads (see reciprocal)
         v_inv = reciprocal(v_s, V_SCALE_MODE)
-        qa = quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
-        qb = quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8)
+        qa = quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8, KDT)
+        qb = quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8, KDT)
         store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
         if BLOCK_TAIL > 0:
-            kt = quantize(k_tail.to(tl.float32), k_inv, KS, K_FP8_MAX, EMULATE_FP8)
-            tl.store(kdst + dt, kt.to(kbuf_ptr.dtype.element_ty), mask=t_mask & ok)
-        vq = quantize(v.to(tl.float32), v_inv, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8)
-        tl.store(vdst + dv, vq.to(vbuf_ptr.dtype.element_ty), mask=dv_mask & ok)
+            kt = quantize(k_tail.to(tl.float32), k_inv, KS, K_FP8_MAX, EMULATE_FP8, KDT)
+            tl.store(kdst + dt, kt, mask=t_mask & ok)
+        vq = quantize(v.to(tl.float32), v_inv, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8, VDT)
+        tl.store(vdst + dv, vq, mask=dv_mask & ok)
     return cos, sin
 
 
 @triton.jit
 def rope_kv_kernel(
+    # Per-call pointers first, then the launch plan's fixed arguments, then the constexprs
+    # (the order KernelLauncher's direct launch relies on).
     pos_ptr,
     cos_sin_ptr,
-    cs_stride,
     q_ptr,
+    k_ptr,
+    v_ptr,
+    kbuf_ptr,
+    vbuf_ptr,
+    loc_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    qw_ptr,  # QK_NORM: RMSNorm weights [HEAD_DIM] of the query and key heads
+    kw_ptr,
+    k_scale_f,
+    v_scale_f,
+    cs_stride,
     q_tok_stride,
     q_head_stride,
-    k_ptr,
     k_tok_stride,
     k_head_stride,
-    v_ptr,
     v_tok_stride,
     v_head_stride,
-    kbuf_ptr,
     kb_page_stride,
     kb_off_stride,
     kb_head_stride,
-    vbuf_ptr,
     vb_page_stride,
     vb_off_stride,
     vb_head_stride,
-    loc_ptr,
     num_slots,
-    k_scale_ptr,
-    v_scale_ptr,
-    k_scale_f,
-    v_scale_f,
     num_q_heads,
     num_kv_heads,
     max_pos,
-    qw_ptr,  # QK_NORM: RMSNorm weights [HEAD_DIM] of query and key heads, and the epsilon
-    kw_ptr,
-    eps,
+    eps,  # QK_NORM: the RMSNorm epsilon
     NUM_Q_BLOCKS: tl.constexpr,  # query head blocks per token
     NUM_KV_BLOCKS: tl.constexpr,  # key/value head blocks per token
     MERGED: tl.constexpr,  # program j does query block j and key/value block j (if any)
@@ -456,19 +458,20 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _word_aligned(t: torch.Tensor, *strides: int) -> bool:
-    """Every head row of t starts on a 4-byte boundary (16-bit pairs load as int32 words)."""
-    return t.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in strides)
+def _word_aligned(align: int, *strides: int) -> bool:
+    """Every head row starts on a 4-byte boundary (16-bit pairs load as int32 words), given
+    the data pointer % 16 and the element strides."""
+    return align % 4 == 0 and all(s % 2 == 0 for s in strides)
 
 
-def _gptj_mode(rows: list[tuple[torch.Tensor, int, int]]) -> int:
+def _gptj_mode(dtype: torch.dtype, rows: list[tuple[int, int, int]]) -> int:
     """2: 16-bit GPT-J pairs as int32 words when every row is 4-byte aligned, else 1 (strided).
 
-    rows: (tensor, token stride, head stride) of query and key.
+    rows: (data_ptr % 16, token stride, head stride) of query and key.
     """
-    if rows[0][0].dtype not in (torch.bfloat16, torch.float16):
+    if dtype not in (torch.bfloat16, torch.float16):
         return 1
-    return 2 if all(_word_aligned(t, ts, hs) for t, ts, hs in rows) else 1
+    return 2 if all(_word_aligned(a, ts, hs) for a, ts, hs in rows) else 1
 
 
 ORDER_2D = 0  # 2-D (tokens, blocks) grid; the hardware runs block 0 of every token first
@@ -490,9 +493,9 @@ def launch_config(
 ) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism."""
     # "block_h,num_warps[,order[,merged[,spread[,maxnreg]]]]", for tuning only
-    override = os.environ.get("SGL_EXT_TRITON_CONFIG")
+    override = settings.get().triton_config
     if override:
-        vals = [int(x) for x in override.split(",")]
+        vals = list(override)
         return LaunchConfig(*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6])
     # Measured on the H100 (benchmarks/NOTES.md, sweeps of 2026-11-22). Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
@@ -527,111 +530,96 @@ def launch_config(
     return LaunchConfig(block_h, num_warps, order, merged=True, maxnreg=maxnreg)
 
 
-def launch_rope_kv(
-    positions: torch.Tensor | None,
-    query: torch.Tensor | None,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor | None,
-    is_neox: bool,
-    q_info: tuple[int, int, int] | None,  # (num_heads, token stride, head stride)
-    k_info: tuple[int, int, int],
-    kv: tuple | None,  # (value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay)
-    enable_pdl: bool | None = None,
-    qk_norm: QKNorm | None = None,
-) -> None:
-    """Launch the kernel. q/positions/cos_sin_cache None: KV write only; kv None: RoPE only;
-    qk_norm: RMSNorm every q and k head before RoPE (needs q and cos_sin_cache)."""
-    num_tokens = key.shape[0]
-    if num_tokens == 0:
-        return
-    rotate = cos_sin_cache is not None
+def plan_rope_kv(
+    call: RopeCall,
+    q_align: int,
+    k_align: int,
+    kb_align: int,
+    enable_pdl: bool | None,
+    norm: QKNormCall | None = None,
+) -> KernelLauncher:
+    """The kernel launch for a checked call: grid, fixed arguments, constexprs, options.
+
+    q_align / k_align / kb_align: data_ptr() % 16 of query, key and k_buffer (GPT-J pairs load
+    as 32-bit words only from 4-byte aligned rows). query None in `call`: the KV write alone;
+    kv None: RoPE alone; norm: RMSNorm every q and k head first (the QK_NORM variant). Per
+    call, `launch` (tensors) or `KernelLauncher.direct` (pointers) takes pos, cos_sin, q, k, v,
+    k_buffer, v_buffer, cache_loc, k_scale, v_scale, q_norm_weight, k_norm_weight in that
+    order (`rope_kv_args` fills the ones a call does not have).
+    """
+    s = settings.get()
+    head_size = call.head_size
+    rotate = call.query is not None
     # A plain KV write moves each head as one neox-style "pair" tile (plus an odd tail dim).
-    rot = cos_sin_cache.shape[1] if rotate else head_size - head_size % 2
-    num_q_heads, q_tok, q_head = q_info if q_info is not None else (0, 0, 0)
-    num_kv_heads, k_tok, k_head = k_info
+    rot = call.rot_dim if rotate else head_size - head_size % 2
+    q = call.query
+    num_q_heads, q_tok, q_head = (q.num_heads, q.token_stride, q.head_stride) if q else (0, 0, 0)
+    k = call.key
+    kv = call.kv
     if kv is not None:
-        value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs, k_lay, v_lay = kv
+        v_tok, v_head, v_head_dim = kv.value.token_stride, kv.value.head_stride, kv.v_head_dim
+        k_lay, v_lay, k_dtype, v_dtype = kv.k_layout, kv.v_layout, kv.k_dtype, kv.v_dtype
+        k_mode, v_mode, k_inv, v_inv = kv.k_scale_mode, kv.v_scale_mode, kv.k_inv, kv.v_inv
     else:
-        value, v_tok, v_head, v_head_dim, kbuf, vbuf, loc, ks, vs = (
-            key,
-            0,
-            0,
-            1,
-            key,
-            key,
-            key,
-            None,
-            None,
-        )
+        v_tok, v_head, v_head_dim = 0, 0, 1
         k_lay = v_lay = KVLayout(1, 1, 0, 0, 0, 1, 1)
-    k_fp8_max = fp8_max(kbuf.dtype)
-    cfg = launch_config(num_tokens, max(num_q_heads, num_kv_heads), head_size, k_fp8_max > 0)
+        k_dtype = v_dtype = call.dtype
+        k_mode = v_mode = 0
+        k_inv = v_inv = 1.0
+    k_fp8_max = fp8_max(k_dtype)
+    cfg = launch_config(call.num_tokens, max(num_q_heads, k.num_heads), head_size, k_fp8_max > 0)
     block_h = cfg.block_h
     num_q_blocks = _cdiv(num_q_heads, block_h)
     merged = cfg.merged and num_q_blocks > 0
-    block_hkv = min(block_h, _pow2(num_kv_heads))
+    block_hkv = min(block_h, _pow2(k.num_heads))
     if merged and cfg.spread:
-        block_hkv = _pow2(_cdiv(num_kv_heads, num_q_blocks))
-    num_kv_blocks = _cdiv(num_kv_heads, block_hkv)
+        block_hkv = _pow2(_cdiv(k.num_heads, num_q_blocks))
+    num_kv_blocks = _cdiv(k.num_heads, block_hkv)
     per_token = max(num_q_blocks, num_kv_blocks) if merged else num_q_blocks + num_kv_blocks
     order = cfg.order
     if order == ORDER_KV_FIRST and not (merged and per_token > num_kv_blocks):
         order = ORDER_TOKEN  # nothing to put first
     # The 2-D grid's second axis holds at most 65535 blocks per token (never reached: heads).
-    grid = (num_tokens * per_token,) if order != ORDER_2D else (num_tokens, per_token)
-    k_mode, k_st, k_sf = scale_args(ks)
-    v_mode, v_st, v_sf = scale_args(vs)
-    interp = interpreting()
+    n = call.num_tokens
+    grid = (n * per_token,) if order != ORDER_2D else (n, per_token)
+    is_cuda = call.device.type == "cuda"
     if enable_pdl is None:
-        enable_pdl = key.is_cuda and pdl_capable(key.device.index)
-    use_pdl = bool(enable_pdl) and not interp
+        enable_pdl = is_cuda and pdl_capable(call.device.index)
+    use_pdl = bool(enable_pdl) and not s.interpret
     tail = head_size - rot
     pair_mode = 0
-    if rotate and not is_neox:
-        rows = [(query, q_tok, q_head), (key, k_tok, k_head)]
-        if qk_norm is not None:  # the weights load as pairs too
-            rows += [(qk_norm.q_weight, 0, 0), (qk_norm.k_weight, 0, 0)]
-        pair_mode = _gptj_mode(rows)
+    if rotate and not call.is_neox:
+        rows = [(q_align, q_tok, q_head), (k_align, *_strides(k))]
+        if norm is not None:  # the weights load as pairs too
+            rows += [(norm.q_weight_align, 0, 0), (norm.k_weight_align, 0, 0)]
+        pair_mode = _gptj_mode(call.dtype, rows)
     kbuf_mode = pair_mode
-    if pair_mode == 2 and (kbuf.dtype != key.dtype or not _word_aligned(kbuf, *k_lay.strides)):
+    if pair_mode == 2 and (k_dtype != call.dtype or not _word_aligned(kb_align, *k_lay.strides)):
         kbuf_mode = 1
-    extra = {"launch_pdl": True} if use_pdl else {}
-    if cfg.maxnreg and not interp:
-        extra["maxnreg"] = cfg.maxnreg
-    rope_kv_kernel[grid](
-        positions if rotate else key,
-        cos_sin_cache if rotate else key,
-        cos_sin_cache.stride(0) if rotate else 0,
-        query if query is not None else key,
+    options: dict[str, object] = {"num_warps": cfg.num_warps}
+    if use_pdl:
+        options["launch_pdl"] = True
+    if cfg.maxnreg and not s.interpret:
+        options["maxnreg"] = cfg.maxnreg
+    fixed = (
+        k_inv,
+        v_inv,
+        call.cs_stride if rotate else 0,
         q_tok,
         q_head,
-        key,
-        k_tok,
-        k_head,
-        value,
+        k.token_stride,
+        k.head_stride,
         v_tok,
         v_head,
-        kbuf,
-        k_lay.page_stride,
-        k_lay.offset_stride,
-        k_lay.head_stride,
-        vbuf,
-        v_lay.page_stride,
-        v_lay.offset_stride,
-        v_lay.head_stride,
-        loc,
+        *k_lay.strides,
+        *v_lay.strides,
         k_lay.num_slots,
-        k_st if k_st is not None else key,  # unused pointer without a tensor scale
-        v_st if v_st is not None else key,
-        k_sf,
-        v_sf,
         num_q_heads,
-        num_kv_heads,
-        cos_sin_cache.shape[0] if rotate else 1,
-        qk_norm.q_weight if qk_norm is not None else key,  # unused pointers without the norm
-        qk_norm.k_weight if qk_norm is not None else key,
-        qk_norm.eps if qk_norm is not None else 0.0,
+        k.num_heads,
+        call.max_pos if rotate else 1,
+        norm.eps if norm is not None else 0.0,
+    )
+    constexprs = dict(
         NUM_Q_BLOCKS=num_q_blocks,
         NUM_KV_BLOCKS=num_kv_blocks,
         MERGED=merged,
@@ -647,16 +635,43 @@ def launch_rope_kv(
         BLOCK_HKV=block_hkv,
         PAIR_MODE=pair_mode,
         KBUF_PAIR_MODE=kbuf_mode,
-        IS_BF16=key.dtype == torch.bfloat16,
+        IS_BF16=call.dtype == torch.bfloat16,
         ROTATE=rotate,
         WRITE_KV=kv is not None,
         K_SCALE_MODE=k_mode,
         V_SCALE_MODE=v_mode,
         K_FP8_MAX=k_fp8_max,
-        V_FP8_MAX=fp8_max(vbuf.dtype),
-        EMULATE_FP8=interp,
+        V_FP8_MAX=fp8_max(v_dtype),
+        EMULATE_FP8=s.interpret,
         USE_PDL=use_pdl,
-        QK_NORM=qk_norm is not None,
-        num_warps=cfg.num_warps,
-        **extra,
+        QK_NORM=norm is not None,
     )
+    return make_launcher(rope_kv_kernel, grid, fixed, constexprs, options, call.device)
+
+
+def _strides(v) -> tuple[int, int]:
+    return v.token_stride, v.head_stride
+
+
+def rope_kv_args(
+    positions: torch.Tensor | None,
+    query: torch.Tensor | None,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor | None,
+    value: torch.Tensor | None,
+    k_buffer: torch.Tensor | None,
+    v_buffer: torch.Tensor | None,
+    cache_loc: torch.Tensor | None,
+    k_scale: object,
+    v_scale: object,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """The kernel's per-call tensors in parameter order; key stands in for the unused ones."""
+    t = (positions, cos_sin_cache, query, value, k_buffer, v_buffer, cache_loc)
+    pos, cs, q, v, kb, vb, loc = (x if x is not None else key for x in t)
+    ks = k_scale if isinstance(k_scale, torch.Tensor) else key
+    vs = v_scale if isinstance(v_scale, torch.Tensor) else key
+    qw = q_norm_weight if q_norm_weight is not None else key
+    kw = k_norm_weight if k_norm_weight is not None else key
+    return pos, cs, q, key, v, kb, vb, loc, ks, vs, qw, kw

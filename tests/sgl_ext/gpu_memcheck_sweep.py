@@ -12,18 +12,21 @@ import sys
 
 import torch
 
+from tests.sgl_ext.test_reliability import _nonfinite_store
 from tests.sgl_ext.test_rope import run_case
 
 
 def main() -> int:
     os.environ["SGL_EXT_BACKEND"] = os.environ.get("SGL_EXT_BACKEND", "triton")
     n = 0
-    for layout, kv, neox, rot, t in itertools.product(
+    # Each case twice: the second call of a launch plan is a direct launch of the compiled kernel.
+    for layout, kv, neox, rot, t, _ in itertools.product(
         ["token", "flat", "nhd", "hnd", "cross"],
         [None, torch.float8_e4m3fn],
         [True, False],
         [1.0, 0.5],
         [1, 33],
+        [0, 1],
     ):
         run_case(
             device="cuda",
@@ -65,6 +68,11 @@ def main() -> int:
                 page_size=16,
                 seed=n,
             )
+            n += 1
+    for kv in (torch.float8_e4m3fn, torch.float8_e5m2):  # NaN / inf into fp8 caches
+        for _ in range(2):
+            row = _nonfinite_store(kv, "cuda")
+            assert row.isnan().any(), row
             n += 1
     torch.cuda.synchronize()
     print(f"memcheck sweep: {n} cases OK")

@@ -41,9 +41,10 @@ def quant_ref(x: torch.Tensor, buf_dtype: torch.dtype, scale) -> torch.Tensor:
     if scale is not None:
         s = scale.float().reshape(()) if isinstance(scale, torch.Tensor) else torch.tensor(scale)
         y = y * (1.0 / s.to(device=y.device, dtype=torch.float32))
-    if buf_dtype in FP8:
+    if buf_dtype in FP8:  # finite values saturate; NaN stays; inf: e5m2 inf, e4m3fn NaN
         m = torch.finfo(buf_dtype).max
-        y = y.clamp(-m, m)
+        inf_out = y if buf_dtype == torch.float8_e5m2 else torch.full_like(y, float("nan"))
+        y = torch.where(y.isinf(), inf_out, y.clamp(-m, m))
     return y.to(buf_dtype)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sgl_ext
-from sgl_ext import FusedSetKVBufferArg
+from sgl_ext import FusedSetKVBufferArg, settings
 from sgl_ext.cuda import jit
 from tests.sgl_ext.test_rope import run_case
 
@@ -126,6 +126,7 @@ def test_cuda_launch_configs(backend, monkeypatch, config, num_tokens, heads):
     thread give the same result."""
     backend("cuda")
     monkeypatch.setenv("SGL_EXT_CUDA_CONFIG", config)
+    settings.reload()
     run_case(
         device="cuda",
         dtype=torch.bfloat16,
@@ -159,6 +160,7 @@ def test_unsupported_calls_use_triton(backend, monkeypatch, case):
     launched = []
     monkeypatch.setattr(cuda_rope_kv, "launch", lambda *a, **k: launched.append(1))
     monkeypatch.delenv("SGL_EXT_BACKEND", raising=False)
+    settings.reload()
     run_case(device="cuda", **case)
     assert not launched
     backend("cuda")
@@ -173,12 +175,15 @@ def test_default_dispatch_uses_cuda_where_preferred(monkeypatch):
     from sgl_ext.cuda import rope_kv as cuda_rope_kv
 
     monkeypatch.delenv("SGL_EXT_BACKEND", raising=False)
+
+    settings.reload()
     calls = []
     real = cuda_rope_kv.launch
     monkeypatch.setattr(cuda_rope_kv, "launch", lambda *a, **k: calls.append(1) or real(*a, **k))
     for env, want in ((None, 0), ("1,64", 2)):
         if env:
             monkeypatch.setenv("SGL_EXT_CUDA_TOKENS", env)
+            settings.reload()
         calls.clear()
         for t in (1, 64, 2048):
             run_case(device="cuda", dtype=torch.bfloat16, num_tokens=t, num_slots=4096)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sgl_ext
-from sgl_ext import FusedSetKVBufferArg
+from sgl_ext import FusedSetKVBufferArg, settings
 from tests.sgl_ext.sgl_ext_testutil import (
     FP8,
     LAYOUTS,
@@ -255,6 +255,7 @@ LAUNCH_CONFIGS = ["1,4,1,0", "2,2,0,1", "4,2,2,1", "2,4,1,1,1"]
 def test_triton_launch_configs(backend, monkeypatch, config, case):
     backend("triton")
     monkeypatch.setenv("SGL_EXT_TRITON_CONFIG", config)
+    settings.reload()
     run_case(device="cuda" if HAS_CUDA else "cpu", num_tokens=5, **case)
 
 
@@ -509,3 +510,62 @@ def test_triton_on_cuda_against_float64(backend, kv_dtype, neox, num_tokens):
         scale="tensor" if kv_dtype in FP8 else "none",
         seed=num_tokens,
     )
+
+
+# ------------------------------------------- q/k bits do not depend on the KV write (issue 17)
+def _qk_with_and_without_kv(device, t, hq, hkv, d, kv_dtype, seed, calls=2):
+    """q/k after the op without the KV write, then with it, on the same inputs; each `calls`
+    times (the first call of a plan goes through the JIT, later ones launch directly)."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv, qw, kw = _inputs(gen, t, hq, hkv, d, d, torch.bfloat16)
+    qkv, qw, kw = qkv.to(device), qw.to(device), kw.to(device)
+    max_pos = 8192
+    pos = torch.randint(0, max_pos, (t,), generator=gen).to(device)
+    cs = make_cos_sin_cache(max_pos, d).to(device)
+    page, slots = 16, 16 * (t // 16 + 2)
+    kb = torch.zeros(slots // page, page, hkv, d, dtype=kv_dtype, device=device)  # [P, ps, H, D]
+    loc = torch.randperm(slots, generator=gen)[:t].to(device)
+    ks = torch.tensor([0.5], device=device) if kv_dtype in FP8 else None
+    out = []
+    for fused in (False, True, False, True)[: 2 * calls]:
+        x = qkv.clone()
+        q, k, v = x.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views
+        arg = FusedSetKVBufferArg(v, kb, torch.zeros_like(kb), ks, ks, loc) if fused else None
+        sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(
+            pos, q, k, d, cs, qw, kw, EPS, True, arg
+        )
+        out.append((fused, bits(q.contiguous()).cpu(), bits(k.contiguous()).cpu()))
+    return out
+
+
+def _assert_same_bits(out):
+    _, q0, k0 = out[0]
+    for fused, q, k in out[1:]:
+        assert torch.equal(q, q0), f"query bits differ (KV write {'on' if fused else 'off'})"
+        assert torch.equal(k, k0), f"key bits differ (KV write {'on' if fused else 'off'})"
+
+
+@pytest.mark.parametrize("config", ["", "1,4,0,0", "4,2,1,1"], ids=["default", "sep", "merged"])
+def test_triton_qk_bits_do_not_depend_on_kv_write(backend, monkeypatch, config):
+    """Interpreter: with and without the KV write (and under another launch layout) the op
+    returns the same q/k bits."""
+    backend("triton")
+    dev = "cuda" if HAS_CUDA else "cpu"
+    ref = _qk_with_and_without_kv(dev, 5, 4, 2, 16, torch.bfloat16, seed=3, calls=1)
+    if config:
+        monkeypatch.setenv("SGL_EXT_TRITON_CONFIG", config)
+        settings.reload()
+    out = _qk_with_and_without_kv(dev, 5, 4, 2, 16, torch.bfloat16, seed=3, calls=1)
+    _assert_same_bits(ref[:1] + out)
+
+
+@gpu
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("num_tokens", [1, 7, 64, 513, 4096])
+def test_cuda_qk_bits_do_not_depend_on_kv_write(backend, kv_dtype, num_tokens):
+    """Qwen3-8B shapes (32/8/128, bf16) on the GPU: the op with and without the KV argument
+    (the fused and unfused model paths) gives bit-identical q and k, through the JIT and
+    through direct launches (fp8 caches change the launch layout past ~900 tokens)."""
+    backend("triton")
+    out = _qk_with_and_without_kv("cuda", num_tokens, 32, 8, 128, kv_dtype, seed=num_tokens)
+    _assert_same_bits(out)

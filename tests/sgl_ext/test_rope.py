@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sgl_ext
-from sgl_ext import FusedSetKVBufferArg
+from sgl_ext import FusedSetKVBufferArg, settings
 from tests.sgl_ext.sgl_ext_testutil import (
     FP8,
     LAYOUTS,
@@ -222,6 +222,7 @@ LAUNCH_CONFIGS = [
 def test_triton_launch_configs(backend, monkeypatch, config, case):
     backend("triton")
     monkeypatch.setenv("SGL_EXT_TRITON_CONFIG", config)
+    settings.reload()
     run_case(device="cuda" if HAS_CUDA else "cpu", **case)
 
 

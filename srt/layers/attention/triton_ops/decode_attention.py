@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_ext.triton.launcher import cached_launcher
 from srt.layers.attention.triton_ops.kv_load import load_kv_tile
 from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
@@ -266,7 +267,7 @@ def decode_attention_fwd(
             raise ValueError(f"mid_o / mid_lse must be {shape} / {shape[:3]}")
     else:
         mid_o = mid_lse = o  # unused
-    _decode_kernel[(B, Hkv, num_splits)](
+    cached_launcher(_decode_kernel)[(B, Hkv, num_splits)](  # direct launch once planned
         q,
         kv.k_buffer,
         kv.v_buffer,
@@ -312,7 +313,7 @@ def decode_attention_fwd(
         NUM_SPLITS=num_splits,
     )
     if num_splits > 1:
-        _merge_kernel[(B, Hq)](
+        cached_launcher(_merge_kernel)[(B, Hq)](
             mid_o,
             mid_lse,
             o,

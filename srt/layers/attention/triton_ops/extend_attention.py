@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext._backend import interpreting
+from sgl_ext.triton.launcher import cached_launcher
 from srt.layers.attention.triton_ops.kv_load import load_kv_tile
 from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
@@ -192,7 +193,7 @@ def extend_attention_fwd(
     block_d = max(16, _pow2(D))
     BLOCK_N = 32
     grid = (B, Hkv, -(-max_extend_len // block_m))
-    _extend_kernel[grid](
+    cached_launcher(_extend_kernel)[grid](  # direct launch once planned
         q,
         kv.k_buffer,
         kv.v_buffer,

@@ -1,0 +1,134 @@
+"""Host work of one eager decode step, counted on the CPU: our Python calls and the torch calls
+they make, per decoder layer (the GPU path's code, Triton interpreted).
+
+    SGL_EXT_BACKEND=triton TRITON_INTERPRET=1 python benchmarks/count_decode_calls.py \
+        [--arch llama|qwen3] [--steps 3] [--top 25]
+
+Builds the embedded tiny config (Llama, or Qwen3 with the q/k-norm op) with the Triton attention
+backend and the fused RoPE + KV write, prefills 2 prompts, warms up, then runs `--steps` decode
+steps under cProfile. Counts, per step and per decoder layer, the calls of functions defined in
+srt/ and sgl_ext/ and the calls those functions make into torch and builtins (the Triton
+interpreter's own work is not counted: its frames are Triton's). Fewer calls here is less host
+time per layer on the GPU; the time itself is measured there (benchmarks/bench_eager.py,
+profile_decode.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+OURS = (f"{os.sep}srt{os.sep}", f"{os.sep}sgl_ext{os.sep}")
+
+
+def _jit_functions() -> set[tuple[str, str]]:
+    """(file, name) of every @triton.jit function in our loaded modules: the interpreter runs
+    them on the CPU, the GPU does not (not host work there)."""
+    out = set()
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None) or ""
+        if not any(p in f for p in OURS):
+            continue
+        for name, obj in vars(mod).items():
+            if type(obj).__name__ in ("JITFunction", "InterpretedFunction"):
+                out.add((os.path.realpath(f), name))
+    return out
+
+
+def count(stats: pstats.Stats) -> tuple[int, int, list[tuple[int, str]]]:
+    """(our Python calls, torch/builtin calls made from our frames, top entries)."""
+    jit = _jit_functions()
+
+    def ours_host(fname: str, func: str) -> bool:
+        return any(p in fname for p in OURS) and (os.path.realpath(fname), func) not in jit
+
+    ours = torch_calls = 0
+    rows = []
+    for (fname, line, func), (_cc, nc, _tt, _ct, callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if any(p in fname for p in OURS):
+            if ours_host(fname, func):
+                ours += nc
+                rows.append((nc, f"{os.path.relpath(fname)}:{line} {func}"))
+            continue
+        if fname.startswith("~") or "torch" in fname:  # a builtin / C function, or torch Python
+            from_ours = sum(c[1] for (cf, _, cfn), c in callers.items() if ours_host(cf, cfn))
+            if from_ours:
+                torch_calls += from_ours
+                rows.append((from_ours, f"[from ours] {func}"))
+    rows.sort(reverse=True)
+    return ours, torch_calls, rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", default="llama", choices=["llama", "qwen3"])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--top", type=int, default=25)
+    a = p.parse_args(argv)
+
+    import torch
+
+    from srt.managers.schedule_batch import Req, ScheduleBatch
+    from srt.model_executor.model_builder import tiny_config_dict
+    from srt.model_executor.model_runner import ModelRunner
+    from srt.sampling.sampling_params import SamplingParams
+    from srt.server_args import ServerArgs
+
+    override = {}
+    if a.arch == "qwen3":  # the tiny Llama's sizes as a Qwen3 (q/k RMSNorm per head)
+        override = {**tiny_config_dict(), "architectures": ["Qwen3ForCausalLM"]}
+        override.update(model_type="qwen3", attention_bias=False)
+    args = ServerArgs(
+        device="cpu",
+        dtype="bfloat16",
+        load_format="dummy",
+        attention_backend="triton",
+        enable_fused_rope_kv=True,
+        disable_cuda_graph=True,
+        max_total_tokens=256,
+        max_running_requests=2,
+        context_length=128,
+        json_model_override_args=json.dumps(override),
+    ).resolved()
+    runner = ModelRunner(args)
+    layers = int(runner.model_config.num_hidden_layers)
+    params = SamplingParams(max_new_tokens=1 << 10, temperature=0.0, ignore_eos=True)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, int(runner.model_config.vocab_size), (2, 9), generator=g).tolist()
+    reqs = [Req(i, q, params) for i, q in enumerate(prompts)]
+    sb = ScheduleBatch.from_runner(runner)
+    ids = runner.forward(sb.prepare_for_extend(reqs)).argmax(-1).tolist()
+
+    def step() -> None:
+        nonlocal ids
+        for r, t in zip(reqs, ids, strict=True):
+            r.output_ids.append(t)
+        ids = runner.forward(sb.prepare_for_decode(reqs)).argmax(-1).tolist()
+
+    for _ in range(2):
+        step()  # warm-up: plans made, kernels compiled (interpreted)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(a.steps):
+        step()
+    prof.disable()
+    ours, torch_calls, rows = count(pstats.Stats(prof))
+    n = a.steps
+    print(f"# {a.arch} tiny, {layers} layers, bs 2, eager decode, {n} steps")
+    print(f"our Python calls per step {ours / n:.0f}, per layer {ours / n / layers:.1f}")
+    print(
+        f"torch/builtin calls from our code per step {torch_calls / n:.0f}, per layer "
+        f"{torch_calls / n / layers:.1f}"
+    )
+    for nc, name in rows[: a.top]:
+        print(f"{nc / n / layers:8.1f}/layer  {name}")
+
+
+if __name__ == "__main__":
+    main()

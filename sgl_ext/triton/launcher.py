@@ -1,0 +1,259 @@
+"""Launch one specialisation of a `@triton.jit` kernel with the least host work per call.
+
+`kernel[grid](...)` binds and specialises every argument, looks the compiled kernel up in the
+JIT's cache, builds launch metadata and has the C launcher call `data_ptr()` and
+`cuPointerGetAttribute` for every tensor: tens of µs of host time per call on a slow host. A
+`KernelLauncher` holds everything that is fixed for one launch plan (grid, integer arguments,
+constexprs, options). Its first launch goes through the JIT (which compiles or finds the
+kernel); it keeps the returned `CompiledKernel` and launches it directly from then on:
+`CompiledKernel.run(grid, stream, function, packed metadata, launch metadata, hooks, *args)` with
+the pointers as plain integers (the signature is the same from Triton 3.3 to 3.9).
+
+That is correct only if every later call would have been specialised the same way. Triton
+specialises an integer on `== 1`, `% 16 == 0` and its range (i32/i64), a pointer on its dtype and
+`data_ptr() % 16 == 0`. The caller guarantees it: a launcher belongs to one plan whose cache key
+holds every dtype, every shape and stride the integers come from, and every pointer's
+`data_ptr() % 16`; only the pointers vary per call.
+
+Kernel convention: the parameters are the per-call pointers first, then the plan's fixed
+runtime arguments (ints, floats), then the constexprs (the launcher appends the constexpr
+values in parameter order, as the JIT passes them).
+
+Never used under `TRITON_INTERPRET`, without `torch._C._cuda_getCurrentRawStream`, or with
+`SGL_EXT_DIRECT_LAUNCH=0`; launch hooks (profilers) get their launch metadata as from the JIT.
+Capture-safe: no allocation (kernels with a global or profile scratch buffer are launched by the
+JIT) and no synchronisation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+from triton import knobs
+
+from sgl_ext import settings
+
+_RT = knobs.runtime
+_ENTER, _EXIT = _RT.launch_enter_hook, _RT.launch_exit_hook
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
+DIRECT_SUPPORTED = _RAW_STREAM is not None and (3, 3) <= _VERSION < (4, 0)
+# Triton 3.6's CudaLauncher.__call__ only adds (cooperative, pdl, scratch, scratch) before
+# forwarding to its C `launch`; without scratch buffers the C function is called directly.
+_C_LAUNCH_ABI = _VERSION == (3, 6)
+
+
+def _no_hooks() -> bool:
+    enter, leave = _RT.launch_enter_hook, _RT.launch_exit_hook
+    if enter is None and leave is None:
+        return True
+    return enter is _ENTER and leave is _EXIT and not _ENTER.calls and not _EXIT.calls
+
+
+class KernelLauncher:
+    """One launch plan of `fn`: grid, fixed runtime arguments, constexprs and options.
+
+    launch(*tensors) runs it through the JIT; direct(*ptrs) through the compiled kernel, once
+    `compiled` is set (after the first JIT launch, when `allow_direct`).
+    """
+
+    __slots__ = (
+        "fn",
+        "grid",
+        "fixed",
+        "constexprs",
+        "options",
+        "device_index",
+        "allow_direct",
+        "compiled",
+        "_run",
+        "_grid3",
+        "_pre",
+        "_tail",
+    )
+
+    def __init__(
+        self,
+        fn: Any,
+        grid: tuple[int, ...],
+        fixed: tuple[int | float, ...],
+        constexprs: dict[str, object],
+        options: dict[str, object],
+        device_index: int,
+        allow_direct: bool,
+    ) -> None:
+        self.fn, self.grid, self.fixed = fn, grid, fixed
+        self.constexprs, self.options = constexprs, options
+        self.device_index = device_index
+        self.allow_direct = allow_direct and DIRECT_SUPPORTED
+        self.compiled: Any = None
+        self._run: Any = None
+        self._grid3 = (*grid, 1, 1)[:3]
+        self._pre: tuple = ()
+        self._tail: tuple = ()
+
+    def launch(self, *tensors: object) -> None:
+        """Launch through the JIT with the per-call arguments (tensors); keep the compiled
+        kernel for direct launches."""
+        kernel = self.fn[self.grid](*tensors, *self.fixed, **self.constexprs, **self.options)
+        if self.compiled is None and self.allow_direct and kernel is not None:
+            self._keep(kernel)
+
+    def launch_jit(self, *tensors: object) -> None:
+        """Launch through the JIT and keep nothing (under torch.compile tracing)."""
+        self.fn[self.grid](*tensors, *self.fixed, **self.constexprs, **self.options)
+
+    def _keep(self, kernel: Any) -> None:
+        if hasattr(kernel, "result"):  # an asynchronous compile's future
+            kernel = kernel.result()
+        params = self.fn.params
+        n_const = sum(p.is_constexpr for p in params)
+        # Direct launches append the constexprs: they must be the last parameters.
+        if any(p.is_constexpr for p in params[: len(params) - n_const]):
+            return
+        meta = kernel.metadata
+        if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+            return  # the launcher would allocate scratch memory per call
+        names = [p.name for p in params[len(params) - n_const :]]
+        self._tail = (*self.fixed, *(self.constexprs[n] for n in names))
+        run = kernel.run  # the launcher (loads the module: here, outside any capture)
+        self._run, self._pre = run, (kernel.function, kernel.packed_metadata)
+        c_launch = getattr(run, "launch", None)
+        if _C_LAUNCH_ABI and type(run).__name__ == "CudaLauncher" and c_launch is not None:
+            flags = (run.launch_cooperative_grid, run.launch_pdl, None, None)
+            self._run, self._pre = c_launch, (kernel.function, *flags, kernel.packed_metadata)
+        self.compiled = kernel
+
+    def direct(self, *ptrs: int) -> None:
+        """Launch the compiled kernel with the per-call pointers (data_ptr() integers)."""
+        stream = _RAW_STREAM(self.device_index)
+        if _no_hooks():
+            self._run(*self._grid3, stream, *self._pre, None, None, None, *ptrs, *self._tail)
+            return
+        k = self.compiled
+        args = (*ptrs, *self._tail)
+        meta = k.launch_metadata(self.grid, stream, *args)
+        enter, leave = _RT.launch_enter_hook, _RT.launch_exit_hook
+        pre = (k.function, k.packed_metadata)
+        k.run(*self._grid3, stream, *pre, meta, enter, leave, *args)
+
+
+def make_launcher(
+    fn: Any,
+    grid: tuple[int, ...],
+    fixed: tuple[int | float, ...],
+    constexprs: dict[str, object],
+    options: dict[str, object],
+    device: torch.device,
+) -> KernelLauncher:
+    """A KernelLauncher for tensors on `device` (a tensor's device: CUDA ones carry their
+    index): direct launches on CUDA unless the settings turn them off
+    (`SGL_EXT_DIRECT_LAUNCH=0`) or Triton interprets."""
+    s = settings.get()
+    is_cuda = device.type == "cuda"
+    index = device.index if is_cuda else -1
+    direct = is_cuda and s.direct_launch and not s.interpret
+    return KernelLauncher(fn, grid, fixed, constexprs, options, index, direct)
+
+
+class CachedLauncher:
+    """`launcher[grid](*args, **kwargs)`: a drop-in for `fn[grid](...)` with the host work of a
+    direct launch (for kernels called from Python per layer, e.g. attention).
+
+    The arguments must follow the kernel convention: tensors first (the per-call pointers),
+    then ints / floats / bools (fixed per plan), constexprs and launch options by keyword. A
+    call's plan key holds the grid, each tensor's (dtype, device, data_ptr() % 16) - all that
+    Triton specialises a pointer on - and every other argument's type and value; a hit launches
+    that plan's compiled kernel directly. Any other call shape (a tensor among the scalars, a
+    None, an unhashable value), CPU tensors, the interpreter, torch.compile tracing or
+    `SGL_EXT_DIRECT_LAUNCH=0` go through the JIT as `fn[grid](...)` would.
+    """
+
+    __slots__ = ("fn", "_plans", "_params")
+
+    def __init__(self, fn: Any) -> None:
+        from sgl_ext._plans import PlanCache
+
+        self.fn = fn
+        self._plans = PlanCache()
+        self._params: dict[str, Any] | None = None
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.run(grid, args, kwargs)
+
+        return launch
+
+    def run(self, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
+        s = settings.get()
+        if s.interpret or not s.direct_launch or not DIRECT_SUPPORTED or _compiling():
+            self.fn[grid](*args, **kwargs)
+            return
+        ptrs = []
+        metas = []
+        n = 0
+        for a in args:
+            if a.__class__ is not torch.Tensor and not isinstance(a, torch.Tensor):
+                break
+            p = a.data_ptr()
+            ptrs.append(p)
+            metas.append((a.dtype, a.device, p & 15))
+            n += 1
+        rest = args[n:]
+        try:
+            key = (grid, *metas, *[(a.__class__, a) for a in rest], *kwargs.items())
+            plan = self._plans.get(key)
+        except TypeError:  # unhashable
+            self.fn[grid](*args, **kwargs)
+            return
+        if plan is None:
+            plan = self._plans.put(key, self._plan(grid, args[:n], rest, kwargs))
+        if plan is False:
+            self.fn[grid](*args, **kwargs)
+        elif plan.compiled is not None:
+            plan.direct(*ptrs)
+        else:
+            plan.launch(*args[:n])
+
+    def _plan(
+        self, grid: tuple[int, ...], tensors: tuple, rest: tuple, kwargs: dict[str, Any]
+    ) -> KernelLauncher | bool:
+        """The launcher of a call shape, or False where only the JIT can launch it."""
+        if not tensors or tensors[0].device.type != "cuda":
+            return False
+        if any(a is None or isinstance(a, torch.Tensor) for a in rest):
+            return False
+        if self._params is None:
+            self._params = {p.name: p for p in self.fn.params}
+        runtime = sum(not p.is_constexpr for p in self._params.values())
+        if len(tensors) + len(rest) != runtime:  # a runtime parameter left to its default
+            return False
+        constexprs, options = {}, {}
+        for name, value in kwargs.items():
+            p = self._params.get(name)
+            (constexprs if p is not None else options)[name] = value
+        for name, p in self._params.items():  # constexprs left to their defaults
+            if p.is_constexpr and name not in constexprs:
+                if not p.has_default:
+                    return False
+                constexprs[name] = p.default
+        index = tensors[0].device.index
+        return KernelLauncher(self.fn, grid, rest, constexprs, options, index, True)
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+_CACHED: dict[Any, CachedLauncher] = {}
+
+
+def cached_launcher(fn: Any) -> CachedLauncher:
+    """The CachedLauncher of a @triton.jit function (one per function, made on first use):
+    `cached_launcher(kernel)[grid](*args, **kwargs)` launches like `kernel[grid](...)`."""
+    lau = _CACHED.get(fn)
+    if lau is None:
+        lau = _CACHED[fn] = CachedLauncher(fn)
+    return lau
