@@ -77,23 +77,23 @@ def generate(
         Req(i, ids[:n], params) for i, (ids, n) in enumerate(zip(input_ids, n_first, strict=True))
     ]
     sb = ScheduleBatch.from_runner(runner)
-    final: list[torch.Tensor | None] = [None] * len(reqs)
+    final: dict[int, torch.Tensor] = {}  # request index -> float64 [V] last-prompt logits
     try:
         logits = runner.forward(sb.prepare_for_extend(reqs))  # [B, V]
         for i, r in enumerate(reqs):
             if r.kv_len == len(input_ids[i]):
                 final[i] = logits[i].double().cpu()
         while True:  # feed the rest of each prompt, one token per decode step
-            active = [r for r in reqs if r.kv_len < len(input_ids[r.rid])]
+            active = [i for i, r in enumerate(reqs) if r.kv_len < len(input_ids[i])]
             if not active:
                 break
-            for r in active:
-                r.output_ids = [input_ids[r.rid][r.kv_len]]
-            logits = runner.forward(sb.prepare_for_decode(active), use_graph)
-            for row, r in enumerate(active):
-                if r.kv_len == len(input_ids[r.rid]):
-                    final[r.rid] = logits[row].double().cpu()
-        stacked = torch.stack(final)  # float64 [B, V]
+            for i in active:
+                reqs[i].output_ids = [input_ids[i][reqs[i].kv_len]]
+            logits = runner.forward(sb.prepare_for_decode([reqs[i] for i in active]), use_graph)
+            for row, i in enumerate(active):
+                if reqs[i].kv_len == len(input_ids[i]):
+                    final[i] = logits[row].double().cpu()
+        stacked = torch.stack([final[i] for i in range(len(reqs))])  # float64 [B, V]
         ids = stacked.argmax(dim=-1).tolist()
         outputs = [[t] for t in ids]
         for _ in range(output_len - 1):

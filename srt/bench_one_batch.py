@@ -137,7 +137,7 @@ def run_batch(
             fb = sb.prepare_for_decode(reqs)
             _sync(dev)
             t0 = time.perf_counter()
-            if i == profile_step:
+            if trace_path is not None and i == profile_step:
 
                 def step(fb: Any = fb) -> list[int]:
                     return runner.forward(fb, use_graph).argmax(dim=-1).tolist()
@@ -211,8 +211,10 @@ def latency_test(args: argparse.Namespace, model_config: Any) -> list[dict[str, 
     shapes = list(itertools.product(args.batch_size, args.input_len, args.output_len))
     for fused in fused_modes:
         sargs = build_server_args(args, fused)
-        if bandwidth is None and torch.device(sargs.device).type == "cuda" and model is None:
-            bandwidth = measure_copy_bandwidth(torch.device(sargs.device))  # before the weights
+        assert sargs.device is not None  # build_server_args resolves the device
+        device = torch.device(sargs.device)
+        if bandwidth is None and device.type == "cuda" and model is None:
+            bandwidth = measure_copy_bandwidth(device)  # before the weights
             if bandwidth:
                 say(f"# device copy bandwidth: {bandwidth / 1e9:.0f} GB/s (1 GiB, read + write)")
         runner = ModelRunner(sargs, model_config, model)  # the second variant reuses the weights

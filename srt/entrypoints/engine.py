@@ -22,9 +22,9 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,6 +41,9 @@ from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
 from srt.sampling.sampling_params import SamplingParams
 from srt.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from srt.entrypoints.tp_workers import TpWorkerGroup
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +138,7 @@ class Engine:
         args = self.server_args
         if args.log_level is not None:
             logging.getLogger("srt").setLevel(args.log_level.upper())
-        self._tp_workers = None
+        self._tp_workers: TpWorkerGroup | None = None
         self._owns_tp_group = False
         self._closed = False
         if args.tp_size > 1 and not model_parallel_is_initialized():
@@ -145,6 +148,7 @@ class Engine:
                         f"tp_size={args.tp_size} but torchrun started "
                         f"{os.environ['WORLD_SIZE']} processes (WORLD_SIZE); they must match"
                     )
+                assert args.device is not None  # resolved() fills it
                 backend = "nccl" if args.device.startswith("cuda") else "gloo"
                 init_distributed_environment(
                     args.tp_size, backend=backend, timeout_s=args.dist_timeout
@@ -160,7 +164,7 @@ class Engine:
         if args.skip_tokenizer_init:
             self.tokenizer = None
         else:
-            tok_path = args.tokenizer_path or args.model_path or TINY_TOKENIZER_DIR
+            tok_path = str(args.tokenizer_path or args.model_path or TINY_TOKENIZER_DIR)
             self.tokenizer = _load_tokenizer(tok_path)
         self.eos_token_ids = self._eos_token_ids()
         self._seed_rng = torch.Generator().manual_seed(args.random_seed)
@@ -170,12 +174,12 @@ class Engine:
         from srt.entrypoints.tp_workers import TpWorkerGroup
 
         args = self.server_args
-        self.model_runner = None  # type: ignore[assignment] - the ranks own the model
+        self.model_runner = None  # type: ignore[assignment]  # the ranks own the model
         self.scheduler = None  # type: ignore[assignment]
         self._tp_workers = TpWorkerGroup(
             args.tp_size, dataclasses.asdict(args), args.dist_init_addr, args.dist_timeout
         )
-        tok_path = args.tokenizer_path or args.model_path or TINY_TOKENIZER_DIR
+        tok_path = str(args.tokenizer_path or args.model_path or TINY_TOKENIZER_DIR)
         self.tokenizer = None if args.skip_tokenizer_init else _load_tokenizer(tok_path)
         self.eos_token_ids = self._tp_workers.info["eos_token_ids"]
 
@@ -207,7 +211,7 @@ class Engine:
             ids, params, meta = fit_context(
                 ids, params, self.model_runner.context_len, self.server_args.allow_auto_truncate
             )
-            reqs = []
+            reqs: list[Req | RequestError] = []
             for j, rid in enumerate(rids):
                 seed = params.sampling_seed
                 if seed is None:
@@ -237,7 +241,9 @@ class Engine:
             return [RequestError(rid, e) for rid in rids]
 
     def _decode_for_stop(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        tokenizer = self.tokenizer
+        assert tokenizer is not None  # _new_reqs refuses stop strings without a tokenizer
+        return tokenizer.decode(ids, skip_special_tokens=True)
 
     def _tokenize(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
@@ -260,6 +266,7 @@ class Engine:
         """
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass exactly one of prompt and input_ids")
+        raws: list[Any]  # prompts (str) or token lists, one per request
         if prompt is not None:
             single = isinstance(prompt, str)
             raws = [prompt] if single else list(prompt)
@@ -275,6 +282,7 @@ class Engine:
             single = not input_ids or not isinstance(input_ids[0], (list, tuple, torch.Tensor))
             raws = [input_ids] if single else list(input_ids)
         n = len(raws)
+        per_req: Sequence[dict[str, Any] | None]  # one per request
         if isinstance(sampling_params, list):
             if len(sampling_params) != n:
                 raise ValueError(f"{len(sampling_params)} sampling_params for {n} requests")
@@ -393,9 +401,9 @@ class Engine:
                 self.scheduler.step()
                 pending = []
                 for i, st in states.items():
-                    chunk = st.next_chunk()
-                    if chunk is not None:
-                        pending.append((i, chunk))
+                    update = st.next_chunk()
+                    if update is not None:
+                        pending.append((i, update))
         except BaseException:
             self.scheduler.abort_all()  # an error, or the consumer closed the iterator
             raise
@@ -415,9 +423,11 @@ class Engine:
         The engine runs one call at a time: do not overlap calls on one engine.
         """
         if not stream:
-            return await asyncio.to_thread(
+            out = await asyncio.to_thread(
                 self.generate, prompt, sampling_params, input_ids, return_logprob, False
             )
+            assert not isinstance(out, Iterator)  # stream=False
+            return out
         chunks = self.generate(prompt, sampling_params, input_ids, return_logprob, stream=True)
         return _async_chunks(chunks)  # type: ignore[arg-type]
 

@@ -48,7 +48,7 @@ async def _events(loop: EngineLoop, request: Request, kwargs: dict, stream: bool
 
     sub = Submission(kwargs, sink, stream)
     loop.submit(sub)
-    remaining = None
+    remaining: int | None = None  # outputs still to come; None until the "start" event
     try:
         while remaining is None or remaining > 0:
             try:
@@ -65,6 +65,7 @@ async def _events(loop: EngineLoop, request: Request, kwargs: dict, stream: bool
             if kind == "start":
                 remaining = event[1]
             elif kind == "final":
+                assert remaining is not None, "a final event before the start event"
                 remaining -= 1
             yield event
     finally:

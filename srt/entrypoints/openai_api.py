@@ -115,10 +115,12 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
             raise BadRequest("each message needs a role and a content", "messages")
         content = m.get("content")
         if isinstance(content, list):
-            parts = [p.get("text") for p in content if isinstance(p, dict)]
-            if not all(isinstance(p, str) for p in parts) or len(parts) != len(content):
+            texts = [
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            ]
+            if len(texts) != len(content):
                 raise BadRequest("only text content parts are supported", "messages")
-            content = "".join(parts)
+            content = "".join(texts)
         if content is None:
             content = ""
         if not isinstance(content, str):

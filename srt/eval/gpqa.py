@@ -137,13 +137,14 @@ def build_examples(
         for i in indices:
             row = rows[i]
             original = (row[CORRECT], *(row[c] for c in INCORRECT))
-            perm = tuple(rng.sample(range(4), 4))
+            p0, p1, p2, p3 = rng.sample(range(4), 4)
+            perm = (p0, p1, p2, p3)
             examples.append(
                 GPQAExample(
                     row=i,
                     repeat=repeat,
                     question=row[QUESTION],
-                    choices=tuple(original[p] for p in perm),
+                    choices=(original[p0], original[p1], original[p2], original[p3]),
                     permutation=perm,
                     correct_letter=LETTERS[perm.index(0)],
                     record_id=row.get("Record ID") or None,

@@ -62,9 +62,9 @@ def resolve_model_path(path: str, name: str = "model path") -> str:
             f"{name} is neither a local directory nor resolvable as a Hub id: "
             f"pip install huggingface_hub to download it ({path})"
         ) from None
-    kwargs = {"allow_patterns": list(HUB_ALLOW_PATTERNS)}
+    allow_patterns = list(HUB_ALLOW_PATTERNS)
     try:
-        return snapshot_download(path, local_files_only=True, **kwargs)
+        return snapshot_download(path, local_files_only=True, allow_patterns=allow_patterns)
     except Exception as e:  # noqa: BLE001 - any cache miss falls through to the download
         cached_error = e
     if _hub_offline():
@@ -73,7 +73,7 @@ def resolve_model_path(path: str, name: str = "model path") -> str:
             f"HF_HUB_OFFLINE=1 ({path})"
         ) from cached_error
     try:
-        return snapshot_download(path, **kwargs)
+        return snapshot_download(path, allow_patterns=allow_patterns)
     except Exception as e:  # noqa: BLE001 - huggingface_hub raises many types; classify by name
         raise _hub_error(path, name, e) from e
 

@@ -51,6 +51,8 @@ class RotaryEmbedding(nn.Module):
         The activation dtype (kept for SGLang compatibility; the cache itself is float32).
     """
 
+    cos_sin_cache: torch.Tensor  # float32 [num_positions, rotary_dim], a non-persistent buffer
+
     def __init__(
         self,
         head_size: int,
