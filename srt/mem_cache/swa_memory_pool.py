@@ -71,9 +71,7 @@ class SWAKVPool:
         if not swa_ids or not full_ids:
             raise ValueError("SWAKVPool needs at least one sliding-window and one full layer")
         if sorted(swa_ids + full_ids) != list(range(len(swa_ids) + len(full_ids))):
-            raise ValueError(
-                f"layer ids must cover 0 .. n-1 once: swa {swa_ids}, full {full_ids}"
-            )
+            raise ValueError(f"layer ids must cover 0 .. n-1 once: swa {swa_ids}, full {full_ids}")
         if not isinstance(sliding_window_size, int) or sliding_window_size < 1:
             raise ValueError(f"sliding_window_size must be an int >= 1, got {sliding_window_size}")
         kw = dict(v_head_dim=v_head_dim, alt_stream=alt_stream)

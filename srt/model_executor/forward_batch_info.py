@@ -66,16 +66,16 @@ class ForwardBatch:
     seq_lens: torch.Tensor
     # int64 [T], device: KV-cache slot each new token's K/V is written to (< 0: do not write).
     out_cache_loc: torch.Tensor
-    # int64 [T], device: window-pool slot of each new token for the sliding-window layers of a
-    # hybrid SWAKVPool (-1: no window slot, not written); None with a uniform pool. Filled from
-    # out_cache_loc by ModelRunner.model_forward (on the device, inside CUDA graphs).
-    out_cache_loc_swa: torch.Tensor | None = None
     # int: sum(seq_lens) (host).
     seq_lens_sum: int
     # int64 [T], device: position of each new token (prefix_len + i within its request).
     positions: torch.Tensor | None = None
     # int64 [B], cpu: host copy of seq_lens (optional; lets backends avoid a device sync).
     seq_lens_cpu: torch.Tensor | None = None
+    # int64 [T], device: window-pool slot of each new token for the sliding-window layers of a
+    # hybrid SWAKVPool (-1: no window slot, not written); None with a uniform pool. Filled from
+    # out_cache_loc by ModelRunner.model_forward (on the device, inside CUDA graphs).
+    out_cache_loc_swa: torch.Tensor | None = None
 
     # ---- EXTEND only ----
     # int32 [B], device: number of new tokens per request.
