@@ -165,7 +165,6 @@ def test_long_context_batch_runs_at_once_only_on_the_hybrid_pool(ckpt):
     assert h_ids == u_ids
 
 
-@pytest.mark.slow
 def test_hybrid_pool_triton_backend_interpreted(ckpt, backend):
     """The Triton attention kernels (interpreted on CPU) read window layers through the window
     pool: same tokens as the torch-native backend."""
