@@ -77,6 +77,9 @@ def test_hybrid_pool_matches_hf_and_the_uniform_pool(ckpt, page_size):
         assert isinstance(pool, SWAKVPool) and pool.sliding_window_size == WINDOW_LEFT
         assert pool.swa_attention_layer_ids == (0, 2) and pool.full_attention_layer_ids == (1,)
         assert pool.size_swa < pool.size
+        rep = eng.get_kv_memory_report()
+        assert rep.shape.num_swa_layers == 2 and rep.swa_max_total_num_tokens == pool.size_swa
+        assert "hybrid" in rep.describe()
         ids, lps = _generate(eng, prompts)
         _assert_no_leak(eng)
     ref = hf_full_logits(hf, [p + o[:-1] for p, o in zip(prompts, ids, strict=True)])
