@@ -41,6 +41,9 @@
 #   tune       launch-configuration sweep of the Triton kernel (tune_rope_kv.py)
 #   tp         needs 2 GPUs (nvidia-h200-x2): TP GPU tests, TP 1 vs 2 decode tokens/s
 #   reliab     allocator / scheduler failure-path and context tests; host time of the decode path
+#   swa        hybrid sliding-window KV pool (issue 20): its tests (GPU graph == eager included),
+#              bench_one_batch gpt-oss-20b input 4096 hybrid vs uniform (same batch), and
+#              bench_swa.py: N long prompts through the scheduler in the same KV memory
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -197,6 +200,17 @@ t_reliab() {
     tests/srt/managers tests/srt/model_executor/test_context_length.py \
     tests/srt/layers/test_rope_table_growth.py
   timeout 200 python benchmarks/bench_schedule_batch.py --device cuda
+}
+t_swa() {
+  timeout 300 python -m pytest -q -p no:cacheprovider -rfEs tests/srt/models/test_gpt_oss_swa.py \
+    tests/srt/mem_cache/test_swa_pool.py
+  for flag in "" --disable-hybrid-swa-memory; do
+    timeout 420 python -m srt.bench_one_batch --model-preset gpt-oss-20b --batch-size 1 8 16 \
+      --input-len 4096 --output-len 32 --no-eager $flag --run-name "swa${flag}" \
+      --result-filename "$LOGS/swa_result.jsonl"
+  done
+  timeout 560 python benchmarks/bench_swa.py --num-prompts ${SWA_PROMPTS:-96} --input-len 4096 \
+    --output-len 64
 }
 
 summary=()

@@ -66,6 +66,11 @@ def build_parser() -> ArgumentParser:
     )
     m.add_argument("--disable-cuda-graph", action="store_true", help="decode eagerly only")
     m.add_argument(
+        "--disable-hybrid-swa-memory",
+        action="store_true",
+        help="one uniform KV pool even for models with sliding-window layers",
+    )
+    m.add_argument(
         "--cuda-graph-max-bs", type=int, default=None, help="largest graph (default: max bs)"
     )
     m.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts")

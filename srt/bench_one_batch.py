@@ -66,6 +66,7 @@ def build_server_args(
         attention_backend=args.attention_backend,
         enable_fused_rope_kv=fused,
         disable_cuda_graph=args.disable_cuda_graph,
+        disable_hybrid_swa_memory=getattr(args, "disable_hybrid_swa_memory", False),
         cuda_graph_max_bs=getattr(args, "cuda_graph_max_bs", None) or max_bs,
         max_total_tokens=None if frac is not None else max_bs * per_req,
         mem_fraction_static=frac if frac is not None else 0.85,
@@ -124,11 +125,14 @@ def run_batch(
     sb = ScheduleBatch.from_runner(runner)
     profile_step = output_len // 2 if trace_path else -1
     try:
-        fb = sb.prepare_for_extend(reqs)
-        _sync(dev)
-        t0 = time.perf_counter()
-        ids = runner.forward(fb).argmax(dim=-1).tolist()  # [bs]
-        prefill_s = time.perf_counter() - t0
+        ids, prefill_s = [], 0.0
+        for group in prefill_groups(sb, reqs):  # one group unless the window pool is small
+            fb = sb.prepare_for_extend(group)
+            _sync(dev)
+            t0 = time.perf_counter()
+            ids += runner.forward(fb).argmax(dim=-1).tolist()  # [len(group)]
+            prefill_s += time.perf_counter() - t0
+            sb.evict_swa(group)  # window pages no later query reads (hybrid pool)
         outputs = [[t] for t in ids]
         steps = []
         for i in range(output_len - 1):
@@ -146,6 +150,7 @@ def run_batch(
             else:
                 ids = runner.forward(fb, use_graph).argmax(dim=-1).tolist()
                 steps.append(time.perf_counter() - t0)
+            sb.evict_swa(reqs)
             for out, t in zip(outputs, ids, strict=True):
                 out.append(t)
     finally:
@@ -171,6 +176,29 @@ def run_batch(
         "decode_tokens_per_s": bs / step_s if steps else float("nan"),
         "output_ids": outputs,
     }
+
+
+def prefill_groups(sb: Any, reqs: list[Any]) -> list[list[Any]]:
+    """The requests in prefill batches that fit the window pool of a hybrid KV pool (a
+    prefill holds window slots for every prompt token; the scheduler would split it the same
+    way). One batch with a uniform pool."""
+    if not sb.is_swa:
+        return [reqs]
+    from srt.mem_cache.kv_memory import swa_tokens_per_request
+
+    ps = sb.page_size
+    keep = swa_tokens_per_request(sb.sliding_window_size, ps)  # per prefilled request
+    room = sb.allocator.swa_available_size() - len(reqs) * keep
+    groups: list[list[Any]] = [[]]
+    used = 0
+    for r in reqs:
+        need = -(-len(r.origin_input_ids) // ps) * ps
+        if groups[-1] and used + need > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(r)
+        used += need
+    return groups
 
 
 def _trace_path(args: argparse.Namespace, variant: str, graph: bool, shape: tuple) -> str:
@@ -229,6 +257,7 @@ def latency_test(args: argparse.Namespace, model_config: Any) -> list[dict[str, 
             f"graphs={runner.cuda_graph_runner is not None}",
             flush=True,
         )
+        say(f"# {runner.kv_memory_report.describe()}", flush=True)
         for use_graph in graph_modes:
             warmed: set[tuple[int, int]] = set()
             for bs, il, ol in shapes:
@@ -248,6 +277,7 @@ def latency_test(args: argparse.Namespace, model_config: Any) -> list[dict[str, 
                     decode_weight_bytes=reads.weight_bytes,
                     decode_kv_bytes=reads.kv_bytes,
                     copy_bandwidth=bandwidth,
+                    **kv_report_fields(runner.kv_memory_report),
                 )
                 results.append(r)
                 say(_fmt_row(name, use_graph, r), flush=True)
@@ -260,6 +290,19 @@ def latency_test(args: argparse.Namespace, model_config: Any) -> list[dict[str, 
     if _is_rank0():
         _summary(results)
     return results
+
+
+def kv_report_fields(report: Any) -> dict[str, Any]:
+    """The memory report as result-row fields."""
+    return dict(
+        kv_hybrid_swa=report.shape.num_swa_layers > 0,
+        kv_full_bytes_per_token=report.shape.full_bytes_per_token,
+        kv_swa_bytes_per_token=report.shape.swa_bytes_per_token,
+        kv_max_total_num_tokens=report.max_total_num_tokens,
+        kv_swa_max_total_num_tokens=report.swa_max_total_num_tokens,
+        kv_uniform_max_total_num_tokens=report.uniform_max_total_num_tokens,
+        kv_total_bytes=report.total_bytes,
+    )
 
 
 def mark_matches(results: list[dict[str, Any]]) -> None:
@@ -307,6 +350,11 @@ RESULT_FIELDS = (
     "model",
     "decode_floor_latency",
     "tokens_match",
+    "kv_hybrid_swa",
+    "kv_full_bytes_per_token",
+    "kv_swa_bytes_per_token",
+    "kv_max_total_num_tokens",
+    "kv_uniform_max_total_num_tokens",
 )
 
 

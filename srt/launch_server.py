@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cuda-graph-max-bs", type=int, default=64, help="largest captured decode batch")
     a("--disable-fused-rope-kv", action="store_true", help="write K/V outside the RoPE kernel")
     a("--json-model-override-args", default="{}", help="JSON merged into the HF config")
+    a("--disable-hybrid-swa-memory", action="store_true", help="one uniform KV pool")
     a("--allow-auto-truncate", action="store_true", help="cut over-long requests to fit")
     a("--log-level", default="info", choices=LOG_LEVELS, help="log level")
     a("--debug", action="store_true", help="show tracebacks of start-up errors")
@@ -74,6 +75,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         enable_fused_rope_kv=not args.disable_fused_rope_kv,
         json_model_override_args=args.json_model_override_args,
         allow_auto_truncate=args.allow_auto_truncate,
+        disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         log_level=args.log_level,
     )
 

@@ -48,6 +48,9 @@ class ServerArgs:
     json_model_override_args : JSON dict merged into the HF config (used by the bench presets).
     allow_auto_truncate : a request whose prompt + max_new_tokens exceeds the context length is
         cut to fit (reported in its meta_info["truncation"]) instead of rejected.
+    disable_hybrid_swa_memory : keep every layer's KV for every token (one uniform pool) even
+        for models with sliding-window layers; by default those layers get their own, smaller
+        pool (`SWAKVPool`) that holds only the tokens inside the window.
     log_level : level of the "srt" loggers ("debug" ... "critical"); None leaves logging alone.
     tp_size : tensor-parallel ranks (one process each; NCCL on CUDA, gloo on CPU).
     dist_init_addr : "host:port" of the TP rendezvous for Engine-spawned ranks (None: a free
@@ -80,6 +83,7 @@ class ServerArgs:
     dist_timeout: float = 600.0
     json_model_override_args: str = "{}"
     allow_auto_truncate: bool = False
+    disable_hybrid_swa_memory: bool = False
     log_level: str | None = None
 
     def __post_init__(self) -> None:

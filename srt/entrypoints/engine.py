@@ -431,6 +431,12 @@ class Engine:
         chunks = self.generate(prompt, sampling_params, input_ids, return_logprob, stream=True)
         return _async_chunks(chunks)  # type: ignore[arg-type]
 
+    def get_kv_memory_report(self) -> Any:
+        """The KV pools' `KVMemoryReport` (bytes per token of full and window layers, tokens
+        that fit; `.describe()` words it), or None when the ranks run in worker processes."""
+        runner = getattr(self, "model_runner", None)
+        return None if runner is None else runner.kv_memory_report
+
     def shutdown(self) -> None:
         """Release the model, the KV cache and the CUDA graphs."""
         if self._closed:

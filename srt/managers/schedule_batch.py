@@ -6,6 +6,10 @@ EXTEND (prefill) or DECODE step and allocates the KV slots those steps write thr
 allocator's `alloc_extend` / `alloc_decode`; `free_req` gives everything back. A failed
 `prepare_for_extend` gives back what it took; after any later failure, `free_req` on every
 request that holds memory restores both pools.
+
+With a hybrid pool (`SWATokenToKVPoolAllocator` over an `SWAKVPool`) every new token also gets
+a window slot (written to `req_to_swa_token`); `evict_swa` gives back the window pages of tokens
+that no later query of their request can see (page-aware), after every forward.
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ class Req:
     `output_ids[-1]` at position `kv_len`. `kv_pages` is the host copy of the KV pages the
     request holds, in token order (token i is in slot kv_pages[i // page_size] * page_size
     + i % page_size; for page_size 1 these are the slots): freeing and the next slot are known
-    without reading the device.
+    without reading the device. With a hybrid pool, `swa_pages` are the window pages the
+    request still holds: token pages swa_page_start, swa_page_start + 1, ... (token i, if still
+    in the window, is in window slot swa_pages[i // page_size - swa_page_start] * page_size
+    + i % page_size).
     """
 
     rid: int | str
@@ -49,6 +56,8 @@ class Req:
     req_pool_idx: int | None = None
     kv_len: int = 0
     kv_pages: list[int] = field(default_factory=list)
+    swa_pages: list[int] = field(default_factory=list)
+    swa_page_start: int = 0
     finished_reason: dict[str, Any] | None = None
     # Token ids -> text, for stop strings (None: stop strings are not checked).
     decode: Callable[[list[int]], str] | None = None
@@ -116,7 +125,9 @@ class ScheduleBatch:
     ----------
     req_to_token_pool : ReqToTokenPool (alloc/free rows, `.req_to_token` int32 [rows, ctx]).
     allocator : TokenToKVPoolAllocator or PagedTokenToKVPoolAllocator
-        (`alloc_extend` / `alloc_decode` -> host int64 slots or None; `free`).
+        (`alloc_extend` / `alloc_decode` -> host int64 slots or None; `free`), or an
+        SWATokenToKVPoolAllocator (hybrid pool: the same calls with `swa_last_loc`, returning
+        SWASlots; `free_swa`).
     token_to_kv_pool, attn_backend : handed to every ForwardBatch.
     page_size : tokens per KV page.
     enable_fused_rope_kv : copied into every ForwardBatch.
@@ -139,6 +150,9 @@ class ScheduleBatch:
         self.page_size = page_size
         self.device = torch.device(device)
         self.enable_fused_rope_kv = enable_fused_rope_kv
+        self.is_swa = hasattr(allocator, "swa_available_size")
+        # window-left W of the hybrid pool: a query at position p reads tokens p - W .. p
+        self.sliding_window_size = int(getattr(token_to_kv_pool, "sliding_window_size", 0) or 0)
 
     @classmethod
     def from_runner(cls, runner: Any, enable_fused_rope_kv: bool | None = None) -> ScheduleBatch:
@@ -161,14 +175,59 @@ class ScheduleBatch:
         The pages are known on the host (`req.kv_pages`), so this never reads the device.
         """
         pages, req.kv_pages, req.kv_len = req.kv_pages, [], 0
+        swa_pages, swa_start, req.swa_pages, req.swa_page_start = (
+            req.swa_pages,
+            req.swa_page_start,
+            [],
+            0,
+        )
         row, req.req_pool_idx = req.req_pool_idx, None
         try:
+            if swa_pages:
+                self._free_swa_pages(swa_pages, pages[swa_start : swa_start + len(swa_pages)])
             if pages:
                 first_slots = torch.tensor(pages, dtype=torch.int64) * self.page_size  # [P]
                 self.allocator.free(first_slots)
         finally:
             if row is not None:
                 self.req_to_token_pool.free(row)
+
+    def _free_swa_pages(self, swa_pages: list[int], full_pages: list[int]) -> None:
+        """Free window pages; the tokens of the matching full pages lose their window slots."""
+        ps = self.page_size
+        swa_first = torch.tensor(swa_pages, dtype=torch.int64) * ps  # [P]
+        offs = torch.arange(ps, dtype=torch.int64)
+        full = (torch.tensor(full_pages, dtype=torch.int64)[:, None] * ps + offs).reshape(-1)
+        self.allocator.free_swa(swa_first, full)
+
+    def evict_swa(self, reqs: list[Req]) -> None:
+        """Free the window pages of tokens that left every later query's window.
+
+        A request with kv_len cached tokens next feeds position kv_len, which reads tokens
+        kv_len - W .. kv_len: pages wholly before kv_len - W are freed (host data only, plus
+        one device write of the mapping). A no-op without a hybrid pool.
+        """
+        if not self.is_swa:
+            return
+        W, ps = self.sliding_window_size, self.page_size
+        plan = []  # (request, first page kept)
+        swa_free: list[int] = []
+        full_pages: list[int] = []
+        for r in reqs:
+            if r.req_pool_idx is None or not r.swa_pages:
+                continue
+            keep = max(0, r.kv_len - W) // ps  # token page of the oldest key still read
+            n = keep - r.swa_page_start
+            if n > 0:
+                swa_free += r.swa_pages[:n]
+                full_pages += r.kv_pages[r.swa_page_start : keep]
+                plan.append((r, keep))
+        if not plan:
+            return
+        self._free_swa_pages(swa_free, full_pages)
+        for r, keep in plan:
+            del r.swa_pages[: keep - r.swa_page_start]
+            r.swa_page_start = keep
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
         # The host tensor is fresh and never written again: the copy needs no sync.
@@ -211,23 +270,36 @@ class ScheduleBatch:
         meta = compute_extend_metadata([0] * len(reqs), lens, self.device)
         n_tok, ps = sum(lens), self.page_size
         zeros = torch.zeros(len(reqs), dtype=torch.int64)  # [B] no prefix
-        slots = self.allocator.alloc_extend(
-            zeros, torch.tensor(lens, dtype=torch.int64), zeros - 1, n_tok
-        )  # host int64 [T], request order, each request from a fresh page
+        lens_t = torch.tensor(lens, dtype=torch.int64)  # [B]
+        swa_slots = None
+        if self.is_swa:
+            got = self.allocator.alloc_extend(
+                zeros, lens_t, zeros - 1, n_tok, swa_last_loc=zeros - 1
+            )
+            slots, swa_slots = (None, None) if got is None else (got.full, got.swa)
+        else:
+            slots = self.allocator.alloc_extend(zeros, lens_t, zeros - 1, n_tok)
+        # slots: host int64 [T], request order, each request from a fresh page
         if slots is None:
             # Admission control reserves every request's memory up front: this is a bug.
             raise RuntimeError(f"KV pool out of memory allocating {n_tok} slots")
         offset = 0
         for req, n in zip(reqs, lens, strict=True):
             req.kv_pages = (slots[offset : offset + n : ps] // ps).tolist()  # one slot per page
+            if swa_slots is not None:
+                req.swa_pages = (swa_slots[offset : offset + n : ps] // ps).tolist()
+                req.swa_page_start = 0
             req.kv_len = n
             offset += n
         rows_t = torch.tensor(rows, dtype=torch.int64)  # [B]
         row_of_token = torch.repeat_interleave(rows_t, torch.tensor(lens), output_size=n_tok)
         out_cache_loc = self._to_device(slots)  # [T]
-        self.req_to_token_pool.req_to_token[self._to_device(row_of_token), meta["positions"]] = (
-            out_cache_loc.to(torch.int32)
-        )
+        row_of_token = self._to_device(row_of_token)  # [T]
+        r2t = self.req_to_token_pool
+        r2t.req_to_token[row_of_token, meta["positions"]] = out_cache_loc.to(torch.int32)
+        if swa_slots is not None:
+            swa_loc = self._to_device(swa_slots).to(torch.int32)  # [T]
+            r2t.req_to_swa_token[row_of_token, meta["positions"]] = swa_loc
         input_ids = [t for r in reqs for t in r.origin_input_ids]
         return self._forward_batch(
             ForwardMode.EXTEND,
@@ -237,6 +309,11 @@ class ScheduleBatch:
             out_cache_loc=out_cache_loc,
             **meta,
         )
+
+    def _swa_slot(self, req: Req, token: int) -> int:
+        """Window slot of token `token` of the request (host data; it must be in the window)."""
+        ps = self.page_size
+        return req.swa_pages[token // ps - req.swa_page_start] * ps + token % ps
 
     def prepare_for_decode(self, reqs: list[Req]) -> ForwardBatch:
         """One new token per request: allocate its slot and build the decode batch.
@@ -248,28 +325,41 @@ class ScheduleBatch:
         if idle:
             raise ValueError(f"request {idle[0].rid} was not prefilled (or was already freed)")
         ps = self.page_size
-        # int64 [4, B] host block: request row, new token's position, previous token's slot
-        # (from the host page list), input id; rows 0-3 later travel to the device in one copy.
-        host = torch.tensor(
-            [
-                [r.req_pool_idx for r in reqs],
-                [r.kv_len for r in reqs],
-                [r.kv_pages[(r.kv_len - 1) // ps] * ps + (r.kv_len - 1) % ps for r in reqs],
-                [r.output_ids[-1] for r in reqs],
-            ],
-            dtype=torch.int64,
-        )
+        # int64 [4 or 5, B] host block: request row, new token's position, previous token's
+        # slot (from the host page list), input id (and the previous token's window slot);
+        # it later travels to the device in one copy.
+        block = [
+            [r.req_pool_idx for r in reqs],
+            [r.kv_len for r in reqs],
+            [r.kv_pages[(r.kv_len - 1) // ps] * ps + (r.kv_len - 1) % ps for r in reqs],
+            [r.output_ids[-1] for r in reqs],
+        ]
+        if self.is_swa:
+            block.append([self._swa_slot(r, r.kv_len - 1) for r in reqs])
+        host = torch.tensor(block, dtype=torch.int64)
         seq_lens_cpu = host[1] + 1  # [B]
-        slots = self.allocator.alloc_decode(seq_lens_cpu, host[2])  # host int64 [B]
+        swa_slots = None
+        if self.is_swa:
+            got = self.allocator.alloc_decode(seq_lens_cpu, host[2], swa_last_loc=host[4])
+            slots, swa_slots = (None, None) if got is None else (got.full, got.swa)
+        else:
+            slots = self.allocator.alloc_decode(seq_lens_cpu, host[2])  # host int64 [B]
         if slots is None:
             raise RuntimeError(f"KV pool out of memory allocating {len(reqs)} decode slots")
-        for r, slot in zip(reqs, slots.tolist(), strict=True):
+        for i, (r, slot) in enumerate(zip(reqs, slots.tolist(), strict=True)):
             if r.kv_len % ps == 0:
                 r.kv_pages.append(slot // ps)
+                if swa_slots is not None:
+                    r.swa_pages.append(int(swa_slots[i]) // ps)
             r.kv_len += 1
         host[2] = slots  # the previous slots are no longer needed: the new ones travel instead
-        rows, pos, out_cache_loc, input_ids = self._to_device(host).unbind(0)  # [B] each
+        if swa_slots is not None:
+            host[4] = swa_slots
+        dev = self._to_device(host)  # [4 or 5, B]
+        rows, pos, out_cache_loc, input_ids = dev[:4].unbind(0)  # [B] each
         self.req_to_token_pool.req_to_token[rows, pos] = out_cache_loc.to(torch.int32)
+        if swa_slots is not None:
+            self.req_to_token_pool.req_to_swa_token[rows, pos] = dev[4].to(torch.int32)
         return self._forward_batch(
             ForwardMode.DECODE,
             batch_size=len(reqs),

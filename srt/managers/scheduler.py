@@ -7,6 +7,9 @@ leave it as soon as they finish, freeing their KV slots for the requests still w
 Admission is conservative: a request is admitted only if the KV pool can hold its whole future
 (prompt + max_new_tokens, rounded up to pages) on top of what the running requests may still
 need, so a decode step never runs out of memory and no request is ever retracted or lost.
+With a hybrid pool (sliding-window layers in their own pool) both pools are counted: a request
+needs window slots for its whole prompt during its prefill, and afterwards at most its window
+(`swa_tokens_per_request`); window pages are given back after every step (`evict_swa`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from srt.distributed import tensor_model_parallel_broadcast
 from srt.managers.schedule_batch import Req, ScheduleBatch, pages_needed
+from srt.mem_cache.kv_memory import swa_tokens_per_request
 from srt.sampling.penalties import PenaltyInputs, apply_penalties
 from srt.sampling.sampler import sample
 
@@ -47,6 +51,13 @@ class Scheduler:
         self.max_running_requests = model_runner.max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
         self.batch = ScheduleBatch.from_runner(model_runner)
+        self.is_swa = self.batch.is_swa
+        # window slots one running request may hold outside its prefill (hybrid pool only)
+        self.swa_slots_per_request = (
+            swa_tokens_per_request(self.batch.sliding_window_size, self.page_size)
+            if self.is_swa
+            else 0
+        )
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.finished_early: list[Req] = []
@@ -56,6 +67,14 @@ class Scheduler:
     # ---- admission ----
     def _slots_for(self, num_tokens: int) -> int:
         return pages_needed(num_tokens, self.page_size) * self.page_size
+
+    def _swa_slots_held_max(self, req: Req) -> int:
+        """Window slots the request may hold at once after its prefill."""
+        return min(self._slots_for(req.target_len()), self.swa_slots_per_request)
+
+    def _swa_slots_to_admit(self, req: Req) -> int:
+        """Window slots a waiting request needs: its whole prompt while it is prefilled."""
+        return max(self._slots_for(len(req.origin_input_ids)), self._swa_slots_held_max(req))
 
     def check_fits(self, req: Req) -> None:
         """Raise ValueError if the request could never fit in the KV pool or the context."""
@@ -67,6 +86,14 @@ class Scheduler:
                 f" + max_new_tokens {req.sampling_params.max_new_tokens}) but the KV pool holds"
                 f" {total}; raise max_total_tokens or lower max_new_tokens"
             )
+        if self.is_swa:
+            need = self._swa_slots_to_admit(req)
+            total = self.runner.token_to_kv_pool_allocator.size_swa
+            if need > total:
+                raise ValueError(
+                    f"request {req.rid} needs {need} sliding-window KV slots for its prompt of"
+                    f" {len(req.origin_input_ids)} tokens but the window pool holds {total}"
+                )
 
     def add_request(self, req: Req) -> None:
         self.check_fits(req)
@@ -83,20 +110,35 @@ class Scheduler:
             self._slots_for(r.target_len()) - self._slots_for(r.kv_len) for r in self.running
         )
 
+    def _reserved_swa_slots(self) -> int:
+        """Window slots the running requests may still allocate (hybrid pool)."""
+        ps = self.page_size
+        return sum(
+            max(0, self._swa_slots_held_max(r) - len(r.swa_pages) * ps) for r in self.running
+        )
+
     def _admit(self) -> list[Req]:
-        free = self.runner.token_to_kv_pool_allocator.available_size() - self._reserved_slots()
+        allocator = self.runner.token_to_kv_pool_allocator
+        free = allocator.available_size() - self._reserved_slots()
+        free_swa = allocator.swa_available_size() - self._reserved_swa_slots() if self.is_swa else 0
         rows = self.max_running_requests - len(self.running)
         admitted: list[Req] = []
         prefill_tokens = 0
         while self.waiting and len(admitted) < rows:
             req = self.waiting[0]
             need = self._slots_for(req.target_len())
+            need_swa = self._swa_slots_to_admit(req) if self.is_swa else 0
             n = len(req.origin_input_ids)
-            if need > free or (admitted and prefill_tokens + n > self.max_prefill_tokens):
+            if (
+                need > free
+                or need_swa > free_swa
+                or (admitted and prefill_tokens + n > self.max_prefill_tokens)
+            ):
                 break  # FIFO: later requests wait too, so none starves
             self.waiting.popleft()
             admitted.append(req)
             free -= need
+            free_swa -= need_swa
             prefill_tokens += n
         return admitted
 
@@ -144,6 +186,7 @@ class Scheduler:
             raise RuntimeError("no running request and the first waiting one cannot be admitted")
         else:
             return finished
+        self.batch.evict_swa(self.running)  # window pages no later query reads (hybrid pool)
         still = []
         for req in self.running:
             if req.finished:

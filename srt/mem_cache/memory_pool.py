@@ -54,19 +54,35 @@ class ReqToTokenPool:
     max_context_len : int
         Longest sequence a request may hold.
     device : str or torch.device
+    enable_swa : bool
+        Also keep `req_to_swa_token` (for a hybrid `SWAKVPool`).
 
     Attributes
     ----------
     req_to_token : int32 [size, max_context_len]
         Row r, column i: the KV slot of token i of the request in slot r (0 = unset/padding).
+    req_to_swa_token : int32 [size, max_context_len] or None
+        The same for the sliding-window layers' pool: the token's window slot. Entries of
+        tokens that left the window are stale; attention never reads them (they are outside
+        every query's window).
     """
 
-    def __init__(self, size: int, max_context_len: int, device: str | torch.device) -> None:
+    def __init__(
+        self,
+        size: int,
+        max_context_len: int,
+        device: str | torch.device,
+        *,
+        enable_swa: bool = False,
+    ) -> None:
         self.size = _positive_int("size", size)
         self.max_context_len = _positive_int("max_context_len", max_context_len)
         self.device = torch.device(device)
         self.req_to_token = torch.zeros(
             (size, max_context_len), dtype=torch.int32, device=self.device
+        )  # [size, max_context_len]
+        self.req_to_swa_token = (
+            torch.zeros_like(self.req_to_token) if enable_swa else None
         )  # [size, max_context_len]
         self.free_slots: list[int] = list(range(size))
 
@@ -98,11 +114,15 @@ class ReqToTokenPool:
             free_set.add(i)
         if idx:
             self.req_to_token[idx] = 0
+            if self.req_to_swa_token is not None:
+                self.req_to_swa_token[idx] = 0
         self.free_slots.extend(idx)
 
     def clear(self) -> None:
         self.free_slots = list(range(self.size))
         self.req_to_token.zero_()
+        if self.req_to_swa_token is not None:
+            self.req_to_swa_token.zero_()
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,10 @@ class ForwardBatch:
     positions: torch.Tensor | None = None
     # int64 [B], cpu: host copy of seq_lens (optional; lets backends avoid a device sync).
     seq_lens_cpu: torch.Tensor | None = None
+    # int64 [T], device: window-pool slot of each new token for the sliding-window layers of a
+    # hybrid SWAKVPool (-1: no window slot, not written); None with a uniform pool. Filled from
+    # out_cache_loc by ModelRunner.model_forward (on the device, inside CUDA graphs).
+    out_cache_loc_swa: torch.Tensor | None = None
 
     # ---- EXTEND only ----
     # int32 [B], device: number of new tokens per request.

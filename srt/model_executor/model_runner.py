@@ -64,8 +64,10 @@ class ModelRunner:
     Attributes
     ----------
     model, model_config, device, dtype, kv_dtype, page_size, max_total_num_tokens,
-    max_running_requests, req_to_token_pool, token_to_kv_pool, token_to_kv_pool_allocator,
-    attn_backend, cuda_graph_runner (None when disabled or capture failed).
+    max_running_requests, req_to_token_pool, token_to_kv_pool (MHATokenToKVPool, or SWAKVPool
+    for models with sliding-window layers unless disable_hybrid_swa_memory),
+    token_to_kv_pool_allocator, kv_memory_report (KVMemoryReport: bytes per token, tokens that
+    fit), attn_backend, cuda_graph_runner (None when disabled or capture failed).
     """
 
     def __init__(
@@ -156,8 +158,8 @@ class ModelRunner:
             if isinstance(module, RotaryEmbedding):
                 module.ensure_cos_sin_cache_length(self.context_len)
 
-    def _profile_max_num_token(self, cell_size: int) -> int:
-        """Tokens that fit in mem_fraction_static of the GPU after the weights are loaded."""
+    def _profile_kv_budget(self) -> int:
+        """Bytes left for the KV cache in mem_fraction_static of the GPU after the weights."""
         free, total = torch.cuda.mem_get_info(self.device)
         rest = free - total * (1.0 - self.server_args.mem_fraction_static)
         if rest <= 0:
@@ -165,23 +167,42 @@ class ModelRunner:
                 f"not enough GPU memory for the KV cache: {free / 2**30:.1f} GiB free of "
                 f"{total / 2**30:.1f} GiB; raise mem_fraction_static or set max_total_tokens"
             )
-        return int(rest // cell_size)
+        return int(rest)
+
+    def _swa_layer_ids(self) -> tuple[list[int], list[int], int] | None:
+        """(window layer ids, full layer ids, largest window-left) when the hybrid pool is used:
+        the model has both kinds of layers and disable_hybrid_swa_memory is off."""
+        cfg = self.model_config
+        if self.server_args.disable_hybrid_swa_memory or not hasattr(cfg, "get_window_left"):
+            return None
+        windows = [int(cfg.get_window_left(i)) for i in range(int(cfg.num_hidden_layers))]
+        swa = [i for i, w in enumerate(windows) if w > 0]  # RadixAttention: 0 means full
+        full = [i for i, w in enumerate(windows) if w <= 0]
+        if not swa or not full:
+            return None
+        return swa, full, max(windows)
 
     def _init_memory_pool(self) -> None:
-        from srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-        from srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+        from srt.mem_cache.kv_memory import KVCacheShape, kv_memory_report, swa_pool_size
+        from srt.mem_cache.memory_pool import ReqToTokenPool
 
         args, ps = self.server_args, self.page_size
         layers, heads, head_dim, v_head_dim = self._kv_shape()
         elem = torch.empty((), dtype=self.kv_dtype).element_size()
-        cell_size = layers * heads * (head_dim + v_head_dim) * elem
+        swa_layers = self._swa_layer_ids()
+        n_swa = len(swa_layers[0]) if swa_layers else 0
+        shape = KVCacheShape(layers - n_swa, n_swa, heads, head_dim, v_head_dim, elem)
+        rows = args.max_running_requests or 256
+        swa_tokens = 0
+        if swa_layers:
+            swa_tokens = swa_pool_size(swa_layers[2], ps, rows, self.context_len)
         if args.max_total_tokens is not None:
             tokens = args.max_total_tokens
         elif self.device.type == "cuda":
-            tokens = self._profile_max_num_token(cell_size)
+            budget = self._profile_kv_budget() - (swa_tokens + ps) * shape.swa_bytes_per_token
+            tokens = max(0, budget // shape.full_bytes_per_token - ps)
         else:
             tokens = args.cpu_max_total_tokens
-        rows = args.max_running_requests or 256
         if args.max_total_tokens is None:
             # More than every request row at full context can never be used.
             tokens = min(tokens, rows * (self.context_len + ps))
@@ -189,12 +210,35 @@ class ModelRunner:
         tokens = tokens // ps * ps
         if tokens < ps:
             raise ValueError(f"KV pool of {tokens} tokens is smaller than one page ({ps})")
+        swa_tokens = min(swa_tokens, tokens)  # the window never needs more slots than tokens
         self.max_total_num_tokens = tokens
         self.max_running_requests = args.max_running_requests or max(1, min(rows, tokens // ps))
-        alt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.req_to_token_pool = ReqToTokenPool(
-            self.max_running_requests, self.context_len + 4, self.device
+            self.max_running_requests,
+            self.context_len + 4,
+            self.device,
+            enable_swa=swa_layers is not None,
         )
+        if swa_layers is None:
+            self._init_uniform_pool(tokens, layers, heads, head_dim, v_head_dim)
+        else:
+            self._init_swa_pool(tokens, swa_tokens, swa_layers, heads, head_dim, v_head_dim)
+        self.kv_memory_report = kv_memory_report(shape, ps, tokens, swa_tokens)
+        logger.info(
+            "%s, %s, %d request rows",
+            self.kv_memory_report.describe(),
+            self.kv_dtype,
+            self.max_running_requests,
+        )
+
+    def _init_uniform_pool(
+        self, tokens: int, layers: int, heads: int, head_dim: int, v_head_dim: int
+    ) -> None:
+        from srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+        from srt.mem_cache.memory_pool import MHATokenToKVPool
+
+        ps = self.page_size
+        alt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.token_to_kv_pool = MHATokenToKVPool(
             tokens,
             ps,
@@ -207,7 +251,7 @@ class ModelRunner:
             alt_stream=alt_stream,
         )
         pool = self.token_to_kv_pool
-        self.token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
+        self.token_to_kv_pool_allocator: Any
         if ps == 1:
             self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
                 tokens, self.device, kvcache=pool, scrub_on_alloc=True
@@ -216,12 +260,42 @@ class ModelRunner:
             self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
                 tokens, ps, self.device, kvcache=pool, scrub_on_alloc=True
             )
-        logger.info(
-            "KV pool: %d tokens (%.2f GiB, %s), %d request rows",
+
+    def _init_swa_pool(
+        self,
+        tokens: int,
+        swa_tokens: int,
+        swa_layers: tuple[list[int], list[int], int],
+        heads: int,
+        head_dim: int,
+        v_head_dim: int,
+    ) -> None:
+        from srt.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
+        from srt.mem_cache.swa_memory_pool import SWAKVPool
+
+        swa_ids, full_ids, window = swa_layers
+        alt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.token_to_kv_pool = SWAKVPool(
             tokens,
-            tokens * cell_size / 2**30,
+            swa_tokens,
+            self.page_size,
             self.kv_dtype,
-            self.max_running_requests,
+            heads,
+            head_dim,
+            swa_ids,
+            full_ids,
+            window,
+            self.device,
+            v_head_dim=v_head_dim,
+            alt_stream=alt_stream,
+        )
+        self.token_to_kv_pool_allocator = SWATokenToKVPoolAllocator(
+            tokens,
+            swa_tokens,
+            self.page_size,
+            self.device,
+            self.token_to_kv_pool,
+            scrub_on_alloc=True,
         )
 
     def _init_attention_backend(self) -> Any:
@@ -277,6 +351,9 @@ class ModelRunner:
         """
         fb = forward_batch
         with torch.inference_mode():
+            translate = getattr(fb.token_to_kv_pool, "translate_loc_from_full_to_swa", None)
+            if translate is not None:  # hybrid pool: window slots of the new tokens, on device
+                fb.out_cache_loc_swa = translate(fb.out_cache_loc)  # int64 [T], -1 = none
             out = self.model(fb.input_ids, fb.positions, fb)
             logits = getattr(out, "next_token_logits", out)  # LogitsProcessorOutput or tensor
             if fb.forward_mode.is_extend() and logits.shape[0] != fb.batch_size:

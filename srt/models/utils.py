@@ -68,17 +68,24 @@ def create_fused_set_kv_buffer_arg(
     value : [T, Hkv*Dv] or [T, Hkv, Dv], the model dtype (a strided view of qkv is fine).
     layer : the RadixAttention (its layer_id selects the buffers; k_scale / v_scale are used
         for fp8 pools and ignored otherwise, matching the pool's unfused set_kv_buffer).
-    forward_batch : gives the pool and out_cache_loc (int64 [T], < 0 = skip).
+    forward_batch : gives the pool and out_cache_loc (int64 [T], < 0 = skip); with a hybrid
+        SWAKVPool, window layers write the window slots `out_cache_loc_swa` instead.
     """
     pool = forward_batch.token_to_kv_pool
     k_buffer = pool.get_key_buffer(layer.layer_id)  # [slots, H, D] or [pages, ps, H, D]
     v_buffer = pool.get_value_buffer(layer.layer_id)
     fp8 = k_buffer.dtype in FP8_DTYPES
+    cache_loc = forward_batch.out_cache_loc  # int64 [T] full slots
+    if getattr(pool, "is_swa_layer", None) is not None and pool.is_swa_layer(layer.layer_id):
+        # A sliding-window layer of a hybrid pool: its buffers are indexed by window slots.
+        cache_loc = forward_batch.out_cache_loc_swa
+        if cache_loc is None:
+            cache_loc = pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc)
     return FusedSetKVBufferArg(
         value=value,
         k_buffer=k_buffer,
         v_buffer=v_buffer,
         k_scale=layer.k_scale if fp8 else None,
         v_scale=layer.v_scale if fp8 else None,
-        cache_loc=forward_batch.out_cache_loc,
+        cache_loc=cache_loc,
     )

@@ -57,3 +57,20 @@ def layer_buffers(
     """(k_buffer, v_buffer) of this layer from the pool: [slots, H, D] or [pages, ps, H, D]."""
     pool = forward_batch.token_to_kv_pool
     return pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+
+
+def req_to_token_for_layer(
+    req_to_token_pool, layer: RadixAttention, forward_batch: ForwardBatch
+) -> torch.Tensor:
+    """int32 [rows, max_ctx]: the table mapping (request row, position) to this layer's slots.
+
+    `req_to_token` (full slots), or for a sliding-window layer of a hybrid `SWAKVPool` the
+    window-slot table `req_to_swa_token` (the layer's buffers are the window pool's)."""
+    pool = forward_batch.token_to_kv_pool
+    is_swa = getattr(pool, "is_swa_layer", None)
+    if is_swa is not None and is_swa(layer.layer_id):
+        table = req_to_token_pool.req_to_swa_token
+        if table is None:
+            raise ValueError("a hybrid SWAKVPool needs ReqToTokenPool(enable_swa=True)")
+        return table
+    return req_to_token_pool.req_to_token

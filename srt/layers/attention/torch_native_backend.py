@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from srt.layers.attention.base_attn_backend import AttentionBackend
-from srt.layers.attention.kv_utils import gather_kv, layer_buffers
+from srt.layers.attention.kv_utils import gather_kv, layer_buffers, req_to_token_for_layer
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         if md is None:
             raise RuntimeError("init_forward_metadata was not called for this decode batch")
         B = md.seq_lens.shape[0]
-        r2t = self.req_to_token_pool.req_to_token
+        r2t = req_to_token_for_layer(self.req_to_token_pool, layer, forward_batch)
         slots = r2t[md.req_pool_indices, : md.max_len].long()  # [B, L]
         kbuf, vbuf = layer_buffers(layer, forward_batch)
         kk = gather_kv(kbuf, slots, layer.k_scale)  # [B, L, Hkv, D]
@@ -176,7 +176,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         if save_kv_cache:
             save_kv(k, v, layer, forward_batch)
         fb = forward_batch
-        r2t = (self.req_to_token_pool or fb.req_to_token_pool).req_to_token
+        r2t = req_to_token_for_layer(self.req_to_token_pool or fb.req_to_token_pool, layer, fb)
         kbuf, vbuf = layer_buffers(layer, fb)
         T = q.shape[0]
         qf = q.reshape(T, layer.tp_q_head_num, layer.qk_head_dim)  # [T, Hq, D]

@@ -15,7 +15,7 @@ import torch
 
 from sgl_ext import FP8_DTYPES
 from srt.layers.attention.base_attn_backend import AttentionBackend
-from srt.layers.attention.kv_utils import layer_buffers
+from srt.layers.attention.kv_utils import layer_buffers, req_to_token_for_layer
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv
 from srt.layers.attention.triton_ops.decode_attention import (
     decode_attention_fwd,
@@ -252,7 +252,7 @@ class TritonAttnBackend(AttentionBackend):
         decode_attention_fwd(
             q3,
             o,
-            self.req_to_token_pool.req_to_token,
+            req_to_token_for_layer(self.req_to_token_pool, layer, forward_batch),
             md.req_pool_indices,
             md.seq_lens,
             layer.scaling,
@@ -274,7 +274,7 @@ class TritonAttnBackend(AttentionBackend):
         Hq = layer.tp_q_head_num
         q3 = q.view(T, Hq, layer.qk_head_dim)  # [T, Hq, D]
         o = q.new_empty(T, Hq, layer.v_head_dim)  # [T, Hq, Dv]
-        r2t = (self.req_to_token_pool or fb.req_to_token_pool).req_to_token
+        r2t = req_to_token_for_layer(self.req_to_token_pool or fb.req_to_token_pool, layer, fb)
         extend_attention_fwd(
             q3,
             o,
