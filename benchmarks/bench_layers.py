@@ -220,7 +220,7 @@ def extend_sweep(preset: str, bw: float, shapes=((1, 512), (1, 2048), (8, 512), 
         pre = torch.zeros(B, device="cuda", dtype=torch.int32)
         start = torch.arange(B, device="cuda", dtype=torch.int32) * L
         flops = 2 * 2 * B * hq * d * L * (L + 1) / 2
-        auto = extend_config(B, hkv, pow2(hq // hkv), L, qt.device)
+        auto = extend_config(B, pow2(hq // hkv), L)
         for c in [auto, *EXTEND_SWEEP]:
             cfg = c if isinstance(c, ExtendConfig) else ExtendConfig(*c)
             fns = [

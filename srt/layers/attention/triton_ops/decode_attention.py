@@ -232,12 +232,11 @@ class DecodeConfig:
 def decode_config(batch_size: int, num_splits: int, head_dim: int) -> DecodeConfig:
     """The tile shape for a launch, from host-known shapes only (graph bucket == eager batch).
 
-    Many splits (small batches) give short chunks: small tiles. One split (large batches) streams
-    long key ranges: larger tiles, pipelined. Measured on the H100 (benchmarks/bench_decode.py).
+    H100 sweep (`benchmarks/bench_layers.py --decode-sweep`, Llama-3-8B heads, graph-timed per
+    layer): 64-key tiles, 4 warps, 3 stages were best or within 5% of best at B=64 (L 512 / 2048:
+    1.15x / 1.04x the read floor) and B=8, and within 8% at B=1 (L 512 / 4096).
     """
-    if num_splits >= 8:
-        return DecodeConfig(32, 4, 2)
-    return DecodeConfig(64, 4, 2)
+    return DecodeConfig(64, 4, 3)
 
 
 def num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:

@@ -11,7 +11,6 @@ for fp8 caches. Keys stream through a pipelined loop of BLOCK_N tiles.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -177,28 +176,15 @@ class ExtendConfig:
     num_stages: int
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def extend_config(
-    batch_size: int, num_kv_heads: int, block_h: int, max_extend_len: int, device: torch.device
-) -> ExtendConfig:
-    """Tile shape from host-known sizes: 64 rows per program (the group's heads share each K/V
-    tile; tensor-core M); fewer rows, down to 16, while the grid would not fill the SMs once
-    (small batches: prefill of one short prompt). The interpreter always gets 16 rows."""
+def extend_config(batch_size: int, block_h: int, max_extend_len: int) -> ExtendConfig:
+    """Tile shape from host-known sizes: 64 (token, head) rows per program (the group's heads
+    share each K/V tile; tensor-core M), 64-key tiles, 4 warps, 3 stages. H100 sweep
+    (`benchmarks/bench_layers.py --extend-sweep`, Llama-3-8B heads): best or within 10% of best
+    at B=1 (L 512 / 2048), 8 and 64 (L 512); 16 or 32 rows (more programs at small batch) were
+    slower at every shape. The interpreter gets 16 rows (its cost grows with the tile)."""
     if interpreting():
         return ExtendConfig(16, 32, 4, 1)
-    rows = 64
-    while rows > 16 and rows > block_h:
-        block_m = max(1, rows // block_h)
-        if batch_size * num_kv_heads * -(-max_extend_len // block_m) >= _num_sms(device):
-            break
-        rows //= 2
-    return ExtendConfig(rows, 64, 4, 2)
+    return ExtendConfig(64, 64, 4, 3)
 
 
 def extend_attention_fwd(
@@ -238,7 +224,7 @@ def extend_attention_fwd(
     Hkv, DV = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
     group = Hq // Hkv
     block_h = _pow2(group)
-    cfg = config or extend_config(B, Hkv, block_h, max_extend_len, q.device)
+    cfg = config or extend_config(B, block_h, max_extend_len)
     # rows = (token, query head of the group) pairs; tl.dot needs M >= 16
     block_m = max(1, cfg.rows // block_h, 16 // block_h)
     block_d = max(16, _pow2(D))
