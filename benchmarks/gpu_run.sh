@@ -36,6 +36,8 @@
 #   tune       launch-configuration sweep of the Triton kernel (tune_rope_kv.py)
 #   tp         needs 2 GPUs (nvidia-h200-x2): TP GPU tests, TP 1 vs 2 decode tokens/s
 #   reliab     allocator / scheduler failure-path and context tests; host time of the decode path
+#   attn       issue 15 attention: backend + scrub GPU tests, decode / extend tile sweeps
+#              (graph-timed per layer, floors), the bs-64 decode profile
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -175,6 +177,12 @@ t_reliab() {
     tests/srt/managers tests/srt/model_executor/test_context_length.py \
     tests/srt/layers/test_rope_table_growth.py
   timeout 200 python benchmarks/bench_schedule_batch.py --device cuda
+}
+t_attn() {
+  timeout 200 python -m pytest -q -p no:cacheprovider -rfE tests/srt/layers/attention \
+    tests/srt/mem_cache/test_scrub.py tests/srt/layers/test_layernorm.py
+  timeout 150 python benchmarks/bench_layers.py --presets llama3-8b --decode-sweep
+  timeout 90 python benchmarks/bench_layers.py --presets llama3-8b --extend-sweep
 }
 
 summary=()
