@@ -36,8 +36,8 @@
 #   tune       launch-configuration sweep of the Triton kernel (tune_rope_kv.py)
 #   tp         needs 2 GPUs (nvidia-h200-x2): TP GPU tests, TP 1 vs 2 decode tokens/s
 #   reliab     allocator / scheduler failure-path and context tests; host time of the decode path
-#   attn       issue 15 attention: backend + scrub GPU tests, decode / extend tile sweeps
-#              (graph-timed per layer, floors), the bs-64 decode profile
+#   attn       issue 15 attention: backend + scrub + layernorm GPU tests, decode / extend tile
+#              sweeps (graph-timed per layer over per-layer caches, floors printed)
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
