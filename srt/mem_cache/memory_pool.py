@@ -197,7 +197,7 @@ class MHATokenToKVPool:
         self._stream_overlap = False
         self.num_pages = size // page_size + 1  # page 0 is the padding page
         self.num_slots = self.num_pages * page_size  # = size + page_size
-        self._slot_table: object = None  # zero_slots' device table of the buffers (built on first use)
+        self._slot_table: object = None  # zero_slots' device table (built on first use)
         self._create_buffers()
 
     # ------------------------------------------------------------------ buffers
