@@ -14,6 +14,10 @@ ratio. A failing row prints its error and the rest go on.
 then a sync; host + device, and the host-only part) with the direct launch on (default) and off
 (SGL_EXT_DIRECT_LAUNCH=0: the Triton JIT on every call), beside a bare `x.add_(1)` (the floor of
 any launch from Python) and the op's device time in a graph.
+
+`--decode-sweep` / `--extend-sweep` time tile shapes and split counts around the attention
+backends' choices instead (tuning); attention rows are CUDA-graph replays of one call per layer
+over distinct per-layer caches (as in a decode step).
 """
 
 from __future__ import annotations
@@ -113,33 +117,174 @@ def bench_decode(preset: str, bw: float) -> None:
             _decode_rows(preset, B, L, bw)
 
 
-def _decode_rows(preset: str, B: int, L: int, bw: float) -> None:
+def _graph_us(fns: list, reps: int = 3) -> float:
+    """Median µs per call of fns (one call per layer) replayed as one CUDA graph, warmed up."""
+    for fn in fns:
+        fn()  # compile, allocate
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for fn in fns:
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ms = tt.do_bench(g.replay, warmup=10, rep=50 * reps, return_mode="median")
+    return ms * 1e3 / len(fns)
+
+
+def _decode_problem(preset: str, B: int, L: int, layers: int):
+    """q, o, req_to_token, rows, lens and one KVArgs per layer (distinct caches, so a graph of
+    `layers` calls reads from HBM, not L2)."""
     from srt.layers.attention.triton_backend import KVArgs
-    from srt.layers.attention.triton_ops.decode_attention import (
-        decode_attention_fwd,
-        num_kv_splits,
-    )
     from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, SCALE_NONE
 
     _, _, hq, hkv, d = SHAPES[preset]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    kb = torch.randn(B * L + 1, hkv, d, device="cuda", dtype=torch.bfloat16)  # slot 0: padding
-    vb = torch.randn_like(kb)
-    r2t = (torch.arange(B * L, device="cuda", dtype=torch.int32) + 1).view(B, L)
-    req_rows = torch.arange(B, device="cuda")
+    r2t = (torch.randperm(B * L, device="cuda").to(torch.int32) + 1).view(B, L)  # shuffled slots
+    rows = torch.arange(B, device="cuda")
     lens = torch.full((B,), L, device="cuda", dtype=torch.int64)
     q = torch.randn(B, hq, d, device="cuda", dtype=torch.bfloat16)
+    kvs = []
+    for _ in range(layers):
+        kb = torch.randn(B * L + 1, hkv, d, device="cuda", dtype=torch.bfloat16)  # 0: padding
+        vb = torch.randn_like(kb)
+        st = (kb.stride(0), 0, kb.stride(1))
+        kvs.append(KVArgs(kb, vb, 1, st, st, KV_FP8_NONE, SCALE_NONE, SCALE_NONE, kb, vb, 1, 1))
+    return q, r2t, rows, lens, kvs
+
+
+def _decode_rows(preset: str, B: int, L: int, bw: float, configs=None, splits=None) -> None:
+    """Decode attention per layer, timed as CUDA-graph replays over distinct per-layer caches
+    (what a decode step does), for the backend's split count (and 1) or the given lists."""
+    from srt.layers.attention.triton_ops.decode_attention import (
+        DecodeConfig,
+        decode_attention_fwd,
+        decode_config,
+        decode_scratch_shape,
+        num_kv_splits,
+    )
+
+    _, _, hq, hkv, d = SHAPES[preset]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    per_layer = 2 * B * L * hkv * d * 2  # K and V read once
+    layers = max(1, min(8, (2 << 30) // per_layer))
+    try:
+        q, r2t, rows, lens, kvs = _decode_problem(preset, B, L, layers)
+    except Exception as e:  # noqa: BLE001
+        print(f"{preset} decode B={B} L={L}: setup FAILED {type(e).__name__}: {str(e)[:80]}")
+        return
     o = torch.empty_like(q)
-    st = (kb.stride(0), 0, kb.stride(1))
-    kv = KVArgs(kb, vb, 1, st, st, KV_FP8_NONE, SCALE_NONE, SCALE_NONE, kb, vb, 1.0, 1.0)
-    nbytes = 2 * B * L * hkv * d * 2  # K and V read once
     auto = num_kv_splits(B, hkv, sms)
-    for s in sorted({1, auto}):
-        tag = "auto" if s == auto else "1 split"
-        fn = functools.partial(
-            decode_attention_fwd, q, o, r2t, req_rows, lens, d**-0.5, kv, num_splits=s
-        )
-        _row(f"{preset} decode B={B} L={L} splits={s} ({tag})", fn, nbytes, bw)
+    for s in splits or sorted({1, auto}):
+        shape = decode_scratch_shape(B, hq, d, s)
+        mid_o = torch.empty(shape, device="cuda", dtype=torch.float32)
+        mid_lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
+        for cfg in configs or [decode_config(B, s, d)]:
+            cfg = cfg if isinstance(cfg, DecodeConfig) else DecodeConfig(*cfg)
+            fns = [
+                functools.partial(
+                    decode_attention_fwd,
+                    q,
+                    o,
+                    r2t,
+                    rows,
+                    lens,
+                    d**-0.5,
+                    kv,
+                    num_splits=s,
+                    mid_o=mid_o,
+                    mid_lse=mid_lse,
+                    config=cfg,
+                )
+                for kv in kvs
+            ]
+            tag = " auto" if s == auto else "     "
+            name = (
+                f"{preset} decode B={B} L={L} s={s:2d}{tag} n={cfg.block_n} "
+                f"w={cfg.num_warps} st={cfg.num_stages}"
+            )
+            _graph_row(name, fns, per_layer, bw)
+    del kvs
+    torch.cuda.empty_cache()
+
+
+def _graph_row(name: str, fns: list, nbytes: int, bw: float) -> None:
+    try:
+        us = _graph_us(fns)
+        floor = nbytes / bw / 1e3
+        print(f"{name:60s} {us:9.2f} {floor:9.2f} {us / max(floor, 1e-9):6.2f}x", flush=True)
+    except Exception as e:  # noqa: BLE001 - one failing row must not stop the table
+        print(f"{name:60s} FAILED {type(e).__name__}: {str(e)[:80]}", flush=True)
+
+
+DECODE_SWEEP = [(32, 4, 1), (32, 4, 2), (64, 4, 1), (64, 4, 2), (64, 4, 3), (64, 8, 2)]
+DECODE_SWEEP += [(128, 4, 2), (128, 8, 2), (128, 8, 3)]
+
+
+def decode_sweep(preset: str, bw: float) -> None:
+    """Tile shapes x split counts around the backend's choice, graph-timed."""
+    from srt.layers.attention.triton_ops.decode_attention import num_kv_splits
+
+    _, _, _, hkv, _ = SHAPES[preset]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for B, L in ((1, 512), (1, 4096), (8, 512), (64, 512), (64, 2048)):
+        auto = num_kv_splits(B, hkv, sms)
+        splits = sorted({max(1, auto // 2), auto, min(16, auto * 2)})
+        _decode_rows(preset, B, L, bw, DECODE_SWEEP, splits)
+
+
+EXTEND_SWEEP = [(16, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3)]
+EXTEND_SWEEP += [(64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 128, 8, 2)]
+
+
+def extend_sweep(preset: str, bw: float, shapes=((1, 512), (1, 2048), (8, 512), (64, 512))) -> None:
+    """Prefill attention of B prompts of L new tokens (no prefix) per layer, graph-timed; the
+    floor column is the causal FLOPs at 500 TFLOP/s (dense bf16), not bytes."""
+    from srt.layers.attention.triton_ops.extend_attention import (
+        ExtendConfig,
+        extend_attention_fwd,
+        extend_config,
+    )
+    from srt.layers.attention.triton_ops.kv_load import pow2
+
+    _, _, hq, hkv, d = SHAPES[preset]
+    for B, L in shapes:
+        q, r2t, rows, lens, kvs = _decode_problem(preset, B, L, 2)
+        T = B * L
+        qt = torch.randn(T, hq, d, device="cuda", dtype=torch.bfloat16)
+        o = torch.empty_like(qt)
+        ext = torch.full((B,), L, device="cuda", dtype=torch.int32)
+        pre = torch.zeros(B, device="cuda", dtype=torch.int32)
+        start = torch.arange(B, device="cuda", dtype=torch.int32) * L
+        flops = 2 * 2 * B * hq * d * L * (L + 1) / 2
+        auto = extend_config(B, pow2(hq // hkv), L)
+        for c in [auto, *EXTEND_SWEEP]:
+            cfg = c if isinstance(c, ExtendConfig) else ExtendConfig(*c)
+            fns = [
+                functools.partial(
+                    extend_attention_fwd,
+                    qt,
+                    o,
+                    r2t,
+                    rows,
+                    ext,
+                    pre,
+                    start,
+                    L,
+                    d**-0.5,
+                    kv,
+                    config=cfg,
+                )
+                for kv in kvs
+            ]
+            tag = "auto" if c is auto else "    "
+            name = (
+                f"{preset} extend B={B} L={L} {tag} rows={cfg.rows} n={cfg.block_n} "
+                f"w={cfg.num_warps} st={cfg.num_stages}"
+            )
+            # "bytes" = flops scaled so that bytes / bw is the time at 500 TFLOP/s
+            _graph_row(name, fns, int(flops / 500e12 * bw * 1e9), bw)
+        del kvs
+        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,9 +292,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--presets", nargs="+", default=list(SHAPES), choices=sorted(SHAPES))
     p.add_argument("--eager", action="store_true", help="eager µs per call, direct launch on/off")
     p.add_argument("--no-graph", action="store_true", help="skip the graph (device time) table")
+    p.add_argument("--decode-sweep", action="store_true", help="decode tile/split sweep only")
+    p.add_argument("--extend-sweep", action="store_true", help="extend tile sweep only")
     a = p.parse_args(argv)
     bw = copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()}: device copy {bw:.0f} GB/s (read + write)")
+    if a.decode_sweep or a.extend_sweep:
+        print(f"{'op':48s} {'us':>9s} {'floor us':>9s} {'ratio':>7s}")
+        for preset in a.presets:
+            if a.decode_sweep:
+                decode_sweep(preset, bw)
+            if a.extend_sweep:
+                extend_sweep(preset, bw)
+        return
     if not a.no_graph:
         print(f"{'op (device µs in a CUDA graph)':48s} {'us':>9s} {'floor us':>9s} {'ratio':>7s}")
         for preset in a.presets:

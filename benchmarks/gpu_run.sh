@@ -44,6 +44,8 @@
 #   swa        hybrid sliding-window KV pool (issue 20): its tests (GPU graph == eager included),
 #              bench_one_batch gpt-oss-20b input 4096 hybrid vs uniform (same batch), and
 #              bench_swa.py: N long prompts through the scheduler in the same KV memory
+#   attn       issue 15 attention: backend + scrub + layernorm GPU tests, decode / extend tile
+#              sweeps (graph-timed per layer over per-layer caches, floors printed)
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -211,6 +213,12 @@ t_swa() {
   done
   timeout 560 python benchmarks/bench_swa.py --num-prompts ${SWA_PROMPTS:-96} --input-len 4096 \
     --output-len 64
+}
+t_attn() {
+  timeout 200 python -m pytest -q -p no:cacheprovider -rfE tests/srt/layers/attention \
+    tests/srt/mem_cache/test_scrub.py tests/srt/layers/test_layernorm.py
+  timeout 150 python benchmarks/bench_layers.py --presets llama3-8b --decode-sweep
+  timeout 90 python benchmarks/bench_layers.py --presets llama3-8b --extend-sweep
 }
 
 summary=()

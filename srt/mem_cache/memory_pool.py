@@ -217,6 +217,7 @@ class MHATokenToKVPool:
         self._stream_overlap = False
         self.num_pages = size // page_size + 1  # page 0 is the padding page
         self.num_slots = self.num_pages * page_size  # = size + page_size
+        self._slot_table: object = None  # zero_slots' device table (built on first use)
         self._create_buffers()
 
     # ------------------------------------------------------------------ buffers
@@ -389,6 +390,15 @@ class MHATokenToKVPool:
         idx = indices.to(self.device, torch.int64).reshape(-1)
         if idx.numel() == 0:
             return
+        if self.device.type == "cuda" and self.kv_buffer is None:
+            # one launch for every layer (the allocator scrubs on every decode step)
+            from srt.mem_cache.scrub import slot_table, zero_slots_all
+
+            if self._slot_table is None:  # False: the buffers do not fit the kernel
+                self._slot_table = slot_table(self.k_buffer + self.v_buffer) or False
+            if self._slot_table:
+                zero_slots_all(self._slot_table, idx)
+                return
         for kb, vb in zip(self.k_buffer, self.v_buffer, strict=True):
             for b in (kb, vb):
                 b[slot_index(b, idx)] = 0

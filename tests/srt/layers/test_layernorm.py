@@ -37,16 +37,17 @@ def test_silu_and_mul():
 
 @pytest.mark.parametrize("fp32_weight", [False, True])
 def test_rmsnorm_kernel_path_matches_native(backend, fp32_weight):
-    """With SGL_EXT_BACKEND=triton (the CUDA path, interpreted on CPU) the layer launches the
-    sgl_ext kernels: inputs untouched, residual sum exact, output within bf16 tolerance."""
+    """With SGL_EXT_BACKEND=triton (the CUDA path; interpreted on CPU tensors without CUDA) the
+    layer launches the sgl_ext kernels: inputs untouched, residual sum exact, output within bf16
+    tolerance."""
     backend("triton")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on the GPU, else interpreted
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # forced triton needs CUDA tensors there
     g = torch.Generator().manual_seed(1)
     norm = RMSNorm(33, eps=1e-6, weight_in_fp32=fp32_weight)
     norm.weight.copy_(torch.randn(33, generator=g))
-    norm = norm.to(torch.bfloat16).to(dev)
-    x = torch.randn(7, 33, generator=g).bfloat16().to(dev)
-    r = torch.randn(7, 33, generator=g).bfloat16().to(dev)
+    norm = norm.to(dev, torch.bfloat16)
+    x = torch.randn(7, 33, generator=g).to(dev, torch.bfloat16)
+    r = torch.randn(7, 33, generator=g).to(dev, torch.bfloat16)
     x0, r0 = x.clone(), r.clone()
     out, res = norm(x, r)
     assert torch.equal(x, x0) and torch.equal(r, r0)
@@ -55,5 +56,5 @@ def test_rmsnorm_kernel_path_matches_native(backend, fp32_weight):
     torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(norm(x), norm.forward_native(x), atol=2e-2, rtol=2e-2)
     act = SiluAndMul()
-    y = torch.randn(7, 2 * 9, generator=g).bfloat16().to(dev)
+    y = torch.randn(7, 2 * 9, generator=g).to(dev, torch.bfloat16)
     torch.testing.assert_close(act(y), act.forward_native(y), atol=2e-2, rtol=2e-2)

@@ -6,21 +6,25 @@ keys in blocks with an online softmax. Sliding window, logit cap, attention sink
 and fp8 caches.
 
 Flash-decoding: with NUM_SPLITS > 1 each request's visible keys are cut into NUM_SPLITS equal
-chunks (a multiple of BLOCK_N each, computed on the device from the request's length), every
-chunk writes its normalised partial output and log-sum-exp to a float32 scratch buffer, and a
-second kernel merges them (adding the sink column). With NUM_SPLITS == 1 the first kernel writes
-the output itself. The split count depends only on host-known shapes, so the launch reads only
-device tensors and fixed shapes and captures in a CUDA graph.
+chunks (a multiple of SPLIT_ALIGN keys each, computed on the device from the request's length),
+every chunk writes its normalised partial output and log-sum-exp to a float32 scratch buffer, and
+a second kernel merges them (adding the sink column). With NUM_SPLITS == 1 the first kernel
+writes the output itself. Keys stream in BLOCK_N tiles through a pipelined loop; 16-bit caches
+use 16-bit tensor-core dots (float32 accumulation). The split count depends only on host-known
+shapes, so the launch reads only device tensors and fixed shapes and captures in a CUDA graph.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from sgl_ext._backend import interpreting
 from sgl_ext.triton.launcher import cached_launcher
-from srt.layers.attention.triton_ops.kv_load import load_kv_tile
+from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, load_kv_tile
 from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
 
@@ -71,7 +75,10 @@ def _decode_kernel(
     USE_WINDOW: tl.constexpr,
     USE_CAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    TILE_F32: tl.constexpr,
+    P_LOW: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -85,24 +92,27 @@ def _decode_kernel(
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q_ptr = Q + b * stride_qt + heads[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptr, mask=gm[:, None] & (d[None, :] < D), other=0).to(tl.float32)
+    q = tl.load(q_ptr, mask=gm[:, None] & (d[None, :] < D), other=0)  # [BLOCK_H, BLOCK_D]
+    if TILE_F32:
+        q = q.to(tl.float32)
     m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     if HAS_SINKS and NUM_SPLITS == 1:  # split: the merge kernel adds the sink column
         m_i = tl.load(Sinks + heads, mask=gm, other=0).to(tl.float32)
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    n0 = tl.zeros([], dtype=tl.int32)  # a tensor: the loop counter's type is fixed
+    n0 = tl.zeros([], dtype=tl.int32)  # a tensor: the loop bounds' type is fixed
     if USE_WINDOW:
         n0 = tl.maximum(qpos - window, n0)
     end = seq_len
-    if NUM_SPLITS > 1:  # this program's chunk of keys [n0, end)
-        chunk = tl.cdiv(tl.cdiv(seq_len - n0, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if NUM_SPLITS > 1:  # this program's chunk of keys [n0, end), a multiple of SPLIT_ALIGN
+        chunk = tl.cdiv(tl.cdiv(seq_len - n0, NUM_SPLITS), SPLIT_ALIGN) * SPLIT_ALIGN
         n0 = n0 + split * chunk
         end = tl.minimum(n0 + chunk, seq_len)
-    # a while loop: dynamic bounds also work under TRITON_INTERPRET (numpy 2.4 scalars)
-    while n0 < end:
-        j = n0 + tl.arange(0, BLOCK_N)
+    # A for loop over a tl.range: the compiler pipelines it (num_stages: the next tiles' slot
+    # and K/V loads are in flight while this tile is computed).
+    for start in tl.range(n0, end, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
         jm = j < end
         slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
         k = load_kv_tile(
@@ -119,15 +129,8 @@ def _decode_kernel(
             PAGE_SIZE,
             KV_FP8,
             K_SCALE_MODE,
+            TILE_F32,
         )
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [BLOCK_H, N]
-        if USE_CAP:
-            s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)  # cap * tanh(s / cap)
-        s = tl.where(jm[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
         v = load_kv_tile(
             V,
             slot,
@@ -142,11 +145,24 @@ def _decode_kernel(
             PAGE_SIZE,
             KV_FP8,
             V_SCALE_MODE,
+            TILE_F32,
         )
+        # [BLOCK_H, BLOCK_N]: the group's query heads are the M dim of the dot (fp32 accumulate)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
+        if USE_CAP:
+            s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)  # cap * tanh(s / cap)
+        s = tl.where(jm[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        if P_LOW:  # 16-bit caches: the probabilities are rounded to V's dtype for the dot
+            p = p.to(V.dtype.element_ty)
+            if TILE_F32:  # interpreter: exact float32 products of the same rounded values
+                p = p.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
-        n0 += BLOCK_N
     om = gm[:, None] & (dv[None, :] < DV)
     if NUM_SPLITS == 1:
         l_i = tl.where(gm, l_i, 1.0)  # padding heads (not stored): avoid 0 / 0
@@ -200,17 +216,39 @@ def _merge_kernel(
 
 
 MAX_KV_SPLITS = 16
+SPLIT_ALIGN = 16  # chunk boundaries are multiples of this many keys
+# Programs per SM the split heuristic aims for (enough resident programs to keep loads in flight).
+_WAVES = 2
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters of the decode kernel: keys per tile, warps, software-pipeline stages."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def decode_config(batch_size: int, num_splits: int, head_dim: int) -> DecodeConfig:
+    """The tile shape for a launch, from host-known shapes only (graph bucket == eager batch).
+
+    H100 sweep (`benchmarks/bench_layers.py --decode-sweep`, Llama-3-8B heads, graph-timed per
+    layer): 64-key tiles, 4 warps, 3 stages were best or within 5% of best at B=64 (L 512 / 2048:
+    1.15x / 1.04x the read floor) and B=8, and within 8% at B=1 (L 512 / 4096).
+    """
+    return DecodeConfig(64, 4, 3)
 
 
 def num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
-    """KV splits per request: enough programs for ~2 waves over the SMs, a power of two.
+    """KV splits per request: enough programs for ~_WAVES per SM, a power of two.
 
     Depends on the batch size rounded up to a power of two, so a CUDA-graph bucket (1, 2, 4, 8,
     then multiples of 8, always within the same power-of-two range) splits exactly like the eager
     batch it serves and both give the same bits.
     """
     b = _pow2(max(1, batch_size))
-    want = max(1, 2 * num_sms // (b * num_kv_heads))
+    want = max(1, _WAVES * num_sms // (b * num_kv_heads))
     return min(MAX_KV_SPLITS, 1 << (want.bit_length() - 1))
 
 
@@ -236,6 +274,7 @@ def decode_attention_fwd(
     num_splits: int = 1,
     mid_o: torch.Tensor | None = None,
     mid_lse: torch.Tensor | None = None,
+    config: DecodeConfig | None = None,
 ) -> torch.Tensor:
     """o[b, h] = attention of q[b, h] over request b's cached keys 0..seq_lens[b]-1.
 
@@ -250,6 +289,11 @@ def decode_attention_fwd(
         launch and needs the scratch buffers.
     mid_o : float32 contiguous `decode_scratch_shape(B, Hq, Dv, num_splits)`;
     mid_lse : float32 contiguous [B, Hq, num_splits]. Allocated here when None.
+    config : tile shape (benchmarks); None: `decode_config(B, num_splits, D)`.
+
+    Precision: fp32 models use exact float32 products. 16-bit models with a 16-bit cache use
+    16-bit tensor-core dots with float32 accumulation (the probabilities rounded to the cache
+    dtype before the PV dot); with an fp8 cache the dequantised tiles are float32 (TF32 dots).
     """
     B, Hq, D = q.shape
     Hkv, DV = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
@@ -267,6 +311,9 @@ def decode_attention_fwd(
             raise ValueError(f"mid_o / mid_lse must be {shape} / {shape[:3]}")
     else:
         mid_o = mid_lse = o  # unused
+    cfg = config or decode_config(B, num_splits, D)
+    low = q.dtype in (torch.bfloat16, torch.float16) and kv.fp8 == KV_FP8_NONE
+    interp = interpreting()
     cached_launcher(_decode_kernel)[(B, Hkv, num_splits)](  # direct launch once planned
         q,
         kv.k_buffer,
@@ -300,7 +347,7 @@ def decode_attention_fwd(
         BLOCK_H=max(16, _pow2(group)),
         BLOCK_D=max(16, _pow2(D)),
         BLOCK_DV=block_dv,
-        BLOCK_N=32,
+        BLOCK_N=cfg.block_n,
         PAGE_SIZE=kv.page_size,
         KV_FP8=kv.fp8,
         K_SCALE_MODE=kv.k_scale_mode,
@@ -308,9 +355,16 @@ def decode_attention_fwd(
         HAS_SINKS=sinks is not None,
         USE_WINDOW=window >= 0,
         USE_CAP=logit_cap > 0,
-        # fp32 models: exact IEEE products; bf16/fp16 models: TF32 tensor cores.
+        # fp32 models: exact IEEE products; fp8 caches: TF32 on float32 tiles.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # float32 tiles, except 16-bit tiles on the GPU (the interpreter's 16-bit dot is wrong:
+        # it gets float32 copies of the same values)
+        TILE_F32=not low or interp,
+        P_LOW=low,
         NUM_SPLITS=num_splits,
+        SPLIT_ALIGN=SPLIT_ALIGN,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if num_splits > 1:
         cached_launcher(_merge_kernel)[(B, Hq)](

@@ -5,10 +5,13 @@ so every key is read from the pool through req_to_token: one code path for prefi
 tokens. One program per (request, KV head, block of BLOCK_M new tokens) covers the GROUP query
 heads of that KV head (rows = token x head, so each K/V tile is loaded once per group); causal,
 GQA, sliding window, logit cap, sinks, page_size >= 1, fp8 caches. Matmuls accumulate in fp32:
-exact IEEE products for fp32 models, TF32 tensor cores for bf16/fp16 models.
+exact IEEE products for fp32 models, 16-bit tensor-core dots for 16-bit models and caches, TF32
+for fp8 caches. Keys stream through a pipelined loop of BLOCK_N tiles.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -16,7 +19,7 @@ import triton.language as tl
 
 from sgl_ext._backend import interpreting
 from sgl_ext.triton.launcher import cached_launcher
-from srt.layers.attention.triton_ops.kv_load import load_kv_tile
+from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, load_kv_tile
 from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
 
@@ -66,6 +69,8 @@ def _extend_kernel(
     USE_WINDOW: tl.constexpr,
     USE_CAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    TILE_F32: tl.constexpr,
+    P_LOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -87,7 +92,9 @@ def _extend_kernel(
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q_ptr = Q + (tok0 + m)[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptr, mask=mm[:, None] & (d[None, :] < D), other=0).to(tl.float32)
+    q = tl.load(q_ptr, mask=mm[:, None] & (d[None, :] < D), other=0)  # [ROWS, BLOCK_D]
+    if TILE_F32:
+        q = q.to(tl.float32)
     m_i = tl.zeros([BLOCK_M * BLOCK_H], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M * BLOCK_H], dtype=tl.float32)
     if HAS_SINKS:
@@ -95,12 +102,11 @@ def _extend_kernel(
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_M * BLOCK_H, BLOCK_DV], dtype=tl.float32)
     hi = prefix + tl.minimum(n_ext, (mb + 1) * BLOCK_M)  # keys [lo, hi) can be visible
-    lo = tl.zeros([], dtype=tl.int32)  # a tensor: the loop counter's type is fixed
+    lo = tl.zeros([], dtype=tl.int32)  # a tensor: the loop bounds' type is fixed
     if USE_WINDOW:
         lo = tl.maximum(prefix + mb * BLOCK_M - window, lo)
-    n0 = lo
-    # a while loop: dynamic bounds also work under TRITON_INTERPRET (numpy 2.4 scalars)
-    while n0 < hi:
+    # a pipelined loop over key tiles (num_stages: the next tiles' loads overlap this tile)
+    for n0 in tl.range(lo, hi, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
         jm = j < hi
         slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
@@ -118,18 +124,8 @@ def _extend_kernel(
             PAGE_SIZE,
             KV_FP8,
             K_SCALE_MODE,
+            TILE_F32,
         )
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [ROWS, BLOCK_N]
-        if USE_CAP:
-            s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
-        vis = jm[None, :] & (j[None, :] <= qpos[:, None])
-        if USE_WINDOW:
-            vis = vis & (j[None, :] >= qpos[:, None] - window)
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
         v = load_kv_tile(
             V,
             slot,
@@ -144,15 +140,52 @@ def _extend_kernel(
             PAGE_SIZE,
             KV_FP8,
             V_SCALE_MODE,
+            TILE_F32,
         )
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [ROWS, BLOCK_N]
+        if USE_CAP:
+            s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
+        vis = jm[None, :] & (j[None, :] <= qpos[:, None])
+        if USE_WINDOW:
+            vis = vis & (j[None, :] >= qpos[:, None] - window)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        if P_LOW:  # 16-bit caches: the probabilities are rounded to V's dtype for the dot
+            p = p.to(V.dtype.element_ty)
+            if TILE_F32:  # interpreter: exact float32 products of the same rounded values
+                p = p.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
-        n0 += BLOCK_N
     l_i = tl.where(mm, l_i, 1.0)  # padding rows (not stored): avoid 0 / 0
     out = acc / l_i[:, None]
     o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :]
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=mm[:, None] & (dv[None, :] < DV))
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """Launch parameters of the extend kernel: (token, head) rows per program, keys per tile,
+    warps, software-pipeline stages."""
+
+    rows: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def extend_config(batch_size: int, block_h: int, max_extend_len: int) -> ExtendConfig:
+    """Tile shape from host-known sizes: 64 (token, head) rows per program (the group's heads
+    share each K/V tile; tensor-core M), 64-key tiles, 4 warps, 3 stages. H100 sweep
+    (`benchmarks/bench_layers.py --extend-sweep`, Llama-3-8B heads): best or within 10% of best
+    at B=1 (L 512 / 2048), 8 and 64 (L 512); 16 or 32 rows (more programs at small batch) were
+    slower at every shape. The interpreter gets 16 rows (its cost grows with the tile)."""
+    if interpreting():
+        return ExtendConfig(16, 32, 4, 1)
+    return ExtendConfig(64, 64, 4, 3)
 
 
 def extend_attention_fwd(
@@ -169,6 +202,7 @@ def extend_attention_fwd(
     sinks=None,
     window=-1,
     logit_cap=0.0,
+    config: ExtendConfig | None = None,
 ):
     """o[t, h] = causal attention of new token t over its request's cached keys.
 
@@ -180,18 +214,23 @@ def extend_attention_fwd(
     max_extend_len : host int, max(extend_seq_lens) (sizes the grid).
     kv : KVArgs: the layer's caches (fp8 as uint8 views), already holding the new tokens' K/V,
         page size, fp8 kind, scales. sinks : float [Hq] or None.
+    config : tile shape (benchmarks); None: `extend_config(...)`.
+
+    Precision: as the decode kernel (fp32 models: exact float32 products; 16-bit models and
+    caches: 16-bit tensor-core dots, probabilities rounded to the cache dtype; fp8 caches: TF32
+    on float32 tiles).
     """
     T, Hq, D = q.shape
     B = req_pool_indices.shape[0]
     Hkv, DV = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
     group = Hq // Hkv
     block_h = _pow2(group)
-    # ~64 (token, head) rows per program on the GPU: the group's heads share every K/V tile load
-    # and the dots get a tensor-core sized M (16 rows under the interpreter, whose cost grows
-    # with the tile; tl.dot needs M >= 16).
-    block_m = max(1, (16 if interpreting() else 64) // block_h, 16 // block_h)
+    cfg = config or extend_config(B, block_h, max_extend_len)
+    # rows = (token, query head of the group) pairs; tl.dot needs M >= 16
+    block_m = max(1, cfg.rows // block_h, 16 // block_h)
     block_d = max(16, _pow2(D))
-    BLOCK_N = 32
+    low = q.dtype in (torch.bfloat16, torch.float16) and kv.fp8 == KV_FP8_NONE
+    interp = interpreting()
     grid = (B, Hkv, -(-max_extend_len // block_m))
     cached_launcher(_extend_kernel)[grid](  # direct launch once planned
         q,
@@ -225,7 +264,7 @@ def extend_attention_fwd(
         BLOCK_D=block_d,
         BLOCK_DV=max(16, _pow2(DV)),
         BLOCK_M=block_m,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=cfg.block_n,
         PAGE_SIZE=kv.page_size,
         KV_FP8=kv.fp8,
         K_SCALE_MODE=kv.k_scale_mode,
@@ -233,9 +272,13 @@ def extend_attention_fwd(
         HAS_SINKS=sinks is not None,
         USE_WINDOW=window >= 0,
         USE_CAP=logit_cap > 0,
-        # fp32 models: exact IEEE products. bf16/fp16 models: TF32 tensor cores (q/k/v values are
-        # exact in TF32; only the probabilities are rounded, to 10 mantissa bits).
+        # fp32 models: exact IEEE products; fp8 caches: TF32 on float32 tiles.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=8 if block_m * block_h * block_d >= 8192 else 4,
+        # float32 tiles, except 16-bit tiles on the GPU (the interpreter's 16-bit dot is wrong:
+        # it gets float32 copies of the same values)
+        TILE_F32=not low or interp,
+        P_LOW=low,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return o

@@ -56,8 +56,10 @@ def load_kv_tile(
     PAGE_SIZE: tl.constexpr,
     KV_FP8: tl.constexpr,
     SCALE_MODE: tl.constexpr,
+    OUT_F32: tl.constexpr = True,
 ):
-    """float32 [len(slot), len(dims)]: the cached rows `slot` (int64) of one head."""
+    """[len(slot), len(dims)]: the cached rows `slot` (int64) of one head, float32 (fp8 caches:
+    always; 16-bit caches keep their dtype when OUT_F32 is False, for 16-bit tensor-core dots)."""
     page = slot // PAGE_SIZE
     off = slot % PAGE_SIZE
     ptr = buf_ptr + page[:, None] * page_stride + off[:, None] * off_stride
@@ -69,4 +71,6 @@ def load_kv_tile(
             x = x * scale_f
         elif SCALE_MODE == 2:
             x = x * tl.load(scale_ptr).to(tl.float32)
-    return x.to(tl.float32)
+    if OUT_F32:
+        x = x.to(tl.float32)
+    return x
