@@ -99,6 +99,8 @@ def set_kv_buffer(
         ks, vs = _scale_tensor(k_scale, key), _scale_tensor(v_scale, key)
         torch.ops.sgl_ext.set_kv(key, value, k_buffer, v_buffer, cache_loc, ks, vs, call.head_size)
         return
+    plan_key: tuple | None
+    plan: RopeKVPlan | None
     try:
         kp, vp, kbp = key.data_ptr(), value.data_ptr(), k_buffer.data_ptr()
         vbp, lp = v_buffer.data_ptr(), cache_loc.data_ptr()

@@ -219,7 +219,8 @@ def rmsnorm(
     -------
     out : [..., N], input's dtype.
     """
-    key = plan = None
+    key: tuple | None = None
+    plan = None
     if not _is_compiling():
         try:
             key = (tensor_key(input), tensor_key(weight), optional_key(out))
@@ -271,7 +272,8 @@ def fused_add_rmsnorm(
     -------
     (normalised, sum) : [..., N] each, input's dtype; the tensors written.
     """
-    key = plan = None
+    key: tuple | None = None
+    plan = None
     if not _is_compiling():
         try:
             key = (tensor_key(input), tensor_key(residual), tensor_key(weight))

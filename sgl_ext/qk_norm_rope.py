@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +37,9 @@ from sgl_ext.rope import (
     call_key,
 )
 
+if TYPE_CHECKING:
+    from sgl_ext.triton.launcher import KernelLauncher
+
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -47,7 +51,7 @@ class QKNormRopePlan:
     norm: QKNormCall
     backend: str
     debug: bool
-    launcher: object | None  # triton.launcher.KernelLauncher for backend "triton"
+    launcher: KernelLauncher | None  # for backend "triton"
 
 
 _PLANS = PlanCache()
@@ -165,7 +169,7 @@ def _run(
         return
     from sgl_ext.triton.rope_kv import rope_kv_args
 
-    kv_tensors = _kv_tensors(arg) if arg is not None else (None,) * 6
+    kv_tensors = _kv_tensors(arg)
     tensors = rope_kv_args(
         positions, query, key, cos_sin_cache, *kv_tensors, q_norm_weight, k_norm_weight
     )
@@ -252,6 +256,8 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
     if _is_compiling():
         _compiled(positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox, a)
         return
+    plan_key: tuple | None
+    plan: QKNormRopePlan | None
     try:
         rope_key, ptrs = call_key(positions, query, key, head_size, cos_sin_cache, is_neox, a)
         qwp, kwp = qw.data_ptr(), kw.data_ptr()

@@ -15,6 +15,7 @@ and is checked. The Triton kernel of a plan is launched directly after its first
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -24,6 +25,9 @@ from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
 from sgl_ext._plans import PlanCache
 from sgl_ext.native import kv_write_native, rotate_native
+
+if TYPE_CHECKING:
+    from sgl_ext.triton.launcher import KernelLauncher
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -58,7 +62,7 @@ class RopeKVPlan:
     call: RopeCall
     backend: str
     debug: bool
-    launcher: object | None  # triton.launcher.KernelLauncher for backend "triton"
+    launcher: KernelLauncher | None  # for backend "triton"
 
 
 _PLANS = PlanCache()
@@ -108,8 +112,9 @@ def _scale_key(scale: object, unused_ptr: int) -> tuple[object, int]:
         return None, unused_ptr
     if scale.__class__ is float or scale.__class__ is int:
         return (scale.__class__, scale), unused_ptr
-    ptr = scale.data_ptr()  # a tensor (anything else misses and is rejected by the checks)
-    return (scale.dtype, scale.shape, scale.device, ptr & 15), ptr
+    t = cast(torch.Tensor, scale)  # a tensor (anything else misses and is rejected by the checks)
+    ptr = t.data_ptr()
+    return (t.dtype, t.shape, t.device, ptr & 15), ptr
 
 
 def _new_plan(
@@ -125,6 +130,7 @@ def _new_plan(
 ) -> RopeKVPlan:
     call = check(positions, query, key, head_size, cos_sin_cache, is_neox, arg)
     assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+    assert isinstance(cos_sin_cache, torch.Tensor)
     s = settings.get()
     cuda_ok = cuda_preferred = False
     if call.device.type == "cuda":
@@ -180,13 +186,20 @@ def _run(
         return
     from sgl_ext.triton.rope_kv import rope_kv_args
 
-    kv_tensors = _kv_tensors(arg) if arg is not None else (None,) * 6
-    tensors = rope_kv_args(positions, query, key, cos_sin_cache, *kv_tensors)
+    tensors = rope_kv_args(positions, query, key, cos_sin_cache, *_kv_tensors(arg))
     plan.launcher.launch(*tensors)  # type: ignore[union-attr]
 
 
-def _kv_tensors(a: FusedSetKVBufferArg) -> tuple:
-    """(value, k_buffer, v_buffer, cache_loc, k_scale, v_scale): the kernels' order."""
+_OptTensor = torch.Tensor | None
+
+
+def _kv_tensors(
+    a: FusedSetKVBufferArg | None,
+) -> tuple[_OptTensor, _OptTensor, _OptTensor, _OptTensor, Scale, Scale]:
+    """(value, k_buffer, v_buffer, cache_loc, k_scale, v_scale): the kernels' order (all None
+    without a KV write)."""
+    if a is None:
+        return None, None, None, None, None, None
     return a.value, a.k_buffer, a.v_buffer, a.cache_loc, a.k_scale, a.v_scale
 
 

@@ -118,9 +118,9 @@ def _library_for(device_index: int, extra_flags: str) -> ctypes.CDLL | None:
     lib.sgl_ext_error_string.restype = ctypes.c_char_p
     if lib.sgl_ext_rope_kv_struct_size() != ctypes.sizeof(_Params):
         raise RuntimeError("sgl_ext: RopeKVParams layout differs between rope_kv.cu and Python")
-    err = lib.sgl_ext_rope_kv_preload(device_index)  # load the module outside any graph capture
-    if err:
-        raise RuntimeError(f"sgl_ext: loading the CUDA kernels failed: {_error(lib, err)}")
+    code = lib.sgl_ext_rope_kv_preload(device_index)  # load the module outside any graph capture
+    if code:
+        raise RuntimeError(f"sgl_ext: loading the CUDA kernels failed: {_error(lib, code)}")
     return lib
 
 

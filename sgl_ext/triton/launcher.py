@@ -27,6 +27,7 @@ JIT) and no synchronisation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -79,8 +80,8 @@ class KernelLauncher:
         fn: Any,
         grid: tuple[int, ...],
         fixed: tuple[int | float, ...],
-        constexprs: dict[str, object],
-        options: dict[str, object],
+        constexprs: Mapping[str, object],
+        options: Mapping[str, object],
         device_index: int,
         allow_direct: bool,
     ) -> None:
@@ -128,6 +129,7 @@ class KernelLauncher:
 
     def direct(self, *ptrs: int) -> None:
         """Launch the compiled kernel with the per-call pointers (data_ptr() integers)."""
+        assert _RAW_STREAM is not None  # allow_direct implies DIRECT_SUPPORTED
         stream = _RAW_STREAM(self.device_index)
         if _no_hooks():
             self._run(*self._grid3, stream, *self._pre, None, None, None, *ptrs, *self._tail)
@@ -144,8 +146,8 @@ def make_launcher(
     fn: Any,
     grid: tuple[int, ...],
     fixed: tuple[int | float, ...],
-    constexprs: dict[str, object],
-    options: dict[str, object],
+    constexprs: Mapping[str, object],
+    options: Mapping[str, object],
     device: torch.device,
 ) -> KernelLauncher:
     """A KernelLauncher for tensors on `device` (a tensor's device: CUDA ones carry their
@@ -230,7 +232,8 @@ class CachedLauncher:
         runtime = sum(not p.is_constexpr for p in self._params.values())
         if len(tensors) + len(rest) != runtime:  # a runtime parameter left to its default
             return False
-        constexprs, options = {}, {}
+        constexprs: dict[str, object] = {}
+        options: dict[str, object] = {}
         for name, value in kwargs.items():
             p = self._params.get(name)
             (constexprs if p is not None else options)[name] = value

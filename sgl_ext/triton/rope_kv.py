@@ -15,7 +15,7 @@ in registers, so neither needs a gather.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -496,7 +496,9 @@ def launch_config(
     override = settings.get().triton_config
     if override:
         vals = list(override)
-        return LaunchConfig(*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6])
+        # ints, then the two flags as bools, then maxnreg; LaunchConfig rejects a bad length
+        args: list[Any] = [*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6]]
+        return LaunchConfig(*args)
     # Measured on the H100 (benchmarks/NOTES.md, sweeps of 2026-11-22). Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
     # program is the long one, and fp8 scales make it longer), 512 elements each up to 64.

@@ -74,12 +74,27 @@ class SWAKVPool:
             raise ValueError(f"layer ids must cover 0 .. n-1 once: swa {swa_ids}, full {full_ids}")
         if not isinstance(sliding_window_size, int) or sliding_window_size < 1:
             raise ValueError(f"sliding_window_size must be an int >= 1, got {sliding_window_size}")
-        kw = dict(v_head_dim=v_head_dim, alt_stream=alt_stream)
         self.full_kv_pool = MHATokenToKVPool(
-            size, page_size, dtype, head_num, head_dim, len(full_ids), device, **kw
+            size,
+            page_size,
+            dtype,
+            head_num,
+            head_dim,
+            len(full_ids),
+            device,
+            v_head_dim=v_head_dim,
+            alt_stream=alt_stream,
         )
         self.swa_kv_pool = MHATokenToKVPool(
-            size_swa, page_size, dtype, head_num, head_dim, len(swa_ids), device, **kw
+            size_swa,
+            page_size,
+            dtype,
+            head_num,
+            head_dim,
+            len(swa_ids),
+            device,
+            v_head_dim=v_head_dim,
+            alt_stream=alt_stream,
         )
         self.size, self.size_swa = size, size_swa
         self.page_size = page_size

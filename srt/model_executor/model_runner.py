@@ -27,6 +27,8 @@ from srt.model_executor.forward_batch_info import ForwardBatch
 from srt.server_args import ServerArgs
 
 if TYPE_CHECKING:
+    from srt.mem_cache.memory_pool import MHATokenToKVPool
+    from srt.mem_cache.swa_memory_pool import SWAKVPool
     from srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
 logger = logging.getLogger(__name__)
@@ -239,7 +241,7 @@ class ModelRunner:
 
         ps = self.page_size
         alt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.token_to_kv_pool = MHATokenToKVPool(
+        pool = MHATokenToKVPool(
             tokens,
             ps,
             self.kv_dtype,
@@ -250,7 +252,7 @@ class ModelRunner:
             v_head_dim=v_head_dim,
             alt_stream=alt_stream,
         )
-        pool = self.token_to_kv_pool
+        self.token_to_kv_pool: MHATokenToKVPool | SWAKVPool = pool
         self.token_to_kv_pool_allocator: Any
         if ps == 1:
             self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
@@ -275,7 +277,7 @@ class ModelRunner:
 
         swa_ids, full_ids, window = swa_layers
         alt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.token_to_kv_pool = SWAKVPool(
+        pool = SWAKVPool(
             tokens,
             swa_tokens,
             self.page_size,
@@ -289,12 +291,13 @@ class ModelRunner:
             v_head_dim=v_head_dim,
             alt_stream=alt_stream,
         )
+        self.token_to_kv_pool = pool
         self.token_to_kv_pool_allocator = SWATokenToKVPoolAllocator(
             tokens,
             swa_tokens,
             self.page_size,
             self.device,
-            self.token_to_kv_pool,
+            pool,
             scrub_on_alloc=True,
         )
 

@@ -12,6 +12,7 @@ it); otherwise, and on the CPU, it is dequantised to the model dtype at load.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -129,7 +130,7 @@ class GptOssForCausalLM(CausalLM):
         if proj not in ("gate_up_proj", "down_proj"):
             raise KeyError(f"MXFP4 tensor {ckpt_base!r} matches no model parameter")
         try:
-            experts = self.get_submodule(prefix)
+            experts = cast(TopKExperts, self.get_submodule(prefix))  # <...>.mlp.experts
         except AttributeError:
             raise KeyError(f"MXFP4 tensor {ckpt_base!r} matches no model parameter") from None
         names = experts.load_mxfp4(proj[: -len("_proj")], blocks, scales)

@@ -78,9 +78,10 @@ def create_fused_set_kv_buffer_arg(
     cache_loc = forward_batch.out_cache_loc  # int64 [T] full slots
     if getattr(pool, "is_swa_layer", None) is not None and pool.is_swa_layer(layer.layer_id):
         # A sliding-window layer of a hybrid pool: its buffers are indexed by window slots.
-        cache_loc = forward_batch.out_cache_loc_swa
-        if cache_loc is None:
-            cache_loc = pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc)
+        swa_loc = forward_batch.out_cache_loc_swa
+        if swa_loc is None:
+            swa_loc = pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc)
+        cache_loc = swa_loc
     return FusedSetKVBufferArg(
         value=value,
         k_buffer=k_buffer,

@@ -116,6 +116,8 @@ class TopKExperts(nn.Module):
             self.mxfp4 = False
         p = lambda *s: nn.Parameter(torch.empty(s), requires_grad=False)
         u8 = lambda *s: nn.Parameter(torch.empty(s, dtype=torch.uint8), requires_grad=False)
+        self.w13_weight_scale: nn.Parameter | None  # uint8 [E, 2I, H/32] (MXFP4) or None
+        self.w2_weight_scale: nn.Parameter | None  # uint8 [E, H, I/32] (MXFP4) or None
         if self.mxfp4:
             self.w13_weight, self.w13_weight_scale = u8(E, 2 * I2, H // 2), u8(E, 2 * I2, H // 32)
             self.w2_weight, self.w2_weight_scale = u8(E, H, I2 // 2), u8(E, H, I2 // 32)
@@ -126,7 +128,7 @@ class TopKExperts(nn.Module):
         self.w2_bias = p(E, H) if bias else None
         for prm in (self.w13_weight, self.w2_weight, self.w13_bias, self.w2_bias):
             if prm is not None:
-                prm.weight_loader = self.weight_loader
+                prm.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         """Copy a checkpoint tensor (layout named by shard_id, see LAYOUTS) into `param`."""
@@ -179,6 +181,8 @@ class TopKExperts(nn.Module):
             w = dequantize_mxfp4(blocks.to(dev), scales.to(dev), dt)
             self.weight_loader(param, w, "gate_up_interleaved" if proj == "gate_up" else "down")
             return ["w13_weight" if proj == "gate_up" else "w2_weight"]
+        w13_scale, w2_scale = self.w13_weight_scale, self.w2_weight_scale
+        assert w13_scale is not None and w2_scale is not None  # packed MXFP4 has its scales
         if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
             raise TypeError(f"MXFP4 {proj} blocks/scales must be uint8")
         if blocks.dim() != 4 or blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
@@ -187,7 +191,7 @@ class TopKExperts(nn.Module):
                 "not [E, N, G, 16] / [E, N, G]"
             )
         if proj == "gate_up":
-            pairs = ((self.w13_weight, blocks.flatten(-2)), (self.w13_weight_scale, scales))
+            pairs = ((self.w13_weight, blocks.flatten(-2)), (w13_scale, scales))
             for param, t in pairs:
                 t = torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)  # gate rows | up rows
                 t = self._tp_slice(self.w13_weight, t)  # this rank's gate and up rows
@@ -198,7 +202,7 @@ class TopKExperts(nn.Module):
             blocks = blocks[:, :, r * groups : (r + 1) * groups]
             scales = scales[:, :, r * groups : (r + 1) * groups]
         self._copy_packed(self.w2_weight, blocks.flatten(-2), proj)  # [E, H, I/2]
-        self._copy_packed(self.w2_weight_scale, scales, proj)  # [E, H, I/32]
+        self._copy_packed(w2_scale, scales, proj)  # [E, H, I/32]
         return ["w2_weight", "w2_weight_scale"]
 
     @staticmethod
