@@ -11,11 +11,14 @@ two streams is told to the pool by the runner (`set_stream_overlap`), never look
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
 import sgl_ext
+
+if TYPE_CHECKING:
+    from srt.mem_cache.scrub import SlotTable
 from sgl_ext import FP8_DTYPES, INPUT_DTYPES
 from sgl_ext._common import check_kv_write, kv_layout
 from sgl_ext.native import quantize_native, scatter_native
@@ -396,8 +399,9 @@ class MHATokenToKVPool:
 
             if self._slot_table is None:  # False: the buffers do not fit the kernel
                 self._slot_table = slot_table(self.k_buffer + self.v_buffer) or False
-            if self._slot_table:
-                zero_slots_all(self._slot_table, idx)
+            table = self._slot_table
+            if table is not False:
+                zero_slots_all(cast("SlotTable", table), idx)
                 return
         for kb, vb in zip(self.k_buffer, self.v_buffer, strict=True):
             for b in (kb, vb):

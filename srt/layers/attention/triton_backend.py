@@ -192,7 +192,7 @@ class TritonAttnBackend(AttentionBackend):
             )
         else:
             self.forward_metadata = None
-            self.max_extend_len = max(forward_batch.extend_seq_lens_cpu, default=0)
+            self.max_extend_len = max(forward_batch.extend_seq_lens_cpu or [], default=0)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         dev = self.req_to_token_pool.req_to_token.device
