@@ -103,7 +103,20 @@ def check(
         return call
     assert isinstance(key, torch.Tensor)
     kv = _check_kv(key, fused_set_kv_buffer_arg, call.head_size)
-    return RopeCall(**{**call.__dict__, "kv": kv})
+    # Field by field (not dataclasses.replace / __dict__): torch.compile traces this on torch 2.11.
+    return RopeCall(
+        num_tokens=call.num_tokens,
+        head_size=call.head_size,
+        dtype=call.dtype,
+        device=call.device,
+        query=call.query,
+        key=call.key,
+        rot_dim=call.rot_dim,
+        max_pos=call.max_pos,
+        cs_stride=call.cs_stride,
+        is_neox=call.is_neox,
+        kv=kv,
+    )
 
 
 def _scale_key(scale: object, unused_ptr: int) -> tuple[object, int]:
