@@ -168,12 +168,17 @@ def test_long_context_batch_runs_at_once_only_on_the_hybrid_pool(ckpt):
     assert h_ids == u_ids
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="exact token equality across backends holds for the interpreter's float32 math; on "
+    "the GPU the Triton kernels use TF32 / 16-bit dots (graph == eager is tested there instead)",
+)
 def test_hybrid_pool_triton_backend_interpreted(ckpt, backend):
     """The Triton attention kernels (interpreted on CPU) read window layers through the window
     pool: same tokens as the torch-native backend."""
     path, _ = ckpt
     prompts = _prompts((3, 12))
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = "cpu"
     backend("triton")
     with _engine(path, page_size=4, device=dev, attention_backend="torch_native") as eng:
         ref = _generate(eng, prompts, max_new=(4,))
