@@ -25,8 +25,8 @@ from sgl_ext._common import RopeCall, scale_args
 from sgl_ext.cuda import jit
 
 # Token counts where the CUDA kernel is the default: none. Measured on the H100 (RESULTS.md,
-# NOTES.md) it is slower than the Triton kernel at nearly every T (equal or 3% faster at two
-# points), so it runs only when forced or opted into.
+# docs/performance.md) it is slower than the Triton kernel at nearly every T (equal or 3% faster
+# at two points), so it runs only when forced or opted into.
 _PREFERRED_TOKENS = (1, 0)
 _CACHE_KIND = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # else 0: the input dtype
 

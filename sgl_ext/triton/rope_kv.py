@@ -240,7 +240,7 @@ def rope_kv_kernel(
         j = pid - n_kv
         t = tl.where(kv, pid // NUM_KV_BLOCKS, j // QO_BLOCKS).to(tl.int64)
         hb = tl.where(kv, pid % NUM_KV_BLOCKS, NUM_KV_BLOCKS + j % QO_BLOCKS)
-    else:  # ORDER_2D, grid (tokens, blocks): no division; measured faster at small T (NOTES.md)
+    else:  # ORDER_2D, grid (tokens, blocks): no division; faster at small T (docs/performance.md)
         t = tl.program_id(0).to(tl.int64)
         hb = tl.program_id(1)
     HALF: tl.constexpr = ROT_DIM // 2
@@ -499,7 +499,8 @@ def launch_config(
         # ints, then the two flags as bools, then maxnreg; LaunchConfig rejects a bad length
         args: list[Any] = [*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6]]
         return LaunchConfig(*args)
-    # Measured on the H100 (benchmarks/NOTES.md, sweeps of 2026-11-22). Up to 64 tokens:
+    # Measured on the H100 (docs/performance.md, benchmarks/RESULTS.md; sweeps of 2026-11-22).
+    # Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
     # program is the long one, and fp8 scales make it longer), 512 elements each up to 64.
     # More tokens: merged programs (a query block and a key/value block share the program, its
@@ -525,7 +526,7 @@ def launch_config(
     # At D = 128 the program with the key/value block moves ~3.5x the bytes of a query-only
     # one. Where the grid is a little over one wave, starting those first shortens the tail:
     # measured -1 to -3% (bf16 cache, T 448..640) and -2 to -5% (fp8, T 384..896 with 8
-    # heads), +1 to +7% outside those windows (Llama-3-8B shape, H100, NOTES.md). D = 64
+    # heads), +1 to +7% outside those windows (Llama-3-8B shape, H100, docs/performance.md). D = 64
     # (gpt-oss): no gain.
     lo, hi = (352, 896) if fp8_cache else (416, 704)
     order = ORDER_KV_FIRST if head_dim == 128 and lo < num_tokens <= hi else ORDER_TOKEN
