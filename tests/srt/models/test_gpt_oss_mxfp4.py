@@ -169,15 +169,28 @@ def test_packed_dummy_weights_are_valid_mxfp4():
 
 @gpu
 def test_gpu_mxfp4_checkpoint_stays_packed_and_matches_cpu(mxfp4_ckpt):
-    """CUDA bf16 with packed experts vs CPU fp32 dequantised; fused == unfused exactly."""
-    from tests.srt.models.hf_compare import gpu_bf16_check
+    """CUDA bf16 with packed experts vs CPU fp32 dequantised; fused == unfused exactly.
+
+    The bound is calibrated in the test: this random checkpoint is sensitive to bf16 (near-tie
+    top-k routing flips), so plain bf16 with the weights dequantised, on the CPU, already differs
+    from fp32 by a median row error of ~0.06 (max ~0.65; measured 2026-11-24). The packed GPU path
+    must stay within 1.5x that median and 2x that max; a wrong dequantisation (e.g. swapped
+    nibbles) gives errors of order 1 everywhere.
+    """
+    from tests.srt.models.hf_compare import gpu_bf16_check, make_prompts, row_errors, run_model
 
     mx, _, _ = mxfp4_ckpt
     model, _ = load_ours(mx, dtype="bfloat16", device="cuda")
     experts = model.model.layers[0].mlp.experts
     assert experts.mxfp4 and experts.w13_weight.dtype == torch.uint8
     del model
-    gpu_bf16_check(mx, max_err=0.5, median_err=0.03)  # top-k may flip for a few bf16 tokens
+    m32, cfg = load_ours(mx)
+    prompts, dec = make_prompts(cfg.vocab_size)
+    ref = run_model(m32, cfg, prompts, dec, page_size=16)
+    m16, cfg16 = load_ours(mx, dtype="bfloat16")  # CPU: dequantised at load, torch math
+    b = run_model(m16, cfg16, prompts, dec, page_size=16)
+    base = row_errors(b[0], b[1], ref[0], ref[1])
+    gpu_bf16_check(mx, max_err=2 * float(base.max()), median_err=1.5 * float(base.median()))
 
 
 @gpu
