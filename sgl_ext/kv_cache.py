@@ -58,7 +58,7 @@ def _new_plan(plan_key: object, *args: object) -> RopeKVPlan:
     backend = select_backend(call.device, has_cuda=False)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
-        from sgl_ext.triton.rope_kv import plan_rope_kv
+        from sgl_ext.triton.rope_kv_plan import plan_rope_kv
 
         align = key.data_ptr() % 16
         launcher = plan_rope_kv(call, align, align, k_buffer.data_ptr() % 16, None)
@@ -157,7 +157,7 @@ def _run(
             key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, kv.k_layout, kv.v_layout
         )
         return
-    from sgl_ext.triton.rope_kv import rope_kv_args
+    from sgl_ext.triton.rope_kv_plan import rope_kv_args
 
     tensors = rope_kv_args(
         None, None, key, None, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale

@@ -137,7 +137,7 @@ def _new_plan(
     backend = select_backend(call.device, cuda_ok=False, cuda_preferred=False, has_cuda=False)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
-        from sgl_ext.triton.rope_kv import plan_rope_kv
+        from sgl_ext.triton.rope_kv_plan import plan_rope_kv
 
         kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else key
         aligns = (query.data_ptr() % 16, key.data_ptr() % 16, kb.data_ptr() % 16)
@@ -167,7 +167,7 @@ def _run(
     if plan.backend == "native":
         _native(positions, query, key, cos_sin_cache, q_norm_weight, k_norm_weight, arg, plan)
         return
-    from sgl_ext.triton.rope_kv import rope_kv_args
+    from sgl_ext.triton.rope_kv_plan import rope_kv_args
 
     kv_tensors = _kv_tensors(arg)
     tensors = rope_kv_args(

@@ -159,7 +159,7 @@ def _new_plan(
     backend = select_backend(call.device, cuda_ok, cuda_preferred)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
-        from sgl_ext.triton.rope_kv import plan_rope_kv
+        from sgl_ext.triton.rope_kv_plan import plan_rope_kv
 
         kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else key
         launcher = plan_rope_kv(
@@ -197,7 +197,7 @@ def _run(
 
         cuda_rope_kv.launch(call, positions, query, key, cos_sin_cache, arg, enable_pdl)
         return
-    from sgl_ext.triton.rope_kv import rope_kv_args
+    from sgl_ext.triton.rope_kv_plan import rope_kv_args
 
     tensors = rope_kv_args(positions, query, key, cos_sin_cache, *_kv_tensors(arg))
     plan.launcher.launch(*tensors)  # type: ignore[union-attr]

@@ -252,7 +252,7 @@ def test_triton_default_config_key_value_first(backend, kv_dtype, scale, num_tok
     """The default heuristic's key/value-first grid order (D = 128, a few hundred tokens): every
     token's key/value program runs before the query-only ones and each program still finds
     its token and head block."""
-    from sgl_ext.triton.rope_kv import ORDER_KV_FIRST, launch_config
+    from sgl_ext.triton.rope_kv_plan import ORDER_KV_FIRST, launch_config
 
     assert launch_config(num_tokens, 16, 128, kv_dtype != torch.bfloat16).order == ORDER_KV_FIRST
     backend("triton")
@@ -274,7 +274,7 @@ def test_triton_default_config_key_value_first(backend, kv_dtype, scale, num_tok
 def test_triton_default_config_fp8_large_batch(backend, d, hq, hkv):
     """The default heuristic's fp8 block shape past ~1K tokens (16 heads per program; at D = 64
     with a register cap, which only the GPU compile applies)."""
-    from sgl_ext.triton.rope_kv import launch_config
+    from sgl_ext.triton.rope_kv_plan import launch_config
 
     cfg = launch_config(897, hq, d, fp8_cache=True)
     assert (cfg.block_h, cfg.num_warps, cfg.maxnreg) == (16, 4, 40 if d == 64 else 0)
@@ -294,7 +294,7 @@ def test_triton_default_config_fp8_large_batch(backend, d, hq, hkv):
 
 def test_launch_config_heads_per_program_is_a_power_of_two():
     """tl.arange needs a power of two; the interpreter would not notice, the GPU compile would."""
-    from sgl_ext.triton.rope_kv import launch_config
+    from sgl_ext.triton.rope_kv_plan import launch_config
 
     for d in (24, 64, 80, 96, 128, 256):
         for t in (1, 9, 65, 257, 5000):

@@ -1,0 +1,252 @@
+"""Host side of the rope_kv Triton kernel: launch heuristics (`launch_config`), the launch plan
+(`plan_rope_kv`: grid, fixed arguments, constexprs, a `KernelLauncher`) and the per-call
+argument tuple (`rope_kv_args`). The kernel itself is rope_kv.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from sgl_ext import settings
+from sgl_ext._backend import pdl_capable
+from sgl_ext._common import KVLayout, QKNormCall, RopeCall, fp8_max
+from sgl_ext.triton.launcher import KernelLauncher, make_launcher
+from sgl_ext.triton.rope_kv import rope_kv_kernel
+
+
+def _pow2(n: int) -> int:
+    """Smallest power of two >= n (plain Python: triton.next_power_of_2 costs ~7 µs a call)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _pow2_floor(n: int) -> int:
+    """Largest power of two <= n (1 for n < 1)."""
+    return 1 << max(0, n.bit_length() - 1)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _word_aligned(align: int, *strides: int) -> bool:
+    """Every head row starts on a 4-byte boundary (16-bit pairs load as int32 words), given
+    the data pointer % 16 and the element strides."""
+    return align % 4 == 0 and all(s % 2 == 0 for s in strides)
+
+
+def _gptj_mode(dtype: torch.dtype, rows: list[tuple[int, int, int]]) -> int:
+    """2: 16-bit GPT-J pairs as int32 words when every row is 4-byte aligned, else 1 (strided).
+
+    rows: (data_ptr % 16, token stride, head stride) of query and key.
+    """
+    if dtype not in (torch.bfloat16, torch.float16):
+        return 1
+    return 2 if all(_word_aligned(a, ts, hs) for a, ts, hs in rows) else 1
+
+
+ORDER_2D = 0  # 2-D (tokens, blocks) grid; the hardware runs block 0 of every token first
+ORDER_TOKEN = 1  # 1-D grid, token-major: a token's programs are neighbours
+ORDER_KV_FIRST = 2  # 1-D grid, merged only: every token's key/value program, then the others
+
+
+class LaunchConfig(NamedTuple):
+    block_h: int  # query heads per program (key/value heads: at most this many)
+    num_warps: int
+    order: int = ORDER_TOKEN  # program order on the grid (ORDER_*)
+    merged: bool = False  # program j does query block j and key/value block j
+    spread: bool = False  # merged: key/value heads spread over all query blocks (GQA groups)
+    maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
+
+
+def launch_config(
+    num_tokens: int, max_heads: int, head_dim: int, fp8_cache: bool = False
+) -> LaunchConfig:
+    """Heads per program and warps: small batches split heads finer for parallelism."""
+    # "block_h,num_warps[,order[,merged[,spread[,maxnreg]]]]", for tuning only
+    override = settings.get().triton_config
+    if override:
+        vals = list(override)
+        # ints, then the two flags as bools, then maxnreg; LaunchConfig rejects a bad length
+        args: list[Any] = [*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6]]
+        return LaunchConfig(*args)
+    # Measured on the H100 (docs/performance.md, benchmarks/RESULTS.md; sweeps of 2026-11-22).
+    # Up to 64 tokens:
+    # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
+    # program is the long one, and fp8 scales make it longer), 512 elements each up to 64.
+    # More tokens: merged programs (a query block and a key/value block share the program, its
+    # position and its cos/sin row), ~1K (D=128) or ~2K (D=64) elements per program, about 4
+    # elements of each half tile per thread.
+    # The 2-D grid (no index division) measured 0.1-0.2 µs faster than the 1-D grid at T <= 8.
+    if num_tokens <= 8:
+        return LaunchConfig(1, 4, ORDER_2D)
+    if num_tokens <= 64:
+        bh = min(_pow2_floor(512 // head_dim), 32, _pow2(max_heads))
+        return LaunchConfig(bh, 4, ORDER_2D)
+    maxnreg = 0
+    if fp8_cache and num_tokens > 896 and head_dim in (64, 128):
+        # fp8 caches from ~1K tokens: 16 heads x 4 warps, so each thread stores 8-byte pieces
+        # of K and V rather than 4-byte ones; measured -1 to -4% (T 1024..32768), D = 64 with
+        # a 40-register cap (without it, 16 x 4 is slower than 32 x 8).
+        block_h, num_warps, maxnreg = 16, 4, 40 if head_dim == 64 else 0
+    elif num_tokens <= 256 or head_dim > 64:
+        block_h, num_warps = _pow2_floor(1024 // head_dim), 4
+    else:
+        block_h, num_warps = _pow2_floor(2048 // head_dim), 8
+    block_h = min(block_h, 32, _pow2(max_heads))
+    # At D = 128 the program with the key/value block moves ~3.5x the bytes of a query-only
+    # one. Where the grid is a little over one wave, starting those first shortens the tail:
+    # measured -1 to -3% (bf16 cache, T 448..640) and -2 to -5% (fp8, T 384..896 with 8
+    # heads), +1 to +7% outside those windows (Llama-3-8B shape, H100, docs/performance.md). D = 64
+    # (gpt-oss): no gain.
+    lo, hi = (352, 896) if fp8_cache else (416, 704)
+    order = ORDER_KV_FIRST if head_dim == 128 and lo < num_tokens <= hi else ORDER_TOKEN
+    return LaunchConfig(block_h, num_warps, order, merged=True, maxnreg=maxnreg)
+
+
+def plan_rope_kv(
+    call: RopeCall,
+    q_align: int,
+    k_align: int,
+    kb_align: int,
+    enable_pdl: bool | None,
+    norm: QKNormCall | None = None,
+) -> KernelLauncher:
+    """The kernel launch for a checked call: grid, fixed arguments, constexprs, options.
+
+    q_align / k_align / kb_align: data_ptr() % 16 of query, key and k_buffer (GPT-J pairs load
+    as 32-bit words only from 4-byte aligned rows). query None in `call`: the KV write alone;
+    kv None: RoPE alone; norm: RMSNorm every q and k head first (the QK_NORM variant). Per
+    call, `launch` (tensors) or `KernelLauncher.direct` (pointers) takes pos, cos_sin, q, k, v,
+    k_buffer, v_buffer, cache_loc, k_scale, v_scale, q_norm_weight, k_norm_weight in that
+    order (`rope_kv_args` fills the ones a call does not have).
+    """
+    s = settings.get()
+    head_size = call.head_size
+    rotate = call.query is not None
+    # A plain KV write moves each head as one neox-style "pair" tile (plus an odd tail dim).
+    rot = call.rot_dim if rotate else head_size - head_size % 2
+    q = call.query
+    num_q_heads, q_tok, q_head = (q.num_heads, q.token_stride, q.head_stride) if q else (0, 0, 0)
+    k = call.key
+    kv = call.kv
+    if kv is not None:
+        v_tok, v_head, v_head_dim = kv.value.token_stride, kv.value.head_stride, kv.v_head_dim
+        k_lay, v_lay, k_dtype, v_dtype = kv.k_layout, kv.v_layout, kv.k_dtype, kv.v_dtype
+        k_mode, v_mode, k_inv, v_inv = kv.k_scale_mode, kv.v_scale_mode, kv.k_inv, kv.v_inv
+    else:
+        v_tok, v_head, v_head_dim = 0, 0, 1
+        k_lay = v_lay = KVLayout(1, 1, 0, 0, 0, 1, 1)
+        k_dtype = v_dtype = call.dtype
+        k_mode = v_mode = 0
+        k_inv = v_inv = 1.0
+    k_fp8_max = fp8_max(k_dtype)
+    cfg = launch_config(call.num_tokens, max(num_q_heads, k.num_heads), head_size, k_fp8_max > 0)
+    block_h = cfg.block_h
+    num_q_blocks = _cdiv(num_q_heads, block_h)
+    merged = cfg.merged and num_q_blocks > 0
+    block_hkv = min(block_h, _pow2(k.num_heads))
+    if merged and cfg.spread:
+        block_hkv = _pow2(_cdiv(k.num_heads, num_q_blocks))
+    num_kv_blocks = _cdiv(k.num_heads, block_hkv)
+    per_token = max(num_q_blocks, num_kv_blocks) if merged else num_q_blocks + num_kv_blocks
+    order = cfg.order
+    if order == ORDER_KV_FIRST and not (merged and per_token > num_kv_blocks):
+        order = ORDER_TOKEN  # nothing to put first
+    # The 2-D grid's second axis holds at most 65535 blocks per token (never reached: heads).
+    n = call.num_tokens
+    grid = (n * per_token,) if order != ORDER_2D else (n, per_token)
+    is_cuda = call.device.type == "cuda"
+    if enable_pdl is None:
+        enable_pdl = is_cuda and pdl_capable(call.device.index)
+    use_pdl = bool(enable_pdl) and not s.interpret
+    tail = head_size - rot
+    pair_mode = 0
+    if rotate and not call.is_neox:
+        rows = [(q_align, q_tok, q_head), (k_align, *_strides(k))]
+        if norm is not None:  # the weights load as pairs too
+            rows += [(norm.q_weight_align, 0, 0), (norm.k_weight_align, 0, 0)]
+        pair_mode = _gptj_mode(call.dtype, rows)
+    kbuf_mode = pair_mode
+    if pair_mode == 2 and (k_dtype != call.dtype or not _word_aligned(kb_align, *k_lay.strides)):
+        kbuf_mode = 1
+    options: dict[str, object] = {"num_warps": cfg.num_warps}
+    if use_pdl:
+        options["launch_pdl"] = True
+    if cfg.maxnreg and not s.interpret:
+        options["maxnreg"] = cfg.maxnreg
+    fixed = (
+        k_inv,
+        v_inv,
+        call.cs_stride if rotate else 0,
+        q_tok,
+        q_head,
+        k.token_stride,
+        k.head_stride,
+        v_tok,
+        v_head,
+        *k_lay.strides,
+        *v_lay.strides,
+        k_lay.num_slots,
+        num_q_heads,
+        k.num_heads,
+        call.max_pos if rotate else 1,
+        norm.eps if norm is not None else 0.0,
+    )
+    constexprs = dict(
+        NUM_Q_BLOCKS=num_q_blocks,
+        NUM_KV_BLOCKS=num_kv_blocks,
+        MERGED=merged,
+        GRID_ORDER=order,
+        PAGE_SIZE=k_lay.page_size,
+        HEAD_DIM=head_size,
+        V_HEAD_DIM=v_head_dim,
+        ROT_DIM=rot,
+        BLOCK_HALF=_pow2(max(1, rot // 2)),
+        BLOCK_TAIL=_pow2(tail) if tail > 0 else 0,
+        BLOCK_DV=_pow2(v_head_dim),
+        BLOCK_H=block_h,
+        BLOCK_HKV=block_hkv,
+        PAIR_MODE=pair_mode,
+        KBUF_PAIR_MODE=kbuf_mode,
+        IS_BF16=call.dtype == torch.bfloat16,
+        ROTATE=rotate,
+        WRITE_KV=kv is not None,
+        K_SCALE_MODE=k_mode,
+        V_SCALE_MODE=v_mode,
+        K_FP8_MAX=k_fp8_max,
+        V_FP8_MAX=fp8_max(v_dtype),
+        EMULATE_FP8=s.interpret,
+        USE_PDL=use_pdl,
+        QK_NORM=norm is not None,
+    )
+    return make_launcher(rope_kv_kernel, grid, fixed, constexprs, options, call.device)
+
+
+def _strides(v) -> tuple[int, int]:
+    return v.token_stride, v.head_stride
+
+
+def rope_kv_args(
+    positions: torch.Tensor | None,
+    query: torch.Tensor | None,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor | None,
+    value: torch.Tensor | None,
+    k_buffer: torch.Tensor | None,
+    v_buffer: torch.Tensor | None,
+    cache_loc: torch.Tensor | None,
+    k_scale: object,
+    v_scale: object,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """The kernel's per-call tensors in parameter order; key stands in for the unused ones."""
+    t = (positions, cos_sin_cache, query, value, k_buffer, v_buffer, cache_loc)
+    pos, cs, q, v, kb, vb, loc = (x if x is not None else key for x in t)
+    ks = k_scale if isinstance(k_scale, torch.Tensor) else key
+    vs = v_scale if isinstance(v_scale, torch.Tensor) else key
+    qw = q_norm_weight if q_norm_weight is not None else key
+    kw = k_norm_weight if k_norm_weight is not None else key
+    return pos, cs, q, key, v, kb, vb, loc, ks, vs, qw, kw
