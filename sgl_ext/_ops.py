@@ -29,10 +29,7 @@ def rope_kv_op(
     v_scale: torch.Tensor | None,
     cache_loc: torch.Tensor | None,
 ) -> None:
-    arg = None
-    if value is not None:
-        assert k_buffer is not None and v_buffer is not None and cache_loc is not None
-        arg = rope.FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
+    arg = rope.fused_arg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
     rope.apply_rope_with_cos_sin_cache_inplace(
         positions, query, key, head_size, cos_sin_cache, is_neox, arg
     )
@@ -61,10 +58,7 @@ def qk_norm_rope_kv_op(
     v_scale: torch.Tensor | None,
     cache_loc: torch.Tensor | None,
 ) -> None:
-    arg = None
-    if value is not None:
-        assert k_buffer is not None and v_buffer is not None and cache_loc is not None
-        arg = rope.FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
+    arg = rope.fused_arg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
     qk_norm_rope.apply_qk_norm_rope_with_cos_sin_cache_inplace(
         positions,
         query,

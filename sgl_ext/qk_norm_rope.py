@@ -28,13 +28,15 @@ from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall
 from sgl_ext._plans import PlanCache
-from sgl_ext.native import kv_write_native, rms_norm_heads_native, rotate_native
+from sgl_ext.native import rms_norm_heads_native, rotate_native
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
     _check_kv,
     _kv_tensors,
-    _scale_tensor,
+    _write_native,
     call_key,
+    debug_checks,
+    op_kv_args,
 )
 
 if TYPE_CHECKING:
@@ -158,10 +160,7 @@ def _run(
     """Launch a plan the slow way: native, or Triton through its JIT."""
     call = plan.call
     if plan.debug:
-        C.debug_check_positions(positions, call.max_pos)
-        if arg is not None and call.kv is not None:
-            C.debug_check_slots(arg.cache_loc, call.kv.k_layout.num_slots)
-            C.debug_check_scales(arg.k_scale, arg.v_scale)
+        debug_checks(call, positions, arg)
     if call.num_tokens == 0:
         return
     if plan.backend == "native":
@@ -194,18 +193,7 @@ def _native(
     rotate_native(positions, query, call.head_size, cos_sin_cache, call.is_neox)
     rotate_native(positions, key, call.head_size, cos_sin_cache, call.is_neox)
     if a is not None and call.kv is not None:
-        kv = call.kv
-        kv_write_native(
-            key,
-            a.value,
-            a.k_buffer,
-            a.v_buffer,
-            a.cache_loc,
-            a.k_scale,
-            a.v_scale,
-            kv.k_layout,
-            kv.v_layout,
-        )
+        _write_native(key, a, call.kv)
 
 
 def apply_qk_norm_rope_with_cos_sin_cache_inplace(
@@ -305,10 +293,7 @@ def _compiled(
         is_neox,
         a,
     )
-    kv_args: tuple = (None,) * 6
-    if a is not None:
-        ks, vs = _scale_tensor(a.k_scale, a.value), _scale_tensor(a.v_scale, a.value)
-        kv_args = (a.value, a.k_buffer, a.v_buffer, ks, vs, a.cache_loc)
+    kv_args = op_kv_args(a)
     torch.ops.sgl_ext.qk_norm_rope_kv(
         positions,
         query,

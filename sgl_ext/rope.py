@@ -14,6 +14,7 @@ and is checked. The Triton kernel of a plan is launched directly after its first
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -103,20 +104,9 @@ def check(
         return call
     assert isinstance(key, torch.Tensor)
     kv = _check_kv(key, fused_set_kv_buffer_arg, call.head_size)
-    # Field by field (not dataclasses.replace / __dict__): torch.compile traces this on torch 2.11.
-    return RopeCall(
-        num_tokens=call.num_tokens,
-        head_size=call.head_size,
-        dtype=call.dtype,
-        device=call.device,
-        query=call.query,
-        key=call.key,
-        rot_dim=call.rot_dim,
-        max_pos=call.max_pos,
-        cs_stride=call.cs_stride,
-        is_neox=call.is_neox,
-        kv=kv,
-    )
+    # dataclasses.replace, not RopeCall(**call.__dict__): torch 2.11's dynamo traces the former
+    # (the q/k-norm op's check does the same) but not the latter.
+    return dataclasses.replace(call, kv=kv)
 
 
 def _scale_key(scale: object, unused_ptr: int) -> tuple[object, int]:
@@ -180,10 +170,7 @@ def _run(
     """Launch a plan the slow way: native, the CUDA kernel, or Triton through its JIT."""
     call = plan.call
     if plan.debug:
-        C.debug_check_positions(positions, call.max_pos)
-        if arg is not None and call.kv is not None:
-            C.debug_check_slots(arg.cache_loc, call.kv.k_layout.num_slots)
-            C.debug_check_scales(arg.k_scale, arg.v_scale)
+        debug_checks(call, positions, arg)
     if call.num_tokens == 0:
         return
     if plan.backend == "native":
@@ -201,6 +188,15 @@ def _run(
 
     tensors = rope_kv_args(positions, query, key, cos_sin_cache, *_kv_tensors(arg))
     plan.launcher.launch(*tensors)  # type: ignore[union-attr]
+
+
+def debug_checks(call: RopeCall, positions: torch.Tensor, arg: FusedSetKVBufferArg | None) -> None:
+    """SGL_EXT_DEBUG's synchronising checks: positions inside the table; with a KV write, slots
+    in range and unique, scales positive and finite."""
+    C.debug_check_positions(positions, call.max_pos)
+    if arg is not None and call.kv is not None:
+        C.debug_check_slots(arg.cache_loc, call.kv.k_layout.num_slots)
+        C.debug_check_scales(arg.k_scale, arg.v_scale)
 
 
 _OptTensor = torch.Tensor | None
@@ -347,11 +343,32 @@ def _compiled(
 ) -> None:
     """Under torch.compile: check while tracing, then one opaque mutating op."""
     check(positions, query, key, head_size, cos_sin_cache, is_neox, a)
-    kv_args: tuple = (None,) * 6
-    if a is not None:
-        ks, vs = _scale_tensor(a.k_scale, a.value), _scale_tensor(a.v_scale, a.value)
-        kv_args = (a.value, a.k_buffer, a.v_buffer, ks, vs, a.cache_loc)
+    kv_args = op_kv_args(a)
     torch.ops.sgl_ext.rope_kv(positions, query, key, head_size, cos_sin_cache, is_neox, *kv_args)
+
+
+def op_kv_args(a: FusedSetKVBufferArg | None) -> tuple:
+    """(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc) as the registered ops take them
+    (float scales as 0-d tensors; all None without a KV write); `fused_arg` undoes it."""
+    if a is None:
+        return (None,) * 6
+    ks, vs = _scale_tensor(a.k_scale, a.value), _scale_tensor(a.v_scale, a.value)
+    return a.value, a.k_buffer, a.v_buffer, ks, vs, a.cache_loc
+
+
+def fused_arg(
+    value: torch.Tensor | None,
+    k_buffer: torch.Tensor | None,
+    v_buffer: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    cache_loc: torch.Tensor | None,
+) -> FusedSetKVBufferArg | None:
+    """The FusedSetKVBufferArg a registered op's KV arguments stand for (None without a write)."""
+    if value is None:
+        return None
+    assert k_buffer is not None and v_buffer is not None and cache_loc is not None
+    return FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
 
 
 def _scale_tensor(scale: Scale, like: torch.Tensor) -> torch.Tensor | None:
