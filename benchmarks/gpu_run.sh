@@ -71,7 +71,20 @@ ms = tt.do_bench(lambda: y.copy_(x), warmup=50, rep=200, return_mode="median")
 print(f"device copy 1 GiB: {2 * x.numel() * 4 / ms / 1e6:.0f} GB/s (read + write)")
 EOF
 }
-t_tests() { timeout 540 python -m pytest -q -p no:cacheprovider tests -x -rfE; }
+t_tests() {
+  # two pytest processes side by side (kernels + layers | the rest), each with its own log and
+  # timeout, so a slow half cannot cut the other's failure summary
+  local T="timeout ${TESTS_TIMEOUT:-560} python -m pytest -q -p no:cacheprovider -rfE --tb=line"
+  $T tests/sgl_ext tests/srt/layers >"$LOGS/tests_a.txt" 2>&1 &
+  local a=$!
+  $T tests --ignore=tests/sgl_ext --ignore=tests/srt/layers >"$LOGS/tests_b.txt" 2>&1 &
+  local b=$!
+  wait $a; local ra=$?
+  wait $b; local rb=$?
+  for f in tests_a tests_b; do echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/$f.txt" | tail -40; done
+  echo "rc a=$ra b=$rb"
+  [ $ra -eq 0 ] && [ $rb -eq 0 ]
+}
 t_layers() {
   timeout 400 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_norm.py \
     tests/sgl_ext/test_activation.py tests/srt/layers tests/srt/models tests/srt/model_executor
