@@ -44,6 +44,8 @@
 #   swa        hybrid sliding-window KV pool (issue 20): its tests (GPU graph == eager included),
 #              bench_one_batch gpt-oss-20b input 4096 hybrid vs uniform (same batch), and
 #              bench_swa.py: N long prompts through the scheduler in the same KV memory
+#   hostprof   where an eager decode step's host time goes: cProfile of eager steps (llama3-8b,
+#              qwen3-8b, bs 1), top functions by own time
 #   attn       issue 15 attention: backend + scrub + layernorm GPU tests, decode / extend tile
 #              sweeps (graph-timed per layer over per-layer caches, floors printed)
 set -u
@@ -226,6 +228,12 @@ t_swa() {
   done
   timeout 560 python benchmarks/bench_swa.py --num-prompts ${SWA_PROMPTS:-96} --input-len 4096 \
     --output-len 64
+}
+t_hostprof() {
+  for m in ${PROFILE_PRESETS}; do
+    timeout 200 python benchmarks/profile_decode.py --model-preset "$m" --batch-size 1 \
+      --steps 5 --top 12 --host-profile 45 || echo "hostprof $m: FAILED rc=$?"
+  done
 }
 t_attn() {
   timeout 200 python -m pytest -q -p no:cacheprovider -rfE tests/srt/layers/attention \

@@ -30,6 +30,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=25, help="kernels listed per mode")
     p.add_argument("--disable-fused-rope-kv", action="store_true")
     p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument(
+        "--host-profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run cProfile over the eager steps and list the top N functions by own time "
+        "(where the host time of an eager step goes)",
+    )
     return p.parse_args(argv)
 
 
@@ -119,6 +127,28 @@ def main(argv: list[str] | None = None) -> None:
             f"{wall_ms * 1e3 / layers:.1f} us per decoder layer ({layers} layers)"
         )
         print(_kernel_table(prof, a.steps, a.top))
+        if a.host_profile and not use_graph:
+            _host_profile(lambda: step(False), a.steps, a.host_profile)
+
+
+def _host_profile(step, steps: int, top: int) -> None:
+    """cProfile of `steps` eager steps: the functions with the most own time, per step."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])  # type: ignore[attr-defined]
+    print(f"\n## host profile of the eager step (cProfile; per step; top {top} by own time)")
+    print(f"{'function':78s} {'calls':>7s} {'own us':>8s} {'cum us':>8s}")
+    for (file, line, name), (_cc, nc, tt, ct, _callers) in rows[:top]:
+        where = f"{file.split('/')[-2:][-1] if '/' in file else file}:{line}({name})"
+        print(f"{where[:78]:78s} {nc / steps:7.1f} {tt / steps * 1e6:8.1f} {ct / steps * 1e6:8.1f}")
 
 
 if __name__ == "__main__":
