@@ -11,6 +11,7 @@ the wall time of the decode steps, measured with CUDA syncs after a warm-up requ
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import torch
@@ -32,54 +33,58 @@ def run(args: argparse.Namespace, hybrid: bool) -> dict:
         disable_hybrid_swa_memory=not hybrid,
     )
     try:
-        rep = eng.model_runner.kv_memory_report
-        print(f"# {'hybrid' if hybrid else 'uniform'}: {rep.describe()}", flush=True)
-        g = torch.Generator().manual_seed(0)
-        vocab = int(eng.model_runner.model_config.vocab_size)
-        sp = {"max_new_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True}
-        warm = torch.randint(0, vocab, (2, args.input_len), generator=g).tolist()
-        eng.generate(input_ids=warm, sampling_params=sp)  # compile / warm-up
-        prompts = torch.randint(0, vocab, (args.num_prompts, args.input_len), generator=g)
-        sched = eng.scheduler
-        peak, decode_s, decode_tokens, prefill_s = 0, 0.0, 0, 0.0
-        step = sched.step
-
-        def timed_step():
-            nonlocal peak, decode_s, decode_tokens, prefill_s
-            n_prefill = sched.num_prefill_steps
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = step()
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            peak = max(peak, len(sched.running) + len(out))
-            if sched.num_prefill_steps > n_prefill:
-                prefill_s += dt
-            else:
-                decode_s += dt
-                decode_tokens += len(sched.running) + len(out)
-            return out
-
-        sched.step = timed_step
-        steps0 = sched.num_prefill_steps
-        t0 = time.perf_counter()
-        outs = eng.generate(input_ids=prompts.tolist(), sampling_params=sp)
-        wall = time.perf_counter() - t0
-        sched.step = step
-        assert all(len(o["output_ids"]) == args.output_len for o in outs)
-        return dict(
-            pool="hybrid" if hybrid else "uniform",
-            max_tokens=rep.max_total_num_tokens,
-            peak_running=peak,
-            prefill_steps=sched.num_prefill_steps - steps0,
-            decode_tok_s=decode_tokens / decode_s if decode_s else float("nan"),
-            prefill_s=prefill_s,
-            wall_s=wall,
-            out_tok_s=args.num_prompts * args.output_len / wall,
-        )
-    finally:
+        return _measure(eng, args, hybrid)
+    finally:  # _measure's frame (which held the scheduler, hence the model) is gone by now
         eng.shutdown()
         torch.cuda.empty_cache()
+
+
+def _measure(eng: srt.Engine, args: argparse.Namespace, hybrid: bool) -> dict:
+    rep = eng.model_runner.kv_memory_report
+    print(f"# {'hybrid' if hybrid else 'uniform'}: {rep.describe()}", flush=True)
+    g = torch.Generator().manual_seed(0)
+    vocab = int(eng.model_runner.model_config.vocab_size)
+    sp = {"max_new_tokens": args.output_len, "temperature": 0.0, "ignore_eos": True}
+    warm = torch.randint(0, vocab, (2, args.input_len), generator=g).tolist()
+    eng.generate(input_ids=warm, sampling_params=sp)  # compile / warm-up
+    prompts = torch.randint(0, vocab, (args.num_prompts, args.input_len), generator=g)
+    sched = eng.scheduler
+    peak, decode_s, decode_tokens, prefill_s = 0, 0.0, 0, 0.0
+    step = sched.step
+
+    def timed_step():
+        nonlocal peak, decode_s, decode_tokens, prefill_s
+        n_prefill = sched.num_prefill_steps
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = step()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        peak = max(peak, len(sched.running) + len(out))
+        if sched.num_prefill_steps > n_prefill:
+            prefill_s += dt
+        else:
+            decode_s += dt
+            decode_tokens += len(sched.running) + len(out)
+        return out
+
+    sched.step = timed_step
+    steps0 = sched.num_prefill_steps
+    t0 = time.perf_counter()
+    outs = eng.generate(input_ids=prompts.tolist(), sampling_params=sp)
+    wall = time.perf_counter() - t0
+    sched.step = step
+    assert all(len(o["output_ids"]) == args.output_len for o in outs)
+    return dict(
+        pool="hybrid" if hybrid else "uniform",
+        max_tokens=rep.max_total_num_tokens,
+        peak_running=peak,
+        prefill_steps=sched.num_prefill_steps - steps0,
+        decode_tok_s=decode_tokens / decode_s if decode_s else float("nan"),
+        prefill_s=prefill_s,
+        wall_s=wall,
+        out_tok_s=args.num_prompts * args.output_len / wall,
+    )
 
 
 def main() -> None:
@@ -96,6 +101,8 @@ def main() -> None:
             rows.append(run(args, hybrid))
         except Exception as e:  # noqa: BLE001 - report and go on with the other pool
             print(f"# {'hybrid' if hybrid else 'uniform'} failed: {type(e).__name__}: {e}")
+        gc.collect()  # the first engine's weights must be gone before the second one sizes its pool
+        torch.cuda.empty_cache()
     for r in rows:
         print(
             f"{r['pool']:8s} max_tokens {r['max_tokens']:9d} | peak running {r['peak_running']:4d}"
