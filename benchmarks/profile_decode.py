@@ -49,7 +49,7 @@ def _bench_args(a: argparse.Namespace) -> argparse.Namespace:
         model_preset=a.model_preset,
         batch_size=[a.batch_size],
         input_len=a.input_len,
-        output_len=3 * a.steps + 16,  # warm-up, timed, profiled (+ host-profiled) steps
+        output_len=6 * a.steps + 16,  # warm-up, timed, profiled (+ host-profiled) steps
         device="cuda",
         dtype="auto",
         kv_cache_dtype=a.kv_cache_dtype,
