@@ -5,7 +5,7 @@ Prints per pool: the memory report (bytes per token of full and window layers, t
 the most requests that ran at once, prefill steps, and decode tokens/s (generated tokens over
 the wall time of the decode steps, measured with CUDA syncs after a warm-up request).
 
-    python benchmarks/bench_swa.py --num-prompts 96 --input-len 4096 --output-len 64
+    python benchmarks/bench_swa.py --num-prompts 64 --input-len 4096 --output-len 64 --kv-gib 8
 """
 
 from __future__ import annotations
@@ -20,8 +20,33 @@ import srt
 from srt.model_executor.model_builder import preset_overrides
 
 
+def kv_tokens(args: argparse.Namespace, hybrid: bool) -> int | None:
+    """max_total_tokens that puts the pool in `--kv-gib` GiB (None: sized by the memory
+    fraction): uniform = budget / bytes per token; hybrid = what `hybrid_token_capacity` leaves
+    for the full pool after the window pool."""
+    if args.kv_gib is None:
+        return None
+    from srt.configs.model_config import ModelConfig
+    from srt.mem_cache.kv_memory import KVCacheShape, hybrid_token_capacity
+    from srt.model_executor.model_builder import PRESETS
+
+    cfg = ModelConfig.from_hf(dict(PRESETS[args.model_preset]))
+    n = int(cfg.num_hidden_layers)
+    windows = [int(cfg.get_window_left(i)) for i in range(n)]
+    n_swa = sum(w > 0 for w in windows) if hybrid else 0
+    kv_heads, d = int(cfg.num_key_value_heads), int(cfg.head_dim)
+    shape = KVCacheShape(n - n_swa, n_swa, kv_heads, d, d, 2)  # bf16 cache
+    budget = int(args.kv_gib * 2**30)
+    if not hybrid:
+        return budget // shape.uniform_bytes_per_token - 1
+    ctx = args.input_len + args.output_len + 8
+    rep = hybrid_token_capacity(budget, shape, max(windows), 1, args.num_prompts, ctx)
+    return rep.max_total_num_tokens
+
+
 def run(args: argparse.Namespace, hybrid: bool) -> dict:
     eng = srt.Engine(
+        max_total_tokens=kv_tokens(args, hybrid),
         load_format="dummy",
         device="cuda",
         skip_tokenizer_init=True,
@@ -94,6 +119,12 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=4096)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--mem-fraction-static", type=float, default=0.85)
+    p.add_argument(
+        "--kv-gib",
+        type=float,
+        default=None,
+        help="give both pools this many GiB of KV memory (else the memory fraction sizes them)",
+    )
     args = p.parse_args()
     rows = []
     for hybrid in (True, False):

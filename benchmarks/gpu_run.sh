@@ -226,8 +226,8 @@ t_swa() {
       --input-len 4096 --output-len 32 --no-eager $flag --run-name "swa${flag}" \
       --result-filename "$LOGS/swa_result.jsonl"
   done
-  timeout 560 python benchmarks/bench_swa.py --num-prompts ${SWA_PROMPTS:-96} --input-len 4096 \
-    --output-len 64
+  timeout 560 python benchmarks/bench_swa.py --num-prompts ${SWA_PROMPTS:-64} --input-len 4096 \
+    --output-len 64 --kv-gib ${SWA_KV_GIB:-8}
 }
 t_hostprof() {
   for m in ${PROFILE_PRESETS}; do
