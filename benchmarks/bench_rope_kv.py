@@ -2,8 +2,8 @@
 
 Variants (all inside CUDA graphs, median over replays, µs per call):
   fused      ours: apply_rope_with_cos_sin_cache_inplace with FusedSetKVBufferArg (default
-             dispatch); with --compare also `triton` and `cuda`: the same call with the backend
-             forced (SGL_EXT_BACKEND)
+             dispatch); with --compare also `triton`: the same call with the backend forced
+             (SGL_EXT_BACKEND)
   unfused    ours: RoPE op alone + sgl_ext.set_kv_buffer
   native     torch-native unfused: rotate in torch + two index copies into the cache
   compile    torch.compile(dynamic=False) of the native function
@@ -24,7 +24,6 @@ host loop, synchronised at the end, divided by n (median of 7 repeats; every sha
 first), and the host-only part (the loop before the sync). Columns (bf16 cache):
   fused / rope   ours with and without the FusedSetKVBufferArg
   qknorm         ours, apply_qk_norm_rope_with_cos_sin_cache_inplace with the KV write
-  cuda           ours, fused, with the CUDA C++ backend (ctypes launch) forced
   sglang / sglang_rope / fi_rope   the peers' kernels, called straight through tvm-ffi
                  (without SGLang's custom-op wrapper: their cost as the lowest it can be)
   unfused        ours: RoPE alone + set_kv_buffer
@@ -86,7 +85,6 @@ SGLANG_REF = {
 COLUMNS = [
     "fused",
     "triton",
-    "cuda",
     "sglang",
     "fi_rope",
     "fi_fp8",
@@ -238,11 +236,11 @@ def run(args) -> list[dict]:
             r["floor"] = c.bytes / (bw * 1e9) * 1e6
             r["fused_GBps"] = c.bytes / (r["fused"] * 1e-6) / 1e9
             r["pct_of_copy_bw"] = 100 * r["fused_GBps"] / bw
-            for name in ("triton", "cuda") if args.compare else ():
+            for name in ("triton",) if args.compare else ():
                 try:
                     with settings.override(backend=name):  # the plan is made at capture
                         r[name] = graph_time_us(c.fused, reps)
-                except RuntimeError as err:  # the CUDA kernel cannot take this call
+                except RuntimeError as err:  # the backend cannot take this call
                     print(f"# {name} skipped: {err}")
             if t >= 2048:  # where the bandwidth goal applies
                 r["copy"] = same_size_copy_us(c.bytes, reps)
@@ -342,7 +340,6 @@ EAGER_COLUMNS = [
     "fused",
     "rope",
     "qknorm",
-    "cuda",
     "sglang",
     "sglang_rope",
     "fi_rope",
@@ -367,13 +364,6 @@ def run_eager(args) -> tuple[list[dict], float]:
             fns = eager_fns(c)
             fns.update(peer_columns(c, args.kv_dtype, rope_only=True))
             for name in EAGER_COLUMNS:
-                if name == "cuda":
-                    try:
-                        with settings.override(backend="cuda"):
-                            r["cuda"], r["cuda_host"] = eager_us(fns["fused"], n)
-                    except RuntimeError as err:  # unavailable, or cannot take this call
-                        print(f"# cuda skipped: {str(err)[:150]}")
-                    continue
                 if name in fns:
                     try:
                         r[name], r[name + "_host"] = eager_us(fns[name], n)
