@@ -37,15 +37,15 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peers, peer_columns
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_util, peers, peer_columns
 
+from bench_util import copy_bandwidth, eager_us, graph_time_us  # noqa: E402  (benchmarks/)
 from peer_columns import peer_columns  # noqa: E402  (benchmarks/)
 
 import sgl_ext  # noqa: E402
@@ -96,42 +96,6 @@ COLUMNS = [
     "sglang_ref",
 ]
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-
-
-def graph_time_us(fn, reps: int, replays: int = 20) -> float:
-    """Median µs per fn() call: `reps` calls in one CUDA graph, replayed `replays` times."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i)
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy GB/s (read + write bytes): the best of memcpy and a copy kernel."""
-    n = 1 << 28  # 1 GiB of float32
-    a = torch.randn(n, device="cuda")
-    b = torch.empty_like(a)
-    t_memcpy = graph_time_us(lambda i: b.copy_(a), reps=4, replays=10)
-    t_kernel = graph_time_us(lambda i: torch.mul(a, 1.0, out=b), reps=4, replays=10)
-    return 2 * 4 * n / (min(t_memcpy, t_kernel) * 1e-6) / 1e9
 
 
 def same_size_copy_us(nbytes: int, reps: int) -> float:
@@ -267,26 +231,6 @@ def run(args) -> list[dict]:
             del c
             torch.cuda.empty_cache()
     return rows, bw, empty
-
-
-def eager_us(fn, n: int, repeats: int = 7) -> tuple[float, float]:
-    """(host + device, host only) µs per eager call: n calls of fn(i) in a host loop, then a
-    sync; medians of `repeats` loops after a warm-up."""
-    for i in range(min(n, 50)):
-        fn(i)
-    torch.cuda.synchronize()
-    total, host = [], []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i in range(n):
-            fn(i)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        total.append((t2 - t0) / n * 1e6)
-        host.append((t1 - t0) / n * 1e6)
-    return statistics.median(total), statistics.median(host)
 
 
 def eager_fns(c) -> dict:

@@ -64,12 +64,7 @@ E2E_BS=${E2E_BS:-1 8 32 64}
 t_info() {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  python - <<'EOF'
-import torch, triton.testing as tt
-x = torch.empty(1 << 28, dtype=torch.float32, device="cuda"); y = torch.empty_like(x)
-ms = tt.do_bench(lambda: y.copy_(x), warmup=50, rep=200, return_mode="median")
-print(f"device copy 1 GiB: {2 * x.numel() * 4 / ms / 1e6:.0f} GB/s (read + write)")
-EOF
+  python benchmarks/bench_util.py  # device-copy bandwidth, as every bench's floor measures it
 }
 t_tests() {
   # two pytest processes side by side (kernels + layers | the rest), each with its own log and

@@ -15,7 +15,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from bench_rope_kv import Case, copy_bandwidth, graph_time_us  # noqa: E402
+from bench_rope_kv import Case  # noqa: E402
+from bench_util import copy_bandwidth, graph_time_us  # noqa: E402
 
 import sgl_ext  # noqa: E402
 from sgl_ext import FusedSetKVBufferArg, settings  # noqa: E402
