@@ -13,42 +13,17 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SHAPES = {  # hidden, intermediate, q heads, kv heads, head dim
-    "llama3-8b": (4096, 14336, 32, 8, 128),
-    "qwen3-8b": (4096, 12288, 32, 8, 128),
-}
-
-
-def eager_us(fn, n: int, repeats: int = 7) -> tuple[float, float]:
-    """(host + device, host only) µs per eager call of fn(): n calls in a host loop, then a
-    sync; medians of `repeats` loops after a warm-up of 20 calls."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    total, host = [], []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        total.append((t2 - t0) / n * 1e6)
-        host.append((t1 - t0) / n * 1e6)
-    return statistics.median(total), statistics.median(host)
+from bench_util import SHAPES, eager_us, graph_time_us  # noqa: E402  (benchmarks/)
 
 
 def layer_ops(preset: str, t: int) -> dict:
-    """{op name: fn()} for one shape and token count; every argument made up front."""
+    """{op name: fn(i)} (i unused) for one shape and token count; every argument made up front."""
     import sgl_ext
     from sgl_ext import FusedSetKVBufferArg
     from srt.layers.activation import SiluAndMul
@@ -80,25 +55,25 @@ def layer_ops(preset: str, t: int) -> dict:
         (sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace),
     )
     return {
-        "add+rmsnorm": lambda: sgl_ext.fused_add_rmsnorm(x, r, w, 1e-5, inplace=False),
-        "RMSNorm layer (add)": lambda: norm_layer(x, r),
-        "rmsnorm": lambda: sgl_ext.rmsnorm(x, w, 1e-5),
-        "silu_and_mul": lambda: sgl_ext.silu_and_mul(g),
-        "SiluAndMul layer": lambda: act_layer(g),
-        "rope+kv": lambda: rope(pos, q, k, d, cs, True, arg),
-        "rope": lambda: rope(pos, q, k, d, cs, True),
-        "qknorm+rope+kv": lambda: qk_rope(pos, q, k, d, cs, qw, kw, 1e-6, True, arg),
-        "set_kv_buffer": lambda: sgl_ext.set_kv_buffer(k3, v3, kb, vb, loc),
-        "index store (peer)": lambda: (kb.__setitem__(loc, k3), vb.__setitem__(loc, v3)),
+        "add+rmsnorm": lambda _: sgl_ext.fused_add_rmsnorm(x, r, w, 1e-5, inplace=False),
+        "RMSNorm layer (add)": lambda _: norm_layer(x, r),
+        "rmsnorm": lambda _: sgl_ext.rmsnorm(x, w, 1e-5),
+        "silu_and_mul": lambda _: sgl_ext.silu_and_mul(g),
+        "SiluAndMul layer": lambda _: act_layer(g),
+        "rope+kv": lambda _: rope(pos, q, k, d, cs, True, arg),
+        "rope": lambda _: rope(pos, q, k, d, cs, True),
+        "qknorm+rope+kv": lambda _: qk_rope(pos, q, k, d, cs, qw, kw, 1e-6, True, arg),
+        "set_kv_buffer": lambda _: sgl_ext.set_kv_buffer(k3, v3, kb, vb, loc),
+        "index store (peer)": lambda _: (kb.__setitem__(loc, k3), vb.__setitem__(loc, v3)),
     }
 
 
-def run_eager(presets: list[str], graph_us, tokens: tuple[int, ...] = (1, 512)) -> list[dict]:
+def run_eager(presets: list[str], tokens: tuple[int, ...] = (1, 512)) -> list[dict]:
     """Print the eager table (one JSON line per row, then markdown); returns the rows."""
     from sgl_ext import settings
 
     x = torch.zeros(1, device="cuda")
-    floor, floor_host = eager_us(lambda: x.add_(1), 2000)
+    floor, floor_host = eager_us(lambda i: x.add_(1), 2000, warmup=20)
     print(f"# floor x.add_(1): {floor:.2f} µs per call ({floor_host:.2f} host)", flush=True)
     rows = []
     for preset in presets:
@@ -111,10 +86,10 @@ def run_eager(presets: list[str], graph_us, tokens: tuple[int, ...] = (1, 512)) 
             for name, fn in ops.items():
                 row = {"preset": preset, "T": t, "op": name}
                 try:
-                    row["on"], row["on_host"] = eager_us(fn, 500)
+                    row["on"], row["on_host"] = eager_us(fn, 500, warmup=20)
                     with settings.override(direct_launch=False):
-                        row["off"], row["off_host"] = eager_us(fn, 300)
-                    row["graph"] = graph_us(fn)
+                        row["off"], row["off_host"] = eager_us(fn, 300, warmup=20)
+                    row["graph"] = graph_time_us(fn, reps=50, replays=10)
                 except Exception as err:  # noqa: BLE001
                     row["error"] = f"{type(err).__name__}: {str(err)[:150]}"
                 rows.append(row)
@@ -149,6 +124,4 @@ def eager_table(rows: list[dict], floor: float, floor_host: float) -> str:
 
 
 if __name__ == "__main__":
-    from bench_layers import graph_us
-
-    run_eager(sys.argv[1:] or list(SHAPES), graph_us)
+    run_eager(sys.argv[1:] or list(SHAPES))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import sys
 
 import torch
@@ -33,49 +32,12 @@ import triton.testing as tt
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SHAPES = {  # hidden, intermediate, q heads, kv heads, head dim
-    "llama3-8b": (4096, 14336, 32, 8, 128),
-    "qwen3-8b": (4096, 12288, 32, 8, 128),
-}
-
-
-def graph_us(fn, reps: int = 50, replays: int = 10) -> float:
-    """Device µs per fn() call: `reps` calls captured in one CUDA graph (after 3 warm-up calls
-    on a side stream: compiles, plans), median of `replays` timed replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    del g
-    return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-    y = torch.empty_like(x)
-    ms = tt.do_bench(lambda: y.copy_(x), warmup=20, rep=100, return_mode="median")
-    return 2 * x.numel() * 4 / ms / 1e6  # GB/s
+from bench_util import SHAPES, copy_bandwidth, graph_time_us  # noqa: E402  (benchmarks/)
 
 
 def _row(name: str, fn, nbytes: int, bw: float) -> None:
     try:
-        us = graph_us(fn)
+        us = graph_time_us(lambda i: fn(), reps=50, replays=10)
         floor = nbytes / bw / 1e3
         print(f"{name:48s} {us:9.2f} {floor:9.2f} {us / max(floor, 1e-9):6.1f}x")
     except Exception as e:  # noqa: BLE001 - one failing row must not stop the table
@@ -311,10 +273,9 @@ def main(argv: list[str] | None = None) -> None:
             bench_elementwise(preset, bw)
             bench_decode(preset, bw)
     if a.eager:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench_eager import run_eager
 
-        run_eager(a.presets, graph_us)
+        run_eager(a.presets)
 
 
 if __name__ == "__main__":

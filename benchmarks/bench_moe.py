@@ -43,6 +43,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataclasses import replace  # noqa: E402
 
+from bench_util import copy_bandwidth, graph_time_us  # noqa: E402  (benchmarks/)
+
 from srt.layers.moe import TopKExperts, select_experts  # noqa: E402
 from srt.layers.moe.fused_moe_triton import fused_moe  # noqa: E402
 from srt.layers.moe.fused_moe_triton.fused_moe import (  # noqa: E402
@@ -58,33 +60,6 @@ H, E, K, INTER = 2880, 32, 4, 2880  # gpt-oss-20b
 TOKENS = [1, 8, 32, 64, 512, 4096]
 
 
-def graph_time_us(fn, reps: int, replays: int = 20) -> float:
-    """Median µs per fn(i) call: `reps` calls in one CUDA graph, replayed `replays` times."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(reps):  # warm-up (compiles) of every call in the graph
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i)
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    del g
-    return statistics.median(times)
-
-
 def eager_time_us(fn, reps: int, runs: int = 5) -> float:
     for i in range(reps):
         fn(i)
@@ -98,18 +73,6 @@ def eager_time_us(fn, reps: int, runs: int = 5) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000 / reps)
     return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Device copy GB/s (read + write bytes), best of memcpy and a copy kernel, 1 GiB."""
-    n = 1 << 28
-    a = torch.randn(n, device="cuda")
-    b = torch.empty_like(a)
-    t = min(
-        graph_time_us(lambda i: b.copy_(a), reps=4, replays=10),
-        graph_time_us(lambda i: torch.mul(a, 1.0, out=b), reps=4, replays=10),
-    )
-    return 2 * 4 * n / (t * 1e-6) / 1e9
 
 
 def make_layers(n: int, mxfp4: bool) -> list[TopKExperts]:
@@ -194,13 +157,15 @@ def measure(layers, T: int, bw: float, tflops: float) -> dict:
     def call(i):
         return layers[i % n](x, w, ids)
 
-    r["ours"] = graph_time_us(ours, reps=2 * n)
+    r["ours"] = graph_time_us(ours, reps=2 * n, warmup=None)
     if mx:  # the other MXFP4 mode, same tiles; no torch column (dequantises every expert)
         cfg = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=True)
         other = "split" if cfg.mxfp4_mode == "dot_scaled" else "dot_scaled"
         alt_cfg = replace(cfg, mxfp4_mode=other)
         try:
-            r["alt"] = graph_time_us(lambda i: call_ours(layers[i % n], x, w, ids, alt_cfg), 2 * n)
+            r["alt"] = graph_time_us(
+                lambda i: call_ours(layers[i % n], x, w, ids, alt_cfg), 2 * n, warmup=None
+            )
             r["alt_mode"] = other
         except Exception as e:
             r["error"] = f"alt {other}: {type(e).__name__}: {str(e)[:200]}"
@@ -209,7 +174,7 @@ def measure(layers, T: int, bw: float, tflops: float) -> dict:
         m.moe_runner_backend = "torch"
     try:
         if T <= TopKExperts.dense_max_tokens:
-            r["torch"] = graph_time_us(call, reps=n)
+            r["torch"] = graph_time_us(call, reps=n, warmup=None)
         else:
             r["torch"] = eager_time_us(call, reps=n)
             r["torch_eager"] = True
@@ -351,7 +316,7 @@ def sweep(layers, tokens) -> None:
                 call_ours(layers[i % n], x, w, ids, config=cfg)
 
             try:
-                t = graph_time_us(call, reps=2 * n)
+                t = graph_time_us(call, reps=2 * n, warmup=None)
             except Exception as e:
                 print(f"  T={T} {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
                 return float("inf")

@@ -2,8 +2,8 @@
 
 Variants (all inside CUDA graphs, median over replays, µs per call):
   fused      ours: apply_rope_with_cos_sin_cache_inplace with FusedSetKVBufferArg (default
-             dispatch); with --compare also `triton` and `cuda`: the same call with the backend
-             forced (SGL_EXT_BACKEND)
+             dispatch); with --compare also `triton`: the same call with the backend forced
+             (SGL_EXT_BACKEND)
   unfused    ours: RoPE op alone + sgl_ext.set_kv_buffer
   native     torch-native unfused: rotate in torch + two index copies into the cache
   compile    torch.compile(dynamic=False) of the native function
@@ -24,7 +24,6 @@ host loop, synchronised at the end, divided by n (median of 7 repeats; every sha
 first), and the host-only part (the loop before the sync). Columns (bf16 cache):
   fused / rope   ours with and without the FusedSetKVBufferArg
   qknorm         ours, apply_qk_norm_rope_with_cos_sin_cache_inplace with the KV write
-  cuda           ours, fused, with the CUDA C++ backend (ctypes launch) forced
   sglang / sglang_rope / fi_rope   the peers' kernels, called straight through tvm-ffi
                  (without SGLang's custom-op wrapper: their cost as the lowest it can be)
   unfused        ours: RoPE alone + set_kv_buffer
@@ -38,15 +37,15 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peers, peer_columns
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_util, peers, peer_columns
 
+from bench_util import copy_bandwidth, eager_us, graph_time_us  # noqa: E402  (benchmarks/)
 from peer_columns import peer_columns  # noqa: E402  (benchmarks/)
 
 import sgl_ext  # noqa: E402
@@ -86,7 +85,6 @@ SGLANG_REF = {
 COLUMNS = [
     "fused",
     "triton",
-    "cuda",
     "sglang",
     "fi_rope",
     "fi_fp8",
@@ -98,42 +96,6 @@ COLUMNS = [
     "sglang_ref",
 ]
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-
-
-def graph_time_us(fn, reps: int, replays: int = 20) -> float:
-    """Median µs per fn() call: `reps` calls in one CUDA graph, replayed `replays` times."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i)
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy GB/s (read + write bytes): the best of memcpy and a copy kernel."""
-    n = 1 << 28  # 1 GiB of float32
-    a = torch.randn(n, device="cuda")
-    b = torch.empty_like(a)
-    t_memcpy = graph_time_us(lambda i: b.copy_(a), reps=4, replays=10)
-    t_kernel = graph_time_us(lambda i: torch.mul(a, 1.0, out=b), reps=4, replays=10)
-    return 2 * 4 * n / (min(t_memcpy, t_kernel) * 1e-6) / 1e9
 
 
 def same_size_copy_us(nbytes: int, reps: int) -> float:
@@ -238,11 +200,11 @@ def run(args) -> list[dict]:
             r["floor"] = c.bytes / (bw * 1e9) * 1e6
             r["fused_GBps"] = c.bytes / (r["fused"] * 1e-6) / 1e9
             r["pct_of_copy_bw"] = 100 * r["fused_GBps"] / bw
-            for name in ("triton", "cuda") if args.compare else ():
+            for name in ("triton",) if args.compare else ():
                 try:
                     with settings.override(backend=name):  # the plan is made at capture
                         r[name] = graph_time_us(c.fused, reps)
-                except RuntimeError as err:  # the CUDA kernel cannot take this call
+                except RuntimeError as err:  # the backend cannot take this call
                     print(f"# {name} skipped: {err}")
             if t >= 2048:  # where the bandwidth goal applies
                 r["copy"] = same_size_copy_us(c.bytes, reps)
@@ -269,26 +231,6 @@ def run(args) -> list[dict]:
             del c
             torch.cuda.empty_cache()
     return rows, bw, empty
-
-
-def eager_us(fn, n: int, repeats: int = 7) -> tuple[float, float]:
-    """(host + device, host only) µs per eager call: n calls of fn(i) in a host loop, then a
-    sync; medians of `repeats` loops after a warm-up."""
-    for i in range(min(n, 50)):
-        fn(i)
-    torch.cuda.synchronize()
-    total, host = [], []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i in range(n):
-            fn(i)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        total.append((t2 - t0) / n * 1e6)
-        host.append((t1 - t0) / n * 1e6)
-    return statistics.median(total), statistics.median(host)
 
 
 def eager_fns(c) -> dict:
@@ -342,7 +284,6 @@ EAGER_COLUMNS = [
     "fused",
     "rope",
     "qknorm",
-    "cuda",
     "sglang",
     "sglang_rope",
     "fi_rope",
@@ -367,13 +308,6 @@ def run_eager(args) -> tuple[list[dict], float]:
             fns = eager_fns(c)
             fns.update(peer_columns(c, args.kv_dtype, rope_only=True))
             for name in EAGER_COLUMNS:
-                if name == "cuda":
-                    try:
-                        with settings.override(backend="cuda"):
-                            r["cuda"], r["cuda_host"] = eager_us(fns["fused"], n)
-                    except RuntimeError as err:  # unavailable, or cannot take this call
-                        print(f"# cuda skipped: {str(err)[:150]}")
-                    continue
                 if name in fns:
                     try:
                         r[name], r[name + "_host"] = eager_us(fns[name], n)

@@ -36,8 +36,6 @@
 #              and below 1024 (cos/sin rows in L2), ours vs peers
 #   peers      build SGLang's / FlashInfer's kernels from .ab/peers and check they load
 #   pool       KV-pool GPU tests; racecheck + memcheck of the two-stream K/V write under graphs
-#   cuda       the optional CUDA C++ kernel: its tests, memcheck, CUDA-vs-Triton tables
-#              (skipped when the package has no sgl_ext/cuda)
 #   tune       launch-configuration sweep of the Triton kernel (tune_rope_kv.py)
 #   tp         needs 2 GPUs (nvidia-h200-x2): TP GPU tests, TP 1 vs 2 decode tokens/s
 #   reliab     allocator / scheduler failure-path and context tests; host time of the decode path
@@ -66,12 +64,7 @@ E2E_BS=${E2E_BS:-1 8 32 64}
 t_info() {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  python - <<'EOF'
-import torch, triton.testing as tt
-x = torch.empty(1 << 28, dtype=torch.float32, device="cuda"); y = torch.empty_like(x)
-ms = tt.do_bench(lambda: y.copy_(x), warmup=50, rep=200, return_mode="median")
-print(f"device copy 1 GiB: {2 * x.numel() * 4 / ms / 1e6:.0f} GB/s (read + write)")
-EOF
+  python benchmarks/bench_util.py  # device-copy bandwidth, as every bench's floor measures it
 }
 t_tests() {
   # two pytest processes side by side (kernels + layers | the rest), each with its own log and
@@ -107,7 +100,7 @@ t_rope() {
 }
 t_eager() {
   peers_env
-  # eager µs per call (host + device, and host only): ours fused / RoPE-only / CUDA C++ backend,
+  # eager µs per call (host + device, and host only): ours fused / RoPE-only / q/k-norm,
   # SGLang fused / RoPE-only, FlashInfer, unfused, set_kv_buffer vs indexing; floor x.add_(1)
   timeout 420 python benchmarks/bench_rope_kv.py --eager --json-out "$LOGS/eager.json"
   # the same with direct launches off (the JIT path per call): what the direct launch saves
@@ -190,16 +183,6 @@ t_pool() {
   echo "racecheck rc=$?"
   $S --tool memcheck python -m tests.srt.mem_cache.gpu_stream_check --replays 10
   echo "memcheck rc=$?"
-}
-t_cuda() {
-  if [ ! -d sgl_ext/cuda ]; then echo "no sgl_ext/cuda in this tree: skipped"; return 0; fi
-  timeout 300 python -m pytest -q -p no:cacheprovider tests/sgl_ext/test_cuda_rope_kv.py -rfE
-  SGL_EXT_BACKEND=cuda timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python -m tests.sgl_ext.gpu_memcheck_sweep
-  echo "memcheck (cuda backend) rc=$?"
-  local B="timeout 120 python benchmarks/bench_rope_kv.py --compare --only-fused"
-  $B
-  $B --kv-dtype fp8_e4m3 --tokens 1 8 32 128 512 2048
 }
 t_tune() {
   timeout 500 python benchmarks/tune_rope_kv.py --tokens 1 32 512 2048 32768 \

@@ -47,8 +47,8 @@ def _sglang(c):
     return call, outputs, outputs, 1e-2
 
 
-def _sglang_rope(c):
-    fn = peers.sglang_rope(c.neox, c.rot, torch.bfloat16)
+def _rope_only(c, fn):
+    """A peer's in-place RoPE (no cache write): fn(pos, q, k, cos_sin)."""
 
     def call(i):
         pos, q, k, v, loc = _views(c, i)
@@ -59,20 +59,14 @@ def _sglang_rope(c):
         return q, k
 
     return call, outputs, outputs, 1e-2
+
+
+def _sglang_rope(c):
+    return _rope_only(c, peers.sglang_rope(c.neox, c.rot, torch.bfloat16))
 
 
 def _fi_rope(c):
-    fn = peers.flashinfer_rope(c.neox)
-
-    def call(i):
-        pos, q, k, v, loc = _views(c, i)
-        fn(pos, q, k, c.cs)
-
-    def outputs():  # in place, as ours
-        pos, q, k, v, loc = _views(c, 0)
-        return q, k
-
-    return call, outputs, outputs, 1e-2
+    return _rope_only(c, peers.flashinfer_rope(c.neox))
 
 
 def _fi_fp8(c):

@@ -30,9 +30,8 @@ import pathlib
 import sys
 import tempfile
 
+import nvcc_build  # benchmarks/: nvcc lookup, cache directory and atomic build
 import torch
-
-from sgl_ext.cuda import jit  # the package's nvcc lookup, cache directory and atomic build
 
 _FFI_INCLUDES = "".join(
     f"#include <tvm/ffi/{h}>\n"
@@ -80,10 +79,10 @@ def _build(
     key_text = "\n".join([wrapper, *flags, target, tvm_ffi.__version__])
     key_text += "".join(p.read_text() for p in sources + headers)
     key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
-    out = jit.cache_dir() / "peers" / f"{name}_{key}.so"
+    out = nvcc_build.cache_dir() / "peers" / f"{name}_{key}.so"
     if out.is_file():
         return out
-    nvcc = jit.find_nvcc()
+    nvcc = nvcc_build.find_nvcc()
     if nvcc is None:
         raise PeerUnavailable("nvcc not found")
     lib = pathlib.Path(libinfo.find_libtvm_ffi())
@@ -105,8 +104,8 @@ def _build(
             f"-l{lib.stem.removeprefix('lib')}",
         ]
         try:
-            jit.run_nvcc(nvcc, args, out)
-        except jit.BuildError as err:
+            nvcc_build.run_nvcc(nvcc, args, out)
+        except nvcc_build.BuildError as err:
             raise PeerUnavailable(f"nvcc failed for {name}:\n{str(err)[-3000:]}") from err
     return out
 

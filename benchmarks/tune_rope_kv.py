@@ -1,7 +1,6 @@
-"""Sweep the Triton launch configuration (heads per program, warps, PDL) of the fused op, or
-with --cuda-configs the CUDA kernel's (lanes per block, tokens per block).
+"""Sweep the Triton launch configuration (heads per program, warps, PDL) of the fused op.
 
-python benchmarks/tune_rope_kv.py [--tokens ...] [--cuda-configs 128,1 448,1 ...] [--json-out F];
+python benchmarks/tune_rope_kv.py [--tokens ...] [--block-h ...] [--warps ...] [--json-out F];
 prints the best per point.
 """
 
@@ -16,7 +15,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from bench_rope_kv import Case, copy_bandwidth, graph_time_us  # noqa: E402
+from bench_rope_kv import Case  # noqa: E402
+from bench_util import copy_bandwidth, graph_time_us  # noqa: E402
 
 import sgl_ext  # noqa: E402
 from sgl_ext import FusedSetKVBufferArg, settings  # noqa: E402
@@ -34,7 +34,6 @@ def main() -> None:
     p.add_argument("--merged", type=int, nargs="+", default=[0], help="1: q and k/v in one program")
     p.add_argument("--spread", type=int, nargs="+", default=[0], help="1: k/v heads spread")
     p.add_argument("--gptj", action="store_true")
-    p.add_argument("--cuda-configs", nargs="+", help="'block_x,tokens_per_block' values")
     p.add_argument("--json-out")
     args = p.parse_args()
     kv = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}[args.kv_dtype]
@@ -54,21 +53,6 @@ def main() -> None:
                         pos, q, k, c.d, c.cs, c.neox, arg, enable_pdl=pdl
                     )
 
-                if args.cuda_configs:
-                    os.environ["SGL_EXT_BACKEND"] = "cuda"
-                    settings.reload()  # the ops read SGL_EXT_* once
-                    for cfg in args.cuda_configs:
-                        os.environ["SGL_EXT_CUDA_CONFIG"] = cfg
-                        settings.reload()  # the ops read SGL_EXT_* once
-                        us = graph_time_us(fn, reps, replays=10)
-                        r = {"shape": shape, "T": t, "cuda": cfg, "pdl": pdl, "us": us}
-                        results.append(r)
-                        if best is None or us < best["us"]:
-                            best = r
-                    os.environ.pop("SGL_EXT_BACKEND")
-                    os.environ.pop("SGL_EXT_CUDA_CONFIG")
-                    settings.reload()  # the ops read SGL_EXT_* once
-                    continue
                 grid = itertools.product(
                     args.block_h, args.warps, args.order, args.merged, args.spread
                 )
@@ -98,7 +82,7 @@ def main() -> None:
             line = sorted(default, key=lambda r: r["us"])[:5]
             top = [
                 (
-                    r.get("cuda") or (r["bh"], r["nw"], r["merged"], r["spread"]),
+                    (r["bh"], r["nw"], r["merged"], r["spread"]),
                     f"pdl{int(r['pdl'])}",
                     round(r["us"], 2),
                 )

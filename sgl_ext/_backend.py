@@ -1,8 +1,8 @@
-"""Backend choice for the sgl_ext ops: `native`, `triton` or `cuda`.
+"""Backend choice for the sgl_ext ops: `native` or `triton`.
 
 `SGL_EXT_BACKEND` (settings.backend) forces one (CI sets `triton` with `TRITON_INTERPRET=1` to
-run the Triton kernel on CPU tensors). Otherwise CUDA tensors get the fastest available kernel and
-others `native`. The ops choose once per launch plan (see `rope.py`), not per call.
+run the Triton kernel on CPU tensors). Otherwise CUDA tensors get the Triton kernels and others
+`native`. The ops choose once per launch plan (see `rope.py`), not per call.
 """
 
 from __future__ import annotations
@@ -31,32 +31,21 @@ def pdl_capable(device_index: int | None) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def select_backend(
-    device: torch.device, cuda_ok: bool = False, cuda_preferred: bool = True, has_cuda: bool = True
-) -> str:
-    """Pick the backend for tensors on `device`.
-
-    cuda_ok: the CUDA kernel supports this call and is built; cuda_preferred: it is measured
-    faster than Triton at this size; has_cuda: the op has a CUDA kernel at all (forcing `cuda`
-    for an op without one falls back to the automatic choice).
-    """
+def select_backend(device: torch.device) -> str:
+    """Pick the backend for tensors on `device`: the forced one (`SGL_EXT_BACKEND`, checked it
+    can run here), else `triton` on CUDA (when installed) and `native` elsewhere."""
     s = settings.get()
     forced = s.backend
-    if forced == "cuda" and not has_cuda:
-        forced = None
-    if forced is not None:
-        if forced == "triton" and not triton_available():
+    if forced == "triton":
+        if not triton_available():
             raise RuntimeError("SGL_EXT_BACKEND=triton but triton is not installed")
-        if forced == "triton" and device.type != "cuda" and not s.interpret:
+        if device.type != "cuda" and not s.interpret:
             raise RuntimeError(
                 f"SGL_EXT_BACKEND=triton needs CUDA tensors (got {device}) or TRITON_INTERPRET=1"
             )
-        if forced == "cuda" and (device.type != "cuda" or not cuda_ok):
-            raise RuntimeError("SGL_EXT_BACKEND=cuda but the CUDA kernel cannot run this call")
         return forced
-    if device.type == "cuda":
-        if cuda_ok and cuda_preferred:
-            return "cuda"
-        if triton_available():
-            return "triton"
+    if forced is not None:
+        return forced
+    if device.type == "cuda" and triton_available():
+        return "triton"
     return "native"

@@ -56,7 +56,7 @@ def _plan(input: object, out: object) -> ActPlan:
         C.check_device("out", out, input.device)
     x2 = _rows("input", input, 2 * d)  # [rows, 2 * d]
     o_stride = d if out is None else _rows("out", out, d).stride(0)  # a new out is contiguous
-    backend = select_backend(input.device, has_cuda=False)
+    backend = select_backend(input.device)
     if backend != "triton":
         return ActPlan(backend, None)
     from sgl_ext.triton.activation import plan_silu_and_mul

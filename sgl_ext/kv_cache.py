@@ -55,7 +55,7 @@ def _new_plan(plan_key: object, *args: object) -> RopeKVPlan:
     key, k_buffer = args[0], args[2]
     assert isinstance(key, torch.Tensor) and isinstance(k_buffer, torch.Tensor)
     s = settings.get()
-    backend = select_backend(call.device, has_cuda=False)
+    backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
         from sgl_ext.triton.rope_kv_plan import plan_rope_kv

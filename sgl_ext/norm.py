@@ -145,7 +145,7 @@ def _plan(
         out, residual_out = input, residual
     o2 = None if out is None else _dest("out", out, input)
     ro2 = None if r2 is None or residual_out is None else _dest("residual_out", residual_out, input)
-    backend = select_backend(input.device, has_cuda=False)
+    backend = select_backend(input.device)
     if backend != "triton":
         return NormPlan(backend, None)
     from sgl_ext.triton.norm import plan_rmsnorm

@@ -135,8 +135,7 @@ def _new_plan(
     assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
     assert isinstance(q_norm_weight, torch.Tensor) and isinstance(k_norm_weight, torch.Tensor)
     norm = QKNormCall(eps_f, q_norm_weight.data_ptr() % 16, k_norm_weight.data_ptr() % 16)
-    # No CUDA C++ kernel for this op: forcing `cuda` falls back to the automatic choice.
-    backend = select_backend(call.device, cuda_ok=False, cuda_preferred=False, has_cuda=False)
+    backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
         from sgl_ext.triton.rope_kv_plan import plan_rope_kv

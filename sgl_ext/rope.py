@@ -135,18 +135,7 @@ def _new_plan(
     assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
     assert isinstance(cos_sin_cache, torch.Tensor)
     s = settings.get()
-    cuda_ok = cuda_preferred = False
-    if call.device.type == "cuda":
-        from sgl_ext.cuda import rope_kv as cuda_rope_kv
-
-        # Look at the call (and build/load the kernel: a few seconds, once) only when the CUDA
-        # kernel would be used: forced, or preferred at this size.
-        cuda_preferred = cuda_rope_kv.preferred(call.num_tokens)
-        if cuda_preferred or s.backend == "cuda":
-            cuda_ok = cuda_rope_kv.supports(call, query, key, cos_sin_cache, arg) and (
-                cuda_rope_kv.available(call.device)
-            )
-    backend = select_backend(call.device, cuda_ok, cuda_preferred)
+    backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
         from sgl_ext.triton.rope_kv_plan import plan_rope_kv
@@ -167,7 +156,7 @@ def _run(
     arg: FusedSetKVBufferArg | None,
     enable_pdl: bool | None,
 ) -> None:
-    """Launch a plan the slow way: native, the CUDA kernel, or Triton through its JIT."""
+    """Launch a plan the slow way: native, or Triton through its JIT."""
     call = plan.call
     if plan.debug:
         debug_checks(call, positions, arg)
@@ -178,11 +167,6 @@ def _run(
         rotate_native(positions, key, call.head_size, cos_sin_cache, call.is_neox)
         if arg is not None and call.kv is not None:
             _write_native(key, arg, call.kv)
-        return
-    if plan.backend == "cuda":
-        from sgl_ext.cuda import rope_kv as cuda_rope_kv
-
-        cuda_rope_kv.launch(call, positions, query, key, cos_sin_cache, arg, enable_pdl)
         return
     from sgl_ext.triton.rope_kv_plan import rope_kv_args
 

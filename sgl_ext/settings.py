@@ -5,16 +5,12 @@ changes the environment later calls `reload()`; tests and benchmarks use `overri
 replaces fields for a `with` block. Every change drops the ops' cached launch plans (they hold
 the backend and launch configuration chosen under the old settings).
 
-    SGL_EXT_BACKEND         native | triton | cuda: force a backend (default: by device)
+    SGL_EXT_BACKEND         native | triton: force a backend (default: triton on CUDA tensors,
+                            native elsewhere)
     SGL_EXT_DEBUG           1: value-reading (synchronising) checks of positions and slots
     SGL_EXT_DIRECT_LAUNCH   0: launch Triton kernels through the JIT on every call (default 1:
                             after a plan's first launch, its compiled kernel is called directly)
     SGL_EXT_TRITON_CONFIG   "block_h,num_warps[,order[,merged[,spread[,maxnreg]]]]" (tuning)
-    SGL_EXT_CUDA_TOKENS     "lo,hi": token counts where the CUDA C++ kernel is the default
-    SGL_EXT_CUDA_CONFIG     "block_x,tokens[,heads]" for the CUDA C++ kernel (tuning)
-    SGL_EXT_DISABLE_CUDA    1: never build or load the CUDA C++ kernel
-    SGL_EXT_NVCC_FLAGS      extra nvcc flags for the CUDA C++ kernel (experiments)
-    SGL_EXT_CACHE_DIR       where built CUDA libraries are cached (default ~/.cache/sgl_ext)
     TRITON_INTERPRET        1: Triton runs in its interpreter (CPU tensors; never launched
                             directly)
 """
@@ -27,7 +23,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-BACKENDS = ("native", "triton", "cuda")
+BACKENDS = ("native", "triton")
 _FALSE = ("", "0", "false", "False", "no")
 
 
@@ -39,16 +35,14 @@ class Settings:
     debug: bool = False
     direct_launch: bool = True
     triton_config: tuple[int, ...] | None = None
-    cuda_tokens: tuple[int, int] | None = None
-    cuda_config: tuple[int, ...] | None = None
-    disable_cuda: bool = False
-    nvcc_flags: str = ""
-    cache_dir: str | None = None
     interpret: bool = False
 
     def __post_init__(self) -> None:
         if self.backend is not None and self.backend not in BACKENDS:
-            raise ValueError(f"SGL_EXT_BACKEND must be one of {BACKENDS}, got {self.backend!r}")
+            raise ValueError(
+                f"SGL_EXT_BACKEND must be one of {', '.join(BACKENDS)} (or unset), "
+                f"got {self.backend!r}"
+            )
 
 
 def _ints(name: str, text: str | None) -> tuple[int, ...] | None:
@@ -62,19 +56,11 @@ def _ints(name: str, text: str | None) -> tuple[int, ...] | None:
 
 def from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> Settings:
     """Settings as the environment `env` gives them."""
-    tokens = _ints("SGL_EXT_CUDA_TOKENS", env.get("SGL_EXT_CUDA_TOKENS"))
-    if tokens is not None and len(tokens) != 2:
-        raise ValueError(f"SGL_EXT_CUDA_TOKENS must be 'lo,hi', got {tokens}")
     return Settings(
         backend=env.get("SGL_EXT_BACKEND", "").strip().lower() or None,
         debug=env.get("SGL_EXT_DEBUG", "0") not in _FALSE,
         direct_launch=env.get("SGL_EXT_DIRECT_LAUNCH", "1") not in _FALSE,
         triton_config=_ints("SGL_EXT_TRITON_CONFIG", env.get("SGL_EXT_TRITON_CONFIG")),
-        cuda_tokens=tokens,  # type: ignore[arg-type]
-        cuda_config=_ints("SGL_EXT_CUDA_CONFIG", env.get("SGL_EXT_CUDA_CONFIG")),
-        disable_cuda=env.get("SGL_EXT_DISABLE_CUDA", "0") not in _FALSE,
-        nvcc_flags=env.get("SGL_EXT_NVCC_FLAGS", ""),
-        cache_dir=env.get("SGL_EXT_CACHE_DIR") or None,
         interpret=env.get("TRITON_INTERPRET", "0") == "1",
     )
 

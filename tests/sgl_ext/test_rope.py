@@ -308,7 +308,6 @@ def test_float_scale_inverted_on_host_like_the_reference():
     """A python-float scale reaches the kernel as its fp32 reciprocal: bit-equal to what the
     native reference computes (fp32(scale), then one fp32 division)."""
     from sgl_ext._common import scale_args  # the Triton launcher's
-    from sgl_ext.cuda.rope_kv import _scale as cuda_scale
 
     gen = torch.Generator().manual_seed(1)
     scales = (torch.rand(2000, generator=gen, dtype=torch.float64) * 8 - 4).exp2().tolist()
@@ -317,7 +316,6 @@ def test_float_scale_inverted_on_host_like_the_reference():
         mode, _, inv = scale_args(s)
         want = torch.reciprocal(torch.tensor(s, dtype=torch.float32)).item()
         assert mode == 1 and inv == want, (s, inv, want)
-        assert cuda_scale(s) == (1, 0, want)  # the CUDA kernel's launcher: the same bits
 
 
 def test_fused_equals_rope_plus_set_kv_buffer(backend):

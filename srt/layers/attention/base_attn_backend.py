@@ -10,8 +10,9 @@ Life cycle per batch:
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -116,3 +117,49 @@ class AttentionBackend(ABC):
         **kwargs,
     ) -> torch.Tensor:
         """EXTEND mode: several new tokens per request, causal over prefix + new tokens."""
+
+
+class DecodeGraphMixin:
+    """CUDA-graph metadata of a decode-only backend, shared by the torch-native and Triton
+    backends. The backend's `init_cuda_graph_state` sets `cuda_graph_metadata`: a dataclass
+    with the fixed buffers `req_pool_indices` and `seq_lens` (int64 [max_bs]); a replay copies
+    the batch into them and points `forward_metadata` at their first `bs` rows (the other
+    fields kept)."""
+
+    cuda_graph_metadata: Any  # the backend's metadata dataclass (fixed buffers), or None
+    forward_metadata: Any
+
+    def init_forward_metadata_capture_cuda_graph(
+        self,
+        bs: int,
+        num_tokens: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        forward_mode: ForwardMode,
+    ) -> None:
+        if not forward_mode.is_decode():
+            raise NotImplementedError(f"{type(self).__name__} captures decode only")
+        self.init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, 0, forward_mode, None
+        )
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_sum: int,
+        forward_mode: ForwardMode,
+        seq_lens_cpu: torch.Tensor | None,
+    ) -> None:
+        g = self.cuda_graph_metadata
+        if g is None:
+            raise RuntimeError("call init_cuda_graph_state before capturing")
+        g.req_pool_indices[:bs].copy_(req_pool_indices[:bs])
+        g.seq_lens[:bs].copy_(seq_lens[:bs])
+        self.forward_metadata = dataclasses.replace(
+            g, req_pool_indices=g.req_pool_indices[:bs], seq_lens=g.seq_lens[:bs]
+        )
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1

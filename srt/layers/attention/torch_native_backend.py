@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from srt.layers.attention.base_attn_backend import AttentionBackend
+from srt.layers.attention.base_attn_backend import AttentionBackend, DecodeGraphMixin
 from srt.layers.attention.kv_utils import gather_kv, layer_buffers, req_to_token_for_layer
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv
 
 if TYPE_CHECKING:
     from srt.layers.radix_attention import RadixAttention
-    from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from srt.model_executor.forward_batch_info import ForwardBatch
 
 _NEG = torch.finfo(torch.float32).min
 
@@ -84,7 +84,7 @@ def attend(
     return out.reshape(B, Nq, Hq, v.shape[-1])
 
 
-class TorchNativeAttnBackend(AttentionBackend):
+class TorchNativeAttnBackend(DecodeGraphMixin, AttentionBackend):
     """Plain-torch attention backend (the reference; works on any device).
 
     Parameters
@@ -121,40 +121,6 @@ class TorchNativeAttnBackend(AttentionBackend):
             self.req_to_token_pool.req_to_token.shape[1],
         )
 
-    def init_forward_metadata_capture_cuda_graph(
-        self,
-        bs: int,
-        num_tokens: int,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        forward_mode: ForwardMode,
-    ) -> None:
-        if not forward_mode.is_decode():
-            raise NotImplementedError("TorchNativeAttnBackend captures decode only")
-        self.init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, 0, forward_mode, None
-        )
-
-    def init_forward_metadata_replay_cuda_graph(
-        self,
-        bs: int,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_sum: int,
-        forward_mode: ForwardMode,
-        seq_lens_cpu: torch.Tensor | None,
-    ) -> None:
-        g = self.cuda_graph_metadata
-        if g is None:
-            raise RuntimeError("call init_cuda_graph_state before capturing")
-        g.req_pool_indices[:bs].copy_(req_pool_indices[:bs])
-        g.seq_lens[:bs].copy_(seq_lens[:bs])
-        self.forward_metadata = _DecodeMetadata(g.req_pool_indices[:bs], g.seq_lens[:bs], g.max_len)
-
-    def get_cuda_graph_seq_len_fill_value(self) -> int:
-        return 1
-
-    # ---------------------------------------------------------------- forward
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
         if save_kv_cache:
             save_kv(k, v, layer, forward_batch)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sgl_ext import FP8_DTYPES
-from srt.layers.attention.base_attn_backend import AttentionBackend
+from srt.layers.attention.base_attn_backend import AttentionBackend, DecodeGraphMixin
 from srt.layers.attention.kv_utils import layer_buffers, req_to_token_for_layer
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv
 from srt.layers.attention.triton_ops.decode_attention import (
@@ -34,7 +34,7 @@ from srt.layers.attention.triton_ops.kv_load import (
 
 if TYPE_CHECKING:
     from srt.layers.radix_attention import RadixAttention
-    from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from srt.model_executor.forward_batch_info import ForwardBatch
 
 
 @dataclass
@@ -105,7 +105,7 @@ class _DecodeMetadata:
     seq_lens: torch.Tensor  # int64 [B], device
 
 
-class TritonAttnBackend(AttentionBackend):
+class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
     """Attention with our Triton kernels.
 
     Parameters
@@ -200,39 +200,6 @@ class TritonAttnBackend(AttentionBackend):
             torch.zeros(max_bs, dtype=torch.int64, device=dev),
             torch.ones(max_bs, dtype=torch.int64, device=dev),
         )
-
-    def init_forward_metadata_capture_cuda_graph(
-        self,
-        bs: int,
-        num_tokens: int,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        forward_mode: ForwardMode,
-    ) -> None:
-        if not forward_mode.is_decode():
-            raise NotImplementedError("TritonAttnBackend captures decode only")
-        self.init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, 0, forward_mode, None
-        )
-
-    def init_forward_metadata_replay_cuda_graph(
-        self,
-        bs: int,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_sum: int,
-        forward_mode: ForwardMode,
-        seq_lens_cpu: torch.Tensor | None,
-    ) -> None:
-        g = self.cuda_graph_metadata
-        if g is None:
-            raise RuntimeError("call init_cuda_graph_state before capturing")
-        g.req_pool_indices[:bs].copy_(req_pool_indices[:bs])
-        g.seq_lens[:bs].copy_(seq_lens[:bs])
-        self.forward_metadata = _DecodeMetadata(g.req_pool_indices[:bs], g.seq_lens[:bs])
-
-    def get_cuda_graph_seq_len_fill_value(self) -> int:
-        return 1
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
         if save_kv_cache:
