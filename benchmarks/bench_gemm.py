@@ -113,19 +113,19 @@ def phase1(m: int, sweep: str) -> list[GemmConfig]:
             for bk in (128, 256, 512, 1024):
                 if 1024 <= bm * bn * bk <= 16384 and (sweep == "full" or bk in (256, 512)):
                     out.append(GemmConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=3))
-    if m >= 2:  # tensor-core dots (swap AB), BLOCK_M >= 16
-        for bn in (16, 32, 64, 128):
-            for bk in (64, 128, 256):
-                if bn * bk <= 16384 and (sweep == "full" or (bn >= 32 and bk >= 128)):
-                    out.append(
-                        GemmConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=3, dot=True)
-                    )
+    for bn in (16, 32, 64, 128):  # tensor-core dots (swap AB), BLOCK_M >= 16 (padded at small M)
+        for bk in (64, 128, 256):
+            if bn * bk <= 16384 and (sweep == "full" or (bn >= 32 and bk >= 128)):
+                out.append(GemmConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=3, dot=True))
     return out
 
 
 def phase2(best: GemmConfig, k: int) -> list[GemmConfig]:
-    """Variations of the best tile: stages, warps, split-K (K ranges of >= 1024)."""
-    out = [replace(best, num_stages=s) for s in (1, 2, 4, 5) if s != best.num_stages]
+    """Variations of the best tile: stages (dots only: the broadcast path's loads are not
+    pipelined), warps, split-K (K ranges of >= 1024)."""
+    out = []
+    if best.dot:
+        out += [replace(best, num_stages=s) for s in (2, 4, 5) if s != best.num_stages]
     out += [replace(best, num_warps=w) for w in (2, 8) if w != best.num_warps]
     out += [replace(best, split_k=x) for x in (2, 4, 8) if k // x >= 1024]
     return out
