@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -361,6 +362,10 @@ def summary(rows: list[dict], min_gain: float) -> None:
             )
 
 
+def _on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", nargs="+", default=list(LINEARS), choices=list(LINEARS))
@@ -388,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError, IndexError) as e:
         print(f"error: bad --configs tag: {e}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _on_sigterm)  # a `timeout` kill still prints the summary
     start = time.monotonic()
     bw = measure_copy_bandwidth(torch.device("cuda"))
     assert bw is not None
