@@ -15,6 +15,7 @@ are, in a CUDA graph or eagerly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -103,7 +104,7 @@ class GemmPlan:
     backend: str
     m: int
     out_shape: tuple[int, ...]
-    launch: object | None  # sgl_ext.triton.gemm.SkinnyLaunch
+    launch: Any  # sgl_ext.triton.gemm.SkinnyLaunch (Triton) or None
 
 
 _PLANS = PlanCache()
@@ -146,7 +147,7 @@ def _plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conf
     if backend != "triton" or not 1 <= m <= MAX_M or n == 0 or k == 0:
         return GemmPlan("native", m, out_shape, None)
     try:
-        x.view(m, k)  # [M, K]
+        stride_xm = x.view(m, k).stride(0)  # [M, K]
     except RuntimeError:
         raise ValueError(
             f"x of shape {tuple(x.shape)} and strides {x.stride()} cannot be seen as [M, K] "
@@ -155,9 +156,10 @@ def _plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conf
     from sgl_ext.triton.gemm import plan_skinny_gemm
 
     cfg = config or default_config(m)
-    return GemmPlan(
-        "triton", m, out_shape, plan_skinny_gemm(m, n, k, x.dtype, bias is not None, cfg)
+    launch = plan_skinny_gemm(
+        m, n, k, stride_xm, weight.stride(0), n, x.dtype, bias is not None, cfg, x.device
     )
+    return GemmPlan("triton", m, out_shape, launch)
 
 
 def linear_small_m(
@@ -200,7 +202,7 @@ def linear_small_m(
         return F.linear(x, weight, bias)
     from sgl_ext.triton.gemm import run_skinny_gemm
 
-    out = torch.empty(plan.out_shape, dtype=x.dtype, device=x.device)
-    k = weight.shape[1]
-    run_skinny_gemm(plan.launch, x.view(plan.m, k), weight, bias, out.view(plan.m, -1))  # type: ignore[arg-type]
+    out = torch.empty(plan.out_shape, dtype=x.dtype, device=x.device)  # 16-byte aligned
+    m = plan.m
+    run_skinny_gemm(plan.launch, x.view(m, -1), weight, bias, out.view(m, -1))  # [M, K], [M, N]
     return out

@@ -18,7 +18,11 @@ a second kernel adds them in split order (then the bias) and rounds once. No ato
 depend only on the launch configuration and BLOCK_M, never on timing, so a CUDA graph replay and
 an eager call with the same configuration agree bit for bit. Each output row is computed
 independently of the others (its own products and sums in the same order), so rows do not
-depend on M within one BLOCK_M.
+depend on M within one BLOCK_M (M is not specialised on).
+
+Launches: the op's plan holds `KernelLauncher`s (`launcher.py`): the first call goes through
+the JIT, later ones call the compiled kernel directly with integer pointers (the least host
+work per eager call).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import triton.language as tl
 
 from sgl_ext import settings
 from sgl_ext.gemm import GemmConfig
-from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.triton.launcher import KernelLauncher, make_launcher
 from sgl_ext.triton.rounding import cast_rne
 
 REDUCE_BLOCK = 1024  # output columns per program of the split-K reduction
@@ -145,45 +149,63 @@ def _split_k_reduce_kernel(
 
 @dataclass(frozen=True)
 class SkinnyLaunch:
-    """Everything fixed for one (M, N, K, dtype, bias, config): grid, split layout, tiles."""
+    """A planned call: the GEMM kernel's launch and, with split-K, the reduction's.
+
+    Per call: main(x, weight, bias or weight, out, partials or out); reduce(partials, bias or
+    weight, out). The fixed arguments (M, N, K, the row strides, the split) are the plan's."""
 
     m: int
     n: int
-    k: int
-    block_m: int
     splits: int  # K ranges actually used (<= config.split_k)
-    k_per_split: int  # a multiple of block_k
-    even_n: bool
-    even_k: bool
-    has_bias: bool
-    dot_precision: str
-    config: GemmConfig
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        return (triton.cdiv(self.n, self.config.block_n), self.splits)
+    main: KernelLauncher
+    reduce: KernelLauncher | None
 
 
 def plan_skinny_gemm(
-    m: int, n: int, k: int, dtype: torch.dtype, has_bias: bool, config: GemmConfig
+    m: int,
+    n: int,
+    k: int,
+    stride_xm: int,
+    stride_wn: int,
+    stride_om: int,
+    dtype: torch.dtype,
+    has_bias: bool,
+    config: GemmConfig,
+    device: torch.device,
 ) -> SkinnyLaunch:
-    """The launch of a checked call (m >= 1, n >= 1, k >= 1, config valid)."""
+    """The launch of a checked call: x [m, k] (row stride stride_xm), weight [n, k] (stride_wn),
+    out [m, n] (stride_om), last dims contiguous; m, n, k >= 1."""
     bk = config.block_k
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), bk) * bk
     splits = triton.cdiv(k, k_per_split)
-    return SkinnyLaunch(
-        m=m,
-        n=n,
-        k=k,
-        block_m=config.block_m(m),
-        splits=splits,
-        k_per_split=k_per_split,
-        even_n=n % config.block_n == 0,
-        even_k=k == splits * k_per_split,
-        has_bias=has_bias,
-        dot_precision="ieee" if dtype == torch.float32 else "tf32",
-        config=config,
+    emulate = settings.get().interpret
+    constexprs = dict(
+        BLOCK_M=config.block_m(m),
+        BLOCK_N=config.block_n,
+        BLOCK_K=bk,
+        USE_DOT=config.dot,
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        WRITE_PARTIAL=splits > 1,
+        HAS_BIAS=has_bias,
+        EVEN_N=n % config.block_n == 0,
+        EVEN_K=k == splits * k_per_split,
+        EMULATE=emulate,
     )
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    grid = (triton.cdiv(n, config.block_n), splits)
+    fixed = (m, n, k, stride_xm, stride_wn, stride_om, k_per_split)
+    main = make_launcher(_skinny_gemm_kernel, grid, fixed, constexprs, options, device)
+    reduce = None
+    if splits > 1:
+        reduce = make_launcher(
+            _split_k_reduce_kernel,
+            (m, triton.cdiv(n, REDUCE_BLOCK)),
+            (m, n, stride_om),
+            dict(SPLITS=splits, BLOCK=REDUCE_BLOCK, HAS_BIAS=has_bias, EMULATE=emulate),
+            {"num_warps": 4},
+            device,
+        )
+    return SkinnyLaunch(m, n, splits, main, reduce)
 
 
 def run_skinny_gemm(
@@ -193,53 +215,22 @@ def run_skinny_gemm(
     bias: torch.Tensor | None,
     out2: torch.Tensor,
 ) -> None:
-    """Launch plan on x2 [M, K] (last dim contiguous), weight [N, K] (last dim contiguous),
-    bias [N] or None, out2 [M, N] (last dim contiguous, written)."""
-    cfg = plan.config
-    emulate = settings.get().interpret
-    partial = plan.splits > 1
-    part = out2
-    if partial:  # float32 [splits, M, N], every element written before it is read
-        part = torch.empty((plan.splits, plan.m, plan.n), dtype=torch.float32, device=x2.device)
+    """Launch plan on the tensors it was planned for (same metadata, pointers may differ):
+    x2 [M, K], weight [N, K], bias [N] or None, out2 [M, N] (written; 16-byte aligned)."""
     b = bias if bias is not None else weight  # never read without HAS_BIAS
-    cached_launcher(_skinny_gemm_kernel)[plan.grid](
-        x2,
-        weight,
-        b,
-        out2,
-        part,
-        plan.m,
-        plan.n,
-        plan.k,
-        x2.stride(0),
-        weight.stride(0),
-        out2.stride(0),
-        plan.k_per_split,
-        BLOCK_M=plan.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        USE_DOT=cfg.dot,
-        DOT_PRECISION=plan.dot_precision,
-        WRITE_PARTIAL=partial,
-        HAS_BIAS=plan.has_bias,
-        EVEN_N=plan.even_n,
-        EVEN_K=plan.even_k,
-        EMULATE=emulate,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    if partial:
-        grid = (plan.m, triton.cdiv(plan.n, REDUCE_BLOCK))
-        cached_launcher(_split_k_reduce_kernel)[grid](
-            part,
-            b,
-            out2,
-            plan.m,
-            plan.n,
-            out2.stride(0),
-            SPLITS=plan.splits,
-            BLOCK=REDUCE_BLOCK,
-            HAS_BIAS=plan.has_bias,
-            EMULATE=emulate,
-            num_warps=4,
+    part = out2
+    if plan.reduce is not None:  # float32 [splits, M, N], every element written, then read
+        part = torch.empty((plan.splits, plan.m, plan.n), dtype=torch.float32, device=x2.device)
+    main = plan.main
+    if main.compiled is not None:
+        main.direct(
+            x2.data_ptr(), weight.data_ptr(), b.data_ptr(), out2.data_ptr(), part.data_ptr()
         )
+    else:
+        main.launch(x2, weight, b, out2, part)
+    red = plan.reduce
+    if red is not None:
+        if red.compiled is not None:
+            red.direct(part.data_ptr(), b.data_ptr(), out2.data_ptr())
+        else:
+            red.launch(part, b, out2)

@@ -72,7 +72,8 @@ def test_kernel_writes_every_element(backend, cfg):
     m, n, k = 3, 33, 200
     x, w, b = _problem(m, n, k, torch.bfloat16, True, seed=1)
     out = poison(torch.empty(m, n, dtype=torch.bfloat16, device=DEV))
-    run_skinny_gemm(plan_skinny_gemm(m, n, k, x.dtype, True, cfg), x, w, b, out)
+    plan = plan_skinny_gemm(m, n, k, k, k, n, x.dtype, True, cfg, x.device)
+    run_skinny_gemm(plan, x, w, b, out)
     _close(out, _ref(x, w, b), torch.bfloat16)
 
 
