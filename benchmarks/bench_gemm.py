@@ -362,6 +362,28 @@ def summary(rows: list[dict], min_gain: float) -> None:
             )
 
 
+def host_us(shape: Shape = Shape("o_proj", 4096, 4096, False, ()), calls: int = 200) -> None:
+    """Eager host µs per call (enqueue time of `calls` back-to-back calls, no sync inside): what
+    an eager decode step pays per linear, F.linear vs the Triton op (M = 1, 8, 64)."""
+    w = torch.randn(shape.n, shape.k, device="cuda").to(DT)
+    for m in (1, 8, 64):
+        x = torch.randn(m, shape.k, device="cuda").to(DT)
+        row = []
+        for name, fn in (
+            ("F.linear", lambda x=x: F.linear(x, w)),
+            ("triton", lambda x=x: linear_small_m(x, w)),
+        ):
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            row.append(f"{name} {(time.perf_counter() - t0) / calls * 1e6:6.1f}")
+            torch.cuda.synchronize()
+        print(f"# eager host us per call, {shape.n}x{shape.k} M={m:2d}: " + ", ".join(row))
+
+
 def _on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
@@ -424,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in probs.values():
             p.close()
         summary(runner.rows, a.min_gain)
+        try:
+            host_us()
+        except Exception as e:  # noqa: BLE001 - the tables above matter more
+            print(f"# eager host timing failed: {e}")
         if a.json_out:
             with open(a.json_out, "w") as f:
                 json.dump(dict(bw=bw, rows=runner.rows), f, indent=1)
