@@ -46,6 +46,10 @@
 #              qwen3-8b, bs 1), top functions by own time
 #   attn       issue 15 attention: backend + scrub + layernorm GPU tests, decode / extend tile
 #              sweeps (graph-timed per layer over per-layer caches, floors printed)
+#   gemm       issue 15 decode GEMMs: skinny Triton GEMM + gemm_choice GPU tests, then
+#              bench_gemm (F.linear / mv / x@w_t / Triton sweep at M 1..64, L2-cold graph timing,
+#              floors); ends with GEMM_CHOICES lines for srt/layers/gemm_choice.py and the
+#              per-layer sums (GEMM_ARGS: extra bench_gemm arguments)
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -223,6 +227,12 @@ t_attn() {
     tests/srt/mem_cache/test_scrub.py tests/srt/layers/test_layernorm.py
   timeout 150 python benchmarks/bench_layers.py --presets llama3-8b --decode-sweep
   timeout 90 python benchmarks/bench_layers.py --presets llama3-8b --extend-sweep
+}
+t_gemm() {
+  timeout 150 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_gemm.py \
+    tests/srt/layers/test_gemm_choice.py tests/srt/layers/test_linear.py
+  timeout 320 python benchmarks/bench_gemm.py --budget-s 230 --hard-extra-s 40 \
+    --json-out "$LOGS/gemm.json" ${GEMM_ARGS:-}
 }
 
 summary=()

@@ -14,10 +14,10 @@ QKV replicates KV heads when tp_size exceeds their number.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
+from srt.layers.gemm_choice import dispatch_linear
 
 
 def _check_loaded(name: str, param: torch.Tensor, loaded: torch.Tensor) -> None:
@@ -72,7 +72,7 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: [..., in] -> ([..., out_part], bias or None)."""
         bias = None if self.skip_bias_add else self.bias
-        out = F.linear(x, self.weight, bias)
+        out = dispatch_linear(x, self.weight, bias)  # F.linear unless gemm_choice says so
         return out, (self.bias if self.skip_bias_add else None)
 
 
@@ -124,7 +124,7 @@ class RowParallelLinear(LinearBase):
 
         With reduce_results=False the output is this rank's partial sum, bias on rank 0 only.
         """
-        out = F.linear(x, self.weight)  # [..., out], partial over ranks when tp > 1
+        out = dispatch_linear(x, self.weight)  # [..., out], partial over ranks when tp > 1
         if self.tp_size > 1 and self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
         add_bias = self.reduce_results or self.tp_rank == 0

@@ -1,0 +1,208 @@
+"""Skinny GEMM for decode (M <= 64 tokens): y = x W^T (+ b), F.linear's semantics.
+
+`linear_small_m` runs the Triton kernel of `triton/gemm.py` on CUDA (or under
+`SGL_EXT_BACKEND=triton` with `TRITON_INTERPRET=1`) and `F.linear` elsewhere, and for more than
+`MAX_M` rows, where cuBLAS's tiles are the right tool. The launch configuration (`GemmConfig`)
+is chosen by the caller from measurements (`benchmarks/bench_gemm.py`; srt's table is
+`srt/layers/gemm_choice.py`); `default_config` is a plain fallback. The torch-native reference
+is `linear_small_m_native` (= F.linear).
+
+Results are deterministic (no atomics): the same configuration and BLOCK_M (`GemmConfig.block_m`:
+pow2(M), at least 16 for tensor-core dots) give the same bits for a row whatever the other rows
+are, in a CUDA graph or eagerly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from sgl_ext import _common as C
+from sgl_ext._backend import select_backend
+from sgl_ext._plans import PlanCache, optional_key, tensor_key
+
+MAX_M = 64  # more rows: F.linear
+_is_compiling = torch.compiler.is_compiling
+
+
+def _pow2(v: int) -> int:
+    return 1 << max(0, v - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One launch configuration of the skinny GEMM.
+
+    block_n : output columns (weight rows) per program, power of two (>= 16 with dot).
+    block_k : K elements per loop step, power of two >= 16.
+    num_warps, num_stages : Triton launch options (warps a power of two <= 16; stages >= 1).
+    split_k : K ranges summed by separate programs then added in order by a second kernel.
+    dot : tensor-core dot (swap AB, BLOCK_M >= 16) instead of broadcast multiply + sum.
+    """
+
+    block_n: int = 16
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+    dot: bool = False
+
+    def __post_init__(self) -> None:
+        def p2(v: object) -> bool:
+            return isinstance(v, int) and v >= 1 and v & (v - 1) == 0
+
+        if not p2(self.block_n) or not p2(self.block_k) or self.block_k < 16:
+            raise ValueError(
+                f"config: block_n / block_k must be powers of two (block_k >= 16): {self}"
+            )
+        if self.dot and self.block_n < 16:
+            raise ValueError(f"config: dot needs block_n >= 16: {self}")
+        if not p2(self.num_warps) or self.num_warps > 16:
+            raise ValueError(f"config: num_warps must be a power of two <= 16: {self}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"config: num_stages must be >= 1: {self}")
+        if not isinstance(self.split_k, int) or not 1 <= self.split_k <= 64:
+            raise ValueError(f"config: split_k must be in [1, 64]: {self}")
+
+    def block_m(self, m: int) -> int:
+        """Rows of x per program: pow2(m), at least 16 for dots."""
+        return max(16, _pow2(m)) if self.dot else _pow2(m)
+
+    @property
+    def tag(self) -> str:
+        """Short name for tables: e.g. `fma n16 k256 w4 s3 x1`."""
+        kind = "dot" if self.dot else "fma"
+        return (
+            f"{kind} n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages} "
+            f"x{self.split_k}"
+        )
+
+
+def default_config(m: int) -> GemmConfig:
+    """A reasonable configuration for m rows when the caller has no measured one."""
+    if m <= 2:
+        return GemmConfig(block_n=16, block_k=512, num_warps=4, num_stages=3)
+    if m <= 8:
+        return GemmConfig(block_n=16, block_k=128, num_warps=4, num_stages=3)
+    return GemmConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, dot=True)
+
+
+def linear_small_m_native(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Reference: F.linear(x, weight, bias)."""
+    return F.linear(x, weight, bias)
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """A checked call: rows M, out shape, backend; `launch` (Triton) or None (F.linear)."""
+
+    backend: str
+    m: int
+    out_shape: tuple[int, ...]
+    launch: Any  # sgl_ext.triton.gemm.SkinnyLaunch (Triton) or None
+
+
+_PLANS = PlanCache()
+
+
+def _check(x: object, weight: object, bias: object) -> tuple[int, int, int]:
+    """Metadata checks; returns (M, N, K)."""
+    C.check_tensor("x", x, C.INPUT_DTYPES)
+    assert isinstance(x, torch.Tensor)
+    C.check_tensor("weight", weight, (x.dtype,))
+    assert isinstance(weight, torch.Tensor)
+    C.check_device("weight", weight, x.device)
+    if x.ndim < 1:
+        raise ValueError("x must be [..., K], got a 0-d tensor")
+    if weight.ndim != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(
+            f"weight must be [N, K] with K = x.shape[-1] = {x.shape[-1]}, got {tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    if k > 1 and weight.stride(1) != 1:
+        raise ValueError("weight must be contiguous in its last dim")
+    if bias is not None:
+        C.check_tensor("bias", bias, (x.dtype,))
+        assert isinstance(bias, torch.Tensor)
+        C.check_device("bias", bias, x.device)
+        if tuple(bias.shape) != (n,) or (n > 1 and bias.stride(0) != 1):
+            raise ValueError(f"bias must be a contiguous [{n}], got {tuple(bias.shape)}")
+    m = x.numel() // k if k else 0
+    if k > 1 and x.stride(-1) != 1:
+        raise ValueError("x must be contiguous in its last dim")
+    return m, n, k
+
+
+def _plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config) -> GemmPlan:
+    m, n, k = _check(x, weight, bias)
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
+    out_shape = (*x.shape[:-1], n)
+    backend = select_backend(x.device, has_cuda=False)
+    if backend != "triton" or not 1 <= m <= MAX_M or n == 0 or k == 0:
+        return GemmPlan("native", m, out_shape, None)
+    try:
+        stride_xm = x.view(m, k).stride(0)  # [M, K]
+    except RuntimeError:
+        raise ValueError(
+            f"x of shape {tuple(x.shape)} and strides {x.stride()} cannot be seen as [M, K] "
+            "without a copy"
+        ) from None
+    from sgl_ext.triton.gemm import plan_skinny_gemm
+
+    cfg = config or default_config(m)
+    launch = plan_skinny_gemm(
+        m, n, k, stride_xm, weight.stride(0), n, x.dtype, bias is not None, cfg, x.device
+    )
+    return GemmPlan("triton", m, out_shape, launch)
+
+
+def linear_small_m(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """y = x weight^T (+ bias) for few rows: the skinny Triton GEMM, else F.linear.
+
+    Checked once per distinct metadata (plan cache); the Triton kernels then launch through
+    `cached_launcher`. Under torch.compile tracing, F.linear.
+
+    Parameters
+    ----------
+    x : [..., K] bf16/fp16/fp32, last dim contiguous, leading dims viewable as [M, K].
+    weight : [N, K] of x's dtype and device, last dim contiguous (an nn.Linear weight).
+    bias : optional [N] of x's dtype, contiguous.
+    config : launch configuration; None: `default_config(M)`.
+
+    Returns
+    -------
+    out : [..., N], x's dtype (new tensor). F.linear's result within rounding: float32
+        accumulation, bias added in float32, one rounding to x's dtype. M > MAX_M or a
+        non-Triton backend: F.linear itself.
+    """
+    if _is_compiling():
+        return F.linear(x, weight, bias)
+    key = plan = None
+    try:
+        key = (tensor_key(x), tensor_key(weight), optional_key(bias), config)
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not a tensor / unhashable: the checks will say
+        key = None
+    if plan is None:
+        plan = _PLANS.put(key, _plan(x, weight, bias, config))
+    if plan.backend != "triton" or x.requires_grad or weight.requires_grad:
+        return F.linear(x, weight, bias)  # (no autograd formula for the Triton path)
+    if bias is not None and bias.requires_grad:
+        return F.linear(x, weight, bias)
+    from sgl_ext.triton.gemm import run_skinny_gemm
+
+    out = torch.empty(plan.out_shape, dtype=x.dtype, device=x.device)  # 16-byte aligned
+    m = plan.m
+    run_skinny_gemm(plan.launch, x.view(m, -1), weight, bias, out.view(m, -1))  # [M, K], [M, N]
+    return out
