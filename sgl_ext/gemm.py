@@ -143,7 +143,7 @@ def _plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conf
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
     out_shape = (*x.shape[:-1], n)
-    backend = select_backend(x.device, has_cuda=False)
+    backend = select_backend(x.device)
     if backend != "triton" or not 1 <= m <= MAX_M or n == 0 or k == 0:
         return GemmPlan("native", m, out_shape, None)
     try:
