@@ -1,12 +1,13 @@
 """Eager host cost per call of every per-layer op, with the direct launch on and off.
 
 Run through `python benchmarks/bench_layers.py --eager` (or `python benchmarks/bench_eager.py`).
-Per preset shape (bf16) and T in (1, 512), for each op: the eager µs per call (n calls in a host
-loop, then one sync, median of 7 loops after a warm-up: host + device, and the host-only part
-before the sync) with the direct launch of the compiled kernel on (the default) and off
-(`settings.override(direct_launch=False)`, as SGL_EXT_DIRECT_LAUNCH=0: the Triton JIT on every
-call), beside a bare `x.add_(1)` (the floor of any kernel launch from Python) and the op's device
-time inside a CUDA graph. Goal (issue 14 / 15): "on" host µs near the floor, <= 10 µs.
+Per preset shape (bf16) and T in (1, 512), for each op: the eager µs per call (a loop of n calls,
+then one sync: host + device, and the host-only part before the sync) with the direct launch of
+the compiled kernel on (the default) and off (`settings.override(direct_launch=False)`, as
+SGL_EXT_DIRECT_LAUNCH=0: the Triton JIT on every call), beside a bare `x.add_(1)` (the floor of
+any kernel launch from Python, timed as a column of each point) and the op's device time inside
+a CUDA graph. Timed by eager_timing.py: everything warmed up first, then interleaved rounds,
+medians over rounds. Goal (issue 14 / 15): "on" host µs near the floor, <= 10 µs.
 """
 
 from __future__ import annotations
@@ -15,36 +16,16 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # eager_timing
 
 SHAPES = {  # hidden, intermediate, q heads, kv heads, head dim
     "llama3-8b": (4096, 14336, 32, 8, 128),
     "qwen3-8b": (4096, 12288, 32, 8, 128),
 }
-
-
-def eager_us(fn, n: int, repeats: int = 7) -> tuple[float, float]:
-    """(host + device, host only) µs per eager call of fn(): n calls in a host loop, then a
-    sync; medians of `repeats` loops after a warm-up of 20 calls."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    total, host = [], []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        total.append((t2 - t0) / n * 1e6)
-        host.append((t1 - t0) / n * 1e6)
-    return statistics.median(total), statistics.median(host)
 
 
 def layer_ops(preset: str, t: int) -> dict:
@@ -93,14 +74,19 @@ def layer_ops(preset: str, t: int) -> dict:
     }
 
 
-def run_eager(presets: list[str], graph_us, tokens: tuple[int, ...] = (1, 512)) -> list[dict]:
+def run_eager(
+    presets: list[str], graph_us, tokens: tuple[int, ...] = (1, 512), rounds: int = 9
+) -> list[dict]:
     """Print the eager table (one JSON line per row, then markdown); returns the rows."""
+    from eager_timing import Column, time_points
+
     from sgl_ext import settings
 
+    def jit_only():
+        return settings.override(direct_launch=False)
+
     x = torch.zeros(1, device="cuda")
-    floor, floor_host = eager_us(lambda: x.add_(1), 2000)
-    print(f"# floor x.add_(1): {floor:.2f} µs per call ({floor_host:.2f} host)", flush=True)
-    rows = []
+    points, ops_of = {}, {}
     for preset in presets:
         for t in tokens:
             try:
@@ -108,42 +94,58 @@ def run_eager(presets: list[str], graph_us, tokens: tuple[int, ...] = (1, 512)) 
             except Exception as err:  # noqa: BLE001 - one failing shape must not stop the table
                 print(f"# {preset} T={t}: setup failed: {type(err).__name__}: {str(err)[:150]}")
                 continue
+            cols = {"floor": Column(lambda i: x.add_(1))}
             for name, fn in ops.items():
-                row = {"preset": preset, "T": t, "op": name}
-                try:
-                    row["on"], row["on_host"] = eager_us(fn, 500)
-                    with settings.override(direct_launch=False):
-                        row["off"], row["off_host"] = eager_us(fn, 300)
-                    row["graph"] = graph_us(fn)
-                except Exception as err:  # noqa: BLE001
-                    row["error"] = f"{type(err).__name__}: {str(err)[:150]}"
-                rows.append(row)
-                print(
-                    json.dumps(
-                        {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}
-                    ),
-                    flush=True,
-                )
-    print(eager_table(rows, floor, floor_host))
+                cols[name + "|on"] = Column(lambda i, fn=fn: fn())
+                cols[name + "|off"] = Column(lambda i, fn=fn: fn(), jit_only)
+            points[(preset, t)], ops_of[(preset, t)] = cols, ops
+    timings, _ = time_points(points, rounds=rounds)
+    floors = [tm["floor"] for tm in timings.values() if "floor" in tm]
+    floor = statistics.median(f.median for f in floors) if floors else float("nan")
+    floor_host = statistics.median(f.host_median for f in floors) if floors else float("nan")
+    print(f"# floor x.add_(1): {floor:.2f} µs per call ({floor_host:.2f} host)", flush=True)
+    rows = []
+    for (preset, t), ops in ops_of.items():
+        tm = timings[(preset, t)]
+        for name, fn in ops.items():
+            row = {"preset": preset, "T": t, "op": name}
+            for mode in ("on", "off"):
+                if name + "|" + mode in tm:
+                    m = tm[name + "|" + mode]
+                    row[mode], row[mode + "_host"] = m.median, m.host_median
+                    row[mode + "_q1"], row[mode + "_q3"] = m.quartiles()
+            if "floor" in tm:
+                row["floor"] = tm["floor"].median
+            try:
+                row["graph"] = graph_us(fn)
+            except Exception as err:  # noqa: BLE001
+                row["error"] = f"{type(err).__name__}: {str(err)[:150]}"
+            rows.append(row)
+            print(
+                json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}),
+                flush=True,
+            )
+    print(eager_table(rows, floor, floor_host, rounds))
     return rows
 
 
-def eager_table(rows: list[dict], floor: float, floor_host: float) -> str:
+def eager_table(rows: list[dict], floor: float, floor_host: float, rounds: int = 9) -> str:
     def f(r, k):
         return f"{r[k]:.1f}" if k in r else "-"
 
     out = [
-        f"eager µs per call (median of 7 loops), direct launch on / off; floor x.add_(1) ="
-        f" {floor:.2f} µs ({floor_host:.2f} host); graph = device µs in a CUDA graph",
+        f"eager µs per call (median over {rounds} interleaved rounds; IQR: first..third"
+        f" quartile), direct launch on / off; floor x.add_(1) = {floor:.2f} µs ({floor_host:.2f}"
+        " host), timed with each point; graph = device µs in a CUDA graph",
         "",
-        "| preset | T | op | on | on host | off | off host | on/floor | graph |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| preset | T | op | on | on IQR | on host | off | off host | on/floor | graph |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        ratio = f"{r['on'] / floor:.2f}" if "on" in r else "-"
-        cells = [f(r, "on"), f(r, "on_host"), f(r, "off"), f(r, "off_host"), ratio, f(r, "graph")]
-        if "error" in r:
-            cells[-1] = r["error"][:60]
+        ratio = f"{r['on'] / r['floor']:.2f}" if "on" in r and "floor" in r else "-"
+        iqr = f"{r['on_q1']:.1f}-{r['on_q3']:.1f}" if "on_q1" in r else "-"
+        cells = [f(r, "on"), iqr, f(r, "on_host"), f(r, "off"), f(r, "off_host"), ratio]
+        cells.append(r["error"][:60] if "error" in r else f(r, "graph"))
         out.append(f"| {r['preset']} | {r['T']} | {r['op']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 

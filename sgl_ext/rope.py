@@ -251,6 +251,8 @@ def apply_rope_with_cos_sin_cache_inplace(
     if _is_compiling():
         _compiled(positions, query, key, head_size, cos_sin_cache, is_neox, a)
         return
+    plan_key: tuple | None
+    plan: RopeKVPlan | None
     try:
         plan_key, ptrs = call_key(
             positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl
