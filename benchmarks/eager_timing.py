@@ -9,10 +9,10 @@ eager call (i: the call's index, to rotate input sets). `time_points`:
    modules) before anything is timed; a column that raises here is dropped with a message;
 2. n per point: at least `min_calls`, and enough calls that a loop lasts `min_loop_s` of host
    time for the point's cheapest column (so the timer and the loop overhead do not matter);
-3. R rounds; in each round every column of every point is timed once: a synchronised GPU, a
-   loop of n calls (host time), then a synchronisation (host + device time). The column order
-   rotates from round to round and the points are visited in every round, so a drift of the
-   host (clocks, other load) reaches every column alike;
+3. R rounds; in each round every column of every point is timed once: 3 untimed calls, a
+   synchronised GPU, a loop of n calls (host time), then a synchronisation (host + device
+   time). The column order rotates from round to round and the points are visited in every
+   round, so a drift of the host (clocks, other load) reaches every column alike;
 4. per column: the median over rounds of the µs per call (host + device, and host only) and
    all the rounds' values, from which the tables print a spread.
 """
@@ -62,7 +62,12 @@ class Timing:
         return q[0], q[2]
 
 
-def _loop(fn: Fn, n: int) -> tuple[float, float]:
+def _loop(fn: Fn, n: int, untimed: int = 3) -> tuple[float, float]:
+    """(host + device, host) µs per call of a loop of n calls, after `untimed` calls (a
+    settings override, e.g. the direct launch off, empties the plan caches: the next column's
+    first call would make its plan again)."""
+    for i in range(untimed):
+        fn(i)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for i in range(n):
