@@ -1,29 +1,37 @@
 """Eager host cost per call of every per-layer op, with the direct launch on and off.
 
 Run through `python benchmarks/bench_layers.py --eager` (or `python benchmarks/bench_eager.py`).
-Per preset shape (bf16) and T in (1, 512), for each op: the eager µs per call (n calls in a host
-loop, then one sync, median of 7 loops after a warm-up: host + device, and the host-only part
-before the sync) with the direct launch of the compiled kernel on (the default) and off
-(`settings.override(direct_launch=False)`, as SGL_EXT_DIRECT_LAUNCH=0: the Triton JIT on every
-call), beside a bare `x.add_(1)` (the floor of any kernel launch from Python) and the op's device
-time inside a CUDA graph. Goal (issue 14 / 15): "on" host µs near the floor, <= 10 µs.
+Per preset shape (bf16) and T in (1, 512), for each op: the eager µs per call (a loop of n calls,
+then one sync: host + device, and the host-only part before the sync) with the direct launch of
+the compiled kernel on (the default) and off (`settings.override(direct_launch=False)`, as
+SGL_EXT_DIRECT_LAUNCH=0: the Triton JIT on every call), beside a bare `x.add_(1)` (the floor of
+any kernel launch from Python, timed as a column of each point) and the op's device time inside
+a CUDA graph. Timed by eager_timing.py: everything warmed up first, then interleaved rounds,
+medians over rounds. Goal (issue 14 / 15): "on" host µs near the floor, <= 10 µs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # eager_timing
 
-from bench_util import SHAPES, eager_us, graph_time_us  # noqa: E402  (benchmarks/)
+from bench_util import SHAPES, graph_time_us  # noqa: E402  (benchmarks/)
+
+
+def graph_us(fn) -> float:
+    """Device µs per call of fn() in a CUDA graph."""
+    return graph_time_us(lambda i: fn(), reps=50, replays=10)
 
 
 def layer_ops(preset: str, t: int) -> dict:
-    """{op name: fn(i)} (i unused) for one shape and token count; every argument made up front."""
+    """{op name: fn()} for one shape and token count; every argument made up front."""
     import sgl_ext
     from sgl_ext import FusedSetKVBufferArg
     from srt.layers.activation import SiluAndMul
@@ -55,27 +63,32 @@ def layer_ops(preset: str, t: int) -> dict:
         (sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace),
     )
     return {
-        "add+rmsnorm": lambda _: sgl_ext.fused_add_rmsnorm(x, r, w, 1e-5, inplace=False),
-        "RMSNorm layer (add)": lambda _: norm_layer(x, r),
-        "rmsnorm": lambda _: sgl_ext.rmsnorm(x, w, 1e-5),
-        "silu_and_mul": lambda _: sgl_ext.silu_and_mul(g),
-        "SiluAndMul layer": lambda _: act_layer(g),
-        "rope+kv": lambda _: rope(pos, q, k, d, cs, True, arg),
-        "rope": lambda _: rope(pos, q, k, d, cs, True),
-        "qknorm+rope+kv": lambda _: qk_rope(pos, q, k, d, cs, qw, kw, 1e-6, True, arg),
-        "set_kv_buffer": lambda _: sgl_ext.set_kv_buffer(k3, v3, kb, vb, loc),
-        "index store (peer)": lambda _: (kb.__setitem__(loc, k3), vb.__setitem__(loc, v3)),
+        "add+rmsnorm": lambda: sgl_ext.fused_add_rmsnorm(x, r, w, 1e-5, inplace=False),
+        "RMSNorm layer (add)": lambda: norm_layer(x, r),
+        "rmsnorm": lambda: sgl_ext.rmsnorm(x, w, 1e-5),
+        "silu_and_mul": lambda: sgl_ext.silu_and_mul(g),
+        "SiluAndMul layer": lambda: act_layer(g),
+        "rope+kv": lambda: rope(pos, q, k, d, cs, True, arg),
+        "rope": lambda: rope(pos, q, k, d, cs, True),
+        "qknorm+rope+kv": lambda: qk_rope(pos, q, k, d, cs, qw, kw, 1e-6, True, arg),
+        "set_kv_buffer": lambda: sgl_ext.set_kv_buffer(k3, v3, kb, vb, loc),
+        "index store (peer)": lambda: (kb.__setitem__(loc, k3), vb.__setitem__(loc, v3)),
     }
 
 
-def run_eager(presets: list[str], tokens: tuple[int, ...] = (1, 512)) -> list[dict]:
+def run_eager(
+    presets: list[str], tokens: tuple[int, ...] = (1, 512), rounds: int = 9
+) -> list[dict]:
     """Print the eager table (one JSON line per row, then markdown); returns the rows."""
+    from eager_timing import Column, time_points
+
     from sgl_ext import settings
 
+    def jit_only():
+        return settings.override(direct_launch=False)
+
     x = torch.zeros(1, device="cuda")
-    floor, floor_host = eager_us(lambda i: x.add_(1), 2000, warmup=20)
-    print(f"# floor x.add_(1): {floor:.2f} µs per call ({floor_host:.2f} host)", flush=True)
-    rows = []
+    points, ops_of = {}, {}
     for preset in presets:
         for t in tokens:
             try:
@@ -83,42 +96,58 @@ def run_eager(presets: list[str], tokens: tuple[int, ...] = (1, 512)) -> list[di
             except Exception as err:  # noqa: BLE001 - one failing shape must not stop the table
                 print(f"# {preset} T={t}: setup failed: {type(err).__name__}: {str(err)[:150]}")
                 continue
+            cols = {"floor": Column(lambda i: x.add_(1))}
             for name, fn in ops.items():
-                row = {"preset": preset, "T": t, "op": name}
-                try:
-                    row["on"], row["on_host"] = eager_us(fn, 500, warmup=20)
-                    with settings.override(direct_launch=False):
-                        row["off"], row["off_host"] = eager_us(fn, 300, warmup=20)
-                    row["graph"] = graph_time_us(fn, reps=50, replays=10)
-                except Exception as err:  # noqa: BLE001
-                    row["error"] = f"{type(err).__name__}: {str(err)[:150]}"
-                rows.append(row)
-                print(
-                    json.dumps(
-                        {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}
-                    ),
-                    flush=True,
-                )
-    print(eager_table(rows, floor, floor_host))
+                cols[name + "|on"] = Column(lambda i, fn=fn: fn())
+                cols[name + "|off"] = Column(lambda i, fn=fn: fn(), jit_only)
+            points[(preset, t)], ops_of[(preset, t)] = cols, ops
+    timings, _ = time_points(points, rounds=rounds)
+    floors = [tm["floor"] for tm in timings.values() if "floor" in tm]
+    floor = statistics.median(f.median for f in floors) if floors else float("nan")
+    floor_host = statistics.median(f.host_median for f in floors) if floors else float("nan")
+    print(f"# floor x.add_(1): {floor:.2f} µs per call ({floor_host:.2f} host)", flush=True)
+    rows = []
+    for (preset, t), ops in ops_of.items():
+        tm = timings[(preset, t)]
+        for name, fn in ops.items():
+            row = {"preset": preset, "T": t, "op": name}
+            for mode in ("on", "off"):
+                if name + "|" + mode in tm:
+                    m = tm[name + "|" + mode]
+                    row[mode], row[mode + "_host"] = m.median, m.host_median
+                    row[mode + "_q1"], row[mode + "_q3"] = m.quartiles()
+            if "floor" in tm:
+                row["floor"] = tm["floor"].median
+            try:
+                row["graph"] = graph_us(fn)
+            except Exception as err:  # noqa: BLE001
+                row["error"] = f"{type(err).__name__}: {str(err)[:150]}"
+            rows.append(row)
+            print(
+                json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}),
+                flush=True,
+            )
+    print(eager_table(rows, floor, floor_host, rounds))
     return rows
 
 
-def eager_table(rows: list[dict], floor: float, floor_host: float) -> str:
+def eager_table(rows: list[dict], floor: float, floor_host: float, rounds: int = 9) -> str:
     def f(r, k):
         return f"{r[k]:.1f}" if k in r else "-"
 
     out = [
-        f"eager µs per call (median of 7 loops), direct launch on / off; floor x.add_(1) ="
-        f" {floor:.2f} µs ({floor_host:.2f} host); graph = device µs in a CUDA graph",
+        f"eager µs per call (median over {rounds} interleaved rounds; IQR: first..third"
+        f" quartile), direct launch on / off; floor x.add_(1) = {floor:.2f} µs ({floor_host:.2f}"
+        " host), timed with each point; graph = device µs in a CUDA graph",
         "",
-        "| preset | T | op | on | on host | off | off host | on/floor | graph |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| preset | T | op | on | on IQR | on host | off | off host | on/floor | graph |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        ratio = f"{r['on'] / floor:.2f}" if "on" in r else "-"
-        cells = [f(r, "on"), f(r, "on_host"), f(r, "off"), f(r, "off_host"), ratio, f(r, "graph")]
-        if "error" in r:
-            cells[-1] = r["error"][:60]
+        ratio = f"{r['on'] / r['floor']:.2f}" if "on" in r and "floor" in r else "-"
+        iqr = f"{r['on_q1']:.1f}-{r['on_q3']:.1f}" if "on_q1" in r else "-"
+        cells = [f(r, "on"), iqr, f(r, "on_host"), f(r, "off"), f(r, "off_host"), ratio]
+        cells.append(r["error"][:60] if "error" in r else f(r, "graph"))
         out.append(f"| {r['preset']} | {r['T']} | {r['op']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 

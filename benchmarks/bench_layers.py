@@ -11,7 +11,8 @@ replays: no launch cost), the floor = bytes moved / measured device-copy bandwid
 ratio. A failing row prints its error and the rest go on.
 
 --eager (bench_eager.py): per op at T = 1 and 512, the eager µs per call (n calls in a host loop,
-then a sync; host + device, and the host-only part) with the direct launch on (default) and off
+then a sync; host + device, and the host-only part; medians over interleaved rounds after a
+warm-up of everything, eager_timing.py) with the direct launch on (default) and off
 (SGL_EXT_DIRECT_LAUNCH=0: the Triton JIT on every call), beside a bare `x.add_(1)` (the floor of
 any launch from Python) and the op's device time in a graph.
 

@@ -17,18 +17,23 @@ Variants (all inside CUDA graphs, median over replays, µs per call):
 
 Usage: python benchmarks/bench_rope_kv.py [--tokens 1 8 ...] [--shapes llama3-8b gpt-oss-20b]
            [--kv-dtype bf16|fp8_e4m3] [--rot-frac 0.5] [--gptj] [--no-compile] [--json-out F]
-           [--plot F.png] [--compare] [--only-fused] [--pos-range N] [--eager]
+           [--plot F.png] [--compare] [--only-fused] [--pos-range N] [--eager [--rounds R]]
 
---eager: the cost of one call made eagerly (no graph), host and device together: n calls in a
-host loop, synchronised at the end, divided by n (median of 7 repeats; every shape warmed up
-first), and the host-only part (the loop before the sync). Columns (bf16 cache):
+--eager: the cost of one call made eagerly (no graph), host and device together, and the
+host-only part (the loop before the sync), timed by eager_timing.py: every column of every
+point is built and warmed up first; then in each of --rounds rounds (default 15) every column of
+every point runs one loop of n calls (n >= 200, and enough for a 2 ms host loop) synchronised at
+the end, in a column order that rotates per round; a column's figure is its median over rounds
+and the table prints the fused and sglang interquartile ranges. Columns (bf16 cache):
   fused / rope   ours with and without the FusedSetKVBufferArg
   qknorm         ours, apply_qk_norm_rope_with_cos_sin_cache_inplace with the KV write
   sglang / sglang_rope / fi_rope   the peers' kernels, called straight through tvm-ffi
                  (without SGLang's custom-op wrapper: their cost as the lowest it can be)
   unfused        ours: RoPE alone + set_kv_buffer
   set_kv / index sgl_ext.set_kv_buffer vs `k_buffer[loc] = k; v_buffer[loc] = v`
-  floor          `x.add_(1)`: a bare eager kernel launch from Python
+  floor          `x.add_(1)`: a bare eager kernel launch from Python, timed as a column
+The JSON (--json-out) has, per row and column, the median, _host, _q1/_q3, _min/_max and
+_rounds (every round's µs per call).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -45,7 +51,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_util, peers, peer_columns
 
-from bench_util import copy_bandwidth, eager_us, graph_time_us  # noqa: E402  (benchmarks/)
+from bench_util import copy_bandwidth, graph_time_us  # noqa: E402  (benchmarks/)
 from peer_columns import peer_columns  # noqa: E402  (benchmarks/)
 
 import sgl_ext  # noqa: E402
@@ -292,57 +298,77 @@ EAGER_COLUMNS = [
     "index",
 ]
 EAGER_HOST = ["fused", "rope", "qknorm", "set_kv", "sglang"]
+EAGER_SPREAD = ["fused", "sglang"]  # columns whose spread over rounds the table prints
 
 
 def run_eager(args) -> tuple[list[dict], float]:
+    """Build every point's columns, then time them all interleaved (eager_timing.py)."""
+    from eager_timing import Column, time_points
+
     kv_dtype = KV_DTYPES[args.kv_dtype]
     x = torch.zeros(1, device="cuda")
-    floor, floor_host = eager_us(lambda i: x.add_(1), 2000)
-    print(f"# floor x.add_(1): {floor:.2f} µs per call ({floor_host:.2f} host)", flush=True)
-    rows = []
+    cases, points = {}, {}
     for shape in args.shapes:
         for t in args.tokens:
             c = Case(shape, t, kv_dtype, args.rot_frac, not args.gptj, pos_range=args.pos_range)
-            n = max(20, min(1000, int(2e8 / c.bytes)))
-            r = {"shape": shape, "T": t, "n": n, "floor": floor}
             fns = eager_fns(c)
             fns.update(peer_columns(c, args.kv_dtype, rope_only=True))
+            cols = {}
             for name in EAGER_COLUMNS:
                 if name in fns:
-                    try:
-                        r[name], r[name + "_host"] = eager_us(fns[name], n)
-                    except Exception as err:  # one failing column must not end the table
-                        print(f"# {name} failed: {type(err).__name__}: {str(err)[:150]}")
-            rows.append(r)
-            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}))
-            del c, fns
-            torch.cuda.empty_cache()
-    return rows, floor
+                    cols[name] = Column(fns[name])
+            cols["floor"] = Column(lambda i: x.add_(1))
+            cases[(shape, t)], points[(shape, t)] = c, cols
+    print(
+        f"# {len(points)} points built; warm-up, then {args.rounds} interleaved rounds", flush=True
+    )
+    timings, calls = time_points(points, rounds=args.rounds)
+    rows = []
+    for (shape, t), cols in timings.items():
+        r = {"shape": shape, "T": t, "n": calls[(shape, t)], "rounds": args.rounds}
+        for name, tm in cols.items():
+            r[name], r[name + "_host"] = tm.median, tm.host_median
+            r[name + "_q1"], r[name + "_q3"] = tm.quartiles()
+            r[name + "_min"], r[name + "_max"] = min(tm.total), max(tm.total)
+            r[name + "_rounds"] = [round(v, 3) for v in tm.total]
+        rows.append(r)
+        brief = {k: round(tm.median, 2) for k, tm in cols.items()}
+        print(json.dumps({"shape": shape, "T": t, "n": r["n"], **brief}), flush=True)
+    floors = [r["floor"] for r in rows if "floor" in r]
+    return rows, statistics.median(floors) if floors else math.nan
 
 
 def eager_table(rows, floor, args) -> str:
     cols = [c for c in EAGER_COLUMNS if any(c in r for r in rows)]
     host = [c for c in EAGER_HOST if any(c + "_host" in r for r in rows)]
+    spread = [c for c in EAGER_SPREAD if any(c in r for r in rows)]
     ratios = [("fused", "sglang"), ("rope", "sglang_rope"), ("set_kv", "index")]
     ratios = [(a, b) for a, b in ratios if any(a in r and b in r for r in rows)]
     out = [
         f"device: {torch.cuda.get_device_name()}; kv {args.kv_dtype}; eager µs per call, host and"
-        f" device (median of 7 loops, synchronised at the end); floor x.add_(1) = {floor:.2f} µs",
+        f" device: median over {args.rounds} interleaved rounds (a loop of n calls synchronised"
+        f" at the end; every column of every point warmed up first); IQR: first..third quartile"
+        f" of the rounds; floor x.add_(1) timed as a column of each point (median {floor:.2f} µs)",
         "",
-        "| shape | T | "
+        "| shape | T | n | "
         + " | ".join(cols)
-        + " | "
+        + " | floor | "
         + " | ".join(f"{a}/{b}" for a, b in ratios)
+        + " | "
+        + " | ".join(f"{c} IQR" for c in spread)
         + " | "
         + " | ".join(f"{h} host" for h in host)
         + " | fused/floor |",
     ]
-    out.append("|" + "---|" * (2 + len(cols) + len(ratios) + len(host) + 1))
+    out.append("|" + "---|" * (4 + len(cols) + len(ratios) + len(spread) + len(host) + 1))
     for r in rows:
-        vals = [f"{r[c]:.1f}" if c in r else "-" for c in cols]
+        vals = [str(r["n"])]
+        vals += [f"{r[c]:.1f}" if c in r else "-" for c in cols]
+        vals.append(f"{r['floor']:.1f}" if "floor" in r else "-")
         vals += [f"{r[a] / r[b]:.2f}" if a in r and b in r else "-" for a, b in ratios]
+        vals += [f"{r[c + '_q1']:.1f}-{r[c + '_q3']:.1f}" if c in r else "-" for c in spread]
         vals += [f"{r[h + '_host']:.1f}" if h + "_host" in r else "-" for h in host]
-        vals.append(f"{r['fused'] / floor:.2f}" if "fused" in r else "-")
+        vals.append(f"{r['fused'] / r['floor']:.2f}" if "fused" in r and "floor" in r else "-")
         out.append(f"| {r['shape']} | {r['T']} | " + " | ".join(vals) + " |")
     return "\n".join(out)
 
@@ -407,6 +433,7 @@ def main() -> None:
     p.add_argument("--only-fused", action="store_true", help="skip unfused/native/compile")
     p.add_argument("--pos-range", type=int, help="draw positions from [0, N) (default: all)")
     p.add_argument("--eager", action="store_true", help="eager cost per call (see above)")
+    p.add_argument("--rounds", type=int, default=15, help="--eager: interleaved rounds")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_rope_kv needs a CUDA GPU")

@@ -16,7 +16,7 @@
 #   memcheck   compute-sanitizer memcheck over the kernel sweep
 #   rope       bench_rope_kv tables: bf16 graph + eager, fp8, GPT-J, partial rotary, vs peers
 #   eager      host time per eager call: ours (RoPE, q/k-norm op) vs SGLang / FlashInfer and
-#              set_kv_buffer vs indexing, both shapes, T 1..32768
+#              set_kv_buffer vs indexing, both shapes, T 1..32768 (interleaved rounds, medians)
 #   qknorm     q/k-norm op + Qwen3 GPU tests, bench_qk_norm_rope tables (Qwen3-8B / -32B shapes)
 #   moe        MoE tests (test_moe*.py, gpt-oss MXFP4 model tests, GPU ones included) + bench_moe
 #              (gpt-oss-20b shape): routed-expert kernel vs torch, read floor; bf16 experts, then
@@ -105,10 +105,12 @@ t_rope() {
 t_eager() {
   peers_env
   # eager µs per call (host + device, and host only): ours fused / RoPE-only / q/k-norm,
-  # SGLang fused / RoPE-only, FlashInfer, unfused, set_kv_buffer vs indexing; floor x.add_(1)
-  timeout 420 python benchmarks/bench_rope_kv.py --eager --json-out "$LOGS/eager.json"
+  # SGLang fused / RoPE-only, FlashInfer, unfused, set_kv_buffer vs indexing, floor x.add_(1);
+  # all warmed up, then 15 interleaved rounds (medians, fused / sglang IQR); both shapes,
+  # T 1 8 64 512 2048 8192 32768 (~2-3 min)
+  timeout 330 python benchmarks/bench_rope_kv.py --eager --rounds 15 --json-out "$LOGS/eager.json"
   # the same with direct launches off (the JIT path per call): what the direct launch saves
-  SGL_EXT_DIRECT_LAUNCH=0 timeout 150 python benchmarks/bench_rope_kv.py --eager \
+  SGL_EXT_DIRECT_LAUNCH=0 timeout 90 python benchmarks/bench_rope_kv.py --eager --rounds 5 \
     --tokens 1 64 512 --shapes llama3-8b
 }
 t_qknorm() {

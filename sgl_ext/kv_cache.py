@@ -13,9 +13,9 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
-from sgl_ext._plans import PlanCache
+from sgl_ext._plans import PlanCache, kv_key, rope_kv_launcher, scale_tensor
 from sgl_ext.native import kv_write_native
-from sgl_ext.rope import RopeKVPlan, _scale_key, _scale_tensor
+from sgl_ext.rope import RopeKVPlan
 
 _is_compiling = torch.compiler.is_compiling
 _PLANS = PlanCache()
@@ -58,10 +58,7 @@ def _new_plan(plan_key: object, *args: object) -> RopeKVPlan:
     backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
-        from sgl_ext.triton.rope_kv_plan import plan_rope_kv
-
-        align = key.data_ptr() % 16
-        launcher = plan_rope_kv(call, align, align, k_buffer.data_ptr() % 16, None)
+        launcher = rope_kv_launcher(call, None, key, k_buffer, None)
     return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher))
 
 
@@ -96,31 +93,23 @@ def set_kv_buffer(
     args = (key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
     if _is_compiling():
         call = check(*args)
-        ks, vs = _scale_tensor(k_scale, key), _scale_tensor(v_scale, key)
+        ks, vs = scale_tensor(k_scale, key), scale_tensor(v_scale, key)
         torch.ops.sgl_ext.set_kv(key, value, k_buffer, v_buffer, cache_loc, ks, vs, call.head_size)
         return
     plan_key: tuple | None
     plan: RopeKVPlan | None
     try:
-        kp, vp, kbp = key.data_ptr(), value.data_ptr(), k_buffer.data_ptr()
-        vbp, lp = v_buffer.data_ptr(), cache_loc.data_ptr()
-        if k_scale is None and v_scale is None:
-            ks_key = vs_key = None
-            ksp = vsp = kp
-        else:
-            ks_key, ksp = _scale_key(k_scale, kp)
-            vs_key, vsp = _scale_key(v_scale, kp)
-        kb, vb = k_buffer, v_buffer
+        kp = key.data_ptr()
+        kv, kv_ptrs = kv_key(value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, kp)
         plan_key = (
-            (key.dtype, key.shape, key.stride(), key.device, kp & 15),
-            (value.dtype, value.shape, value.stride(), value.device, vp & 15),
-            (kb.dtype, kb.shape, kb.stride(), kb.device, kbp & 15, kb.requires_grad),
-            (vb.dtype, vb.shape, vb.stride(), vb.device, vbp & 15, vb.requires_grad),
-            (cache_loc.dtype, cache_loc.shape, cache_loc.stride(), cache_loc.device, lp & 15),
-            ks_key,
-            vs_key,
+            key.dtype,
+            key.shape,
+            key.stride(),
+            key.device,
+            kp & 15,
             head_size.__class__,
             head_size,
+            kv,
         )
         plan = _PLANS.get(plan_key)
     except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
@@ -129,7 +118,7 @@ def set_kv_buffer(
         plan = _new_plan(plan_key, *args)
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
-        launcher.direct(kp, kp, kp, kp, vp, kbp, vbp, lp, ksp, vsp, kp, kp)
+        launcher.run_ptrs((kp, kp, kp, kp, *kv_ptrs, kp, kp))
         return
     _run(plan, *args[:7])
 

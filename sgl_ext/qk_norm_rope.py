@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,10 +25,11 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall
-from sgl_ext._plans import PlanCache
+from sgl_ext._plans import PlanCache, rope_kv_launcher
 from sgl_ext.native import rms_norm_heads_native, rotate_native
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
+    RopeKVPlan,
     _check_kv,
     _kv_tensors,
     _write_native,
@@ -39,23 +38,7 @@ from sgl_ext.rope import (
     op_kv_args,
 )
 
-if TYPE_CHECKING:
-    from sgl_ext.triton.launcher import KernelLauncher
-
 _is_compiling = torch.compiler.is_compiling
-
-
-@dataclass(frozen=True)
-class QKNormRopePlan:
-    """What a checked call launches: the call, the norm, the backend and the kernel launch."""
-
-    call: RopeCall
-    norm: QKNormCall
-    backend: str
-    debug: bool
-    launcher: KernelLauncher | None  # for backend "triton"
-
-
 _PLANS = PlanCache()
 
 
@@ -119,7 +102,7 @@ def _new_plan(
     is_neox: object,
     arg: object,
     enable_pdl: bool | None,
-) -> QKNormRopePlan:
+) -> RopeKVPlan:
     call, eps_f = check(
         positions,
         query,
@@ -138,16 +121,14 @@ def _new_plan(
     backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
-        from sgl_ext.triton.rope_kv_plan import plan_rope_kv
-
-        kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else key
-        aligns = (query.data_ptr() % 16, key.data_ptr() % 16, kb.data_ptr() % 16)
-        launcher = plan_rope_kv(call, *aligns, enable_pdl, norm)
-    return _PLANS.put(plan_key, QKNormRopePlan(call, norm, backend, settings.get().debug, launcher))
+        kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else None
+        launcher = rope_kv_launcher(call, query, key, kb, enable_pdl, norm)
+    plan = RopeKVPlan(call, backend, settings.get().debug, launcher, norm)
+    return _PLANS.put(plan_key, plan)
 
 
 def _run(
-    plan: QKNormRopePlan,
+    plan: RopeKVPlan,
     positions: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -182,11 +163,13 @@ def _native(
     q_norm_weight: torch.Tensor,
     k_norm_weight: torch.Tensor,
     a: FusedSetKVBufferArg | None,
-    plan: QKNormRopePlan,
+    plan: RopeKVPlan,
 ) -> None:
     """Torch RMSNorm (Qwen3's rounding), then the RoPE op's native path: the same bits as the
     unfused model path (torch q/k norm, RoPE, set_kv_buffer) on the CPU."""
-    call, eps = plan.call, plan.norm.eps
+    call = plan.call
+    assert plan.norm is not None
+    eps = plan.norm.eps
     rms_norm_heads_native(query, call.head_size, q_norm_weight, eps)
     rms_norm_heads_native(key, call.head_size, k_norm_weight, eps)
     rotate_native(positions, query, call.head_size, cos_sin_cache, call.is_neox)
@@ -244,15 +227,26 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
         _compiled(positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox, a)
         return
     plan_key: tuple | None
-    plan: QKNormRopePlan | None
+    plan: RopeKVPlan | None
     try:
-        rope_key, ptrs = call_key(positions, query, key, head_size, cos_sin_cache, is_neox, a)
+        rope_key, ptrs = call_key(
+            positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl
+        )
         qwp, kwp = qw.data_ptr(), kw.data_ptr()
         plan_key = (
             rope_key,
-            (qw.dtype, qw.shape, qw.stride(), qw.device, qwp & 15),
-            (kw.dtype, kw.shape, kw.stride(), kw.device, kwp & 15),
-            (eps.__class__, eps, enable_pdl),
+            qw.dtype,
+            qw.shape,
+            qw.stride(),
+            qw.device,
+            qwp & 15,
+            kw.dtype,
+            kw.shape,
+            kw.stride(),
+            kw.device,
+            kwp & 15,
+            eps.__class__,
+            eps,
         )
         plan = _PLANS.get(plan_key)
     except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
@@ -262,7 +256,7 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
         plan = _new_plan(plan_key, *args, enable_pdl)
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
-        launcher.direct(*ptrs, qwp, kwp)
+        launcher.run_ptrs((*ptrs, qwp, kwp))
         return
     _run(plan, positions, query, key, cos_sin_cache, qw, kw, a)
 
@@ -324,5 +318,5 @@ def apply_qk_norm_rope_native(
     a = fused_set_kv_buffer_arg
     args = (positions, query, key, head_size, cos_sin_cache, q_norm_weight, k_norm_weight, eps)
     call, eps_f = check(*args, is_neox, a)
-    plan = QKNormRopePlan(call, QKNormCall(eps_f, 0, 0), "native", False, None)
+    plan = RopeKVPlan(call, "native", False, None, QKNormCall(eps_f, 0, 0))
     _native(positions, query, key, cos_sin_cache, q_norm_weight, k_norm_weight, a, plan)

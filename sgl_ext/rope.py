@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
 from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
-from sgl_ext._common import RopeCall, Scale
-from sgl_ext._plans import PlanCache
+from sgl_ext._common import QKNormCall, RopeCall, Scale
+from sgl_ext._plans import PlanCache, kv_key, rope_kv_launcher, scale_tensor
 from sgl_ext.native import kv_write_native, rotate_native
 
 if TYPE_CHECKING:
@@ -58,12 +58,14 @@ class FusedSetKVBufferArg:
 
 @dataclass(frozen=True)
 class RopeKVPlan:
-    """What a checked call launches: the call, its backend and (Triton) its kernel launch."""
+    """What a checked call launches: the call, its backend and (Triton) its kernel launch;
+    for the q/k-norm op also the checked norm."""
 
     call: RopeCall
     backend: str
     debug: bool
     launcher: KernelLauncher | None  # for backend "triton"
+    norm: QKNormCall | None = None
 
 
 _PLANS = PlanCache()
@@ -109,17 +111,6 @@ def check(
     return dataclasses.replace(call, kv=kv)
 
 
-def _scale_key(scale: object, unused_ptr: int) -> tuple[object, int]:
-    """A scale's part of the plan key, and the pointer the kernel receives for it."""
-    if scale is None:
-        return None, unused_ptr
-    if scale.__class__ is float or scale.__class__ is int:
-        return (scale.__class__, scale), unused_ptr
-    t = cast(torch.Tensor, scale)  # a tensor (anything else misses and is rejected by the checks)
-    ptr = t.data_ptr()
-    return (t.dtype, t.shape, t.device, ptr & 15), ptr
-
-
 def _new_plan(
     plan_key: object,
     positions: object,
@@ -138,12 +129,8 @@ def _new_plan(
     backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
-        from sgl_ext.triton.rope_kv_plan import plan_rope_kv
-
-        kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else key
-        launcher = plan_rope_kv(
-            call, query.data_ptr() % 16, key.data_ptr() % 16, kb.data_ptr() % 16, enable_pdl
-        )
+        kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else None
+        launcher = rope_kv_launcher(call, query, key, kb, enable_pdl)
     return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher))
 
 
@@ -248,9 +235,12 @@ def apply_rope_with_cos_sin_cache_inplace(
     if _is_compiling():
         _compiled(positions, query, key, head_size, cos_sin_cache, is_neox, a)
         return
+    plan_key: tuple | None
+    plan: RopeKVPlan | None
     try:
-        plan_key, ptrs = call_key(positions, query, key, head_size, cos_sin_cache, is_neox, a)
-        plan_key = (plan_key, enable_pdl)
+        plan_key, ptrs = call_key(
+            positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl
+        )
         plan = _PLANS.get(plan_key)
     except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
         plan_key = plan = None
@@ -260,7 +250,7 @@ def apply_rope_with_cos_sin_cache_inplace(
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
         kp = ptrs[3]
-        launcher.direct(*ptrs, kp, kp)  # no norm weights
+        launcher.run_ptrs((*ptrs, kp, kp))  # no norm weights
         return
     _run(plan, positions, query, key, cos_sin_cache, a, enable_pdl)
 
@@ -273,47 +263,53 @@ def call_key(
     cos_sin_cache: torch.Tensor,
     is_neox: bool,
     a: FusedSetKVBufferArg | None,
-) -> tuple[object, tuple[int, ...]]:
-    """The plan-cache key of a call and its kernel pointers (pos, cos_sin, q, k, v, k_buffer,
-    v_buffer, cache_loc, k_scale, v_scale; key's for the ones the call does not have).
+    enable_pdl: bool | None,
+) -> tuple[tuple, tuple[int, ...]]:
+    """The plan-cache key of a call (a flat tuple; with a KV write, that tuple, the argument's
+    class and its `kv_key`) and its kernel pointers (pos, cos_sin, q, k, v, k_buffer, v_buffer,
+    cache_loc, k_scale, v_scale; key's for the ones the call does not have).
 
     The key holds everything the checks and the launch plan read: each tensor's dtype, shape,
-    strides, device, requires_grad where written, data_ptr() % 16, the scalars' types and
-    values, a scale's key (`_scale_key`). Raises AttributeError / TypeError for arguments that
-    are not tensors (the caller then runs the checks, which say what is wrong).
+    strides, device, data_ptr() % 16 and requires_grad where written, the scalars' types and
+    values, enable_pdl, the argument's class and its `kv_key`. Raises AttributeError /
+    TypeError for arguments that are not tensors (the caller then runs the checks, which say
+    what is wrong).
     """
     pp, qp, kp = positions.data_ptr(), query.data_ptr(), key.data_ptr()
     cp = cos_sin_cache.data_ptr()
     rope_key = (
-        (positions.dtype, positions.shape, positions.stride(), positions.device, pp & 15),
-        (query.dtype, query.shape, query.stride(), query.device, qp & 15),
-        (key.dtype, key.shape, key.stride(), key.device, kp & 15),
-        (cos_sin_cache.dtype, cos_sin_cache.shape, cos_sin_cache.stride(), cp & 15),
-        (cos_sin_cache.device, query.requires_grad, key.requires_grad),
-        (head_size.__class__, head_size, is_neox.__class__, is_neox),
+        positions.dtype,
+        positions.shape,
+        positions.stride(),
+        positions.device,
+        pp & 15,
+        query.dtype,
+        query.shape,
+        query.stride(),
+        query.device,
+        qp & 15,
+        query.requires_grad,
+        key.dtype,
+        key.shape,
+        key.stride(),
+        key.device,
+        kp & 15,
+        key.requires_grad,
+        cos_sin_cache.dtype,
+        cos_sin_cache.shape,
+        cos_sin_cache.stride(),
+        cos_sin_cache.device,
+        cp & 15,
+        head_size.__class__,
+        head_size,
+        is_neox.__class__,
+        is_neox,
+        enable_pdl,
     )
     if a is None:
         return rope_key, (pp, cp, qp, kp, kp, kp, kp, kp, kp, kp)
-    value, kb, vb, loc = a.value, a.k_buffer, a.v_buffer, a.cache_loc
-    vp, kbp, vbp, lp = value.data_ptr(), kb.data_ptr(), vb.data_ptr(), loc.data_ptr()
-    ks, vs = a.k_scale, a.v_scale
-    if ks is None and vs is None:
-        ks_key = vs_key = None
-        ksp = vsp = kp
-    else:
-        ks_key, ksp = _scale_key(ks, kp)
-        vs_key, vsp = _scale_key(vs, kp)
-    plan_key = (
-        rope_key,
-        a.__class__,
-        (value.dtype, value.shape, value.stride(), value.device, vp & 15),
-        (kb.dtype, kb.shape, kb.stride(), kb.device, kbp & 15, kb.requires_grad),
-        (vb.dtype, vb.shape, vb.stride(), vb.device, vbp & 15, vb.requires_grad),
-        (loc.dtype, loc.shape, loc.stride(), loc.device, lp & 15),
-        ks_key,
-        vs_key,
-    )
-    return plan_key, (pp, cp, qp, kp, vp, kbp, vbp, lp, ksp, vsp)
+    kv, kv_ptrs = kv_key(a.value, a.k_buffer, a.v_buffer, a.cache_loc, a.k_scale, a.v_scale, kp)
+    return (rope_key, a.__class__, kv), (pp, cp, qp, kp, *kv_ptrs)
 
 
 def _compiled(
@@ -336,7 +332,7 @@ def op_kv_args(a: FusedSetKVBufferArg | None) -> tuple:
     (float scales as 0-d tensors; all None without a KV write); `fused_arg` undoes it."""
     if a is None:
         return (None,) * 6
-    ks, vs = _scale_tensor(a.k_scale, a.value), _scale_tensor(a.v_scale, a.value)
+    ks, vs = scale_tensor(a.k_scale, a.value), scale_tensor(a.v_scale, a.value)
     return a.value, a.k_buffer, a.v_buffer, ks, vs, a.cache_loc
 
 
@@ -353,13 +349,6 @@ def fused_arg(
         return None
     assert k_buffer is not None and v_buffer is not None and cache_loc is not None
     return FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
-
-
-def _scale_tensor(scale: Scale, like: torch.Tensor) -> torch.Tensor | None:
-    """A float scale as a 0-d fp32 tensor (the registered ops take tensors)."""
-    if scale is None or isinstance(scale, torch.Tensor):
-        return scale
-    return torch.full((), float(scale), dtype=torch.float32, device=like.device)
 
 
 def apply_rope_native(

@@ -46,6 +46,11 @@ DIRECT_SUPPORTED = _RAW_STREAM is not None and (3, 3) <= _VERSION < (4, 0)
 _C_LAUNCH_ABI = _VERSION == (3, 6)
 
 
+# With Triton's HookChain hooks (3.4+), the lists that say whether any hook is set; () where
+# the hooks are plain attributes that default to None.
+_ENTER_CALLS, _EXIT_CALLS = getattr(_ENTER, "calls", ()), getattr(_EXIT, "calls", ())
+
+
 def _no_hooks() -> bool:
     enter, leave = _RT.launch_enter_hook, _RT.launch_exit_hook
     if enter is None and leave is None:
@@ -120,19 +125,31 @@ class KernelLauncher:
         names = [p.name for p in params[len(params) - n_const :]]
         self._tail = (*self.fixed, *(self.constexprs[n] for n in names))
         run = kernel.run  # the launcher (loads the module: here, outside any capture)
-        self._run, self._pre = run, (kernel.function, kernel.packed_metadata)
+        # _pre: what follows the stream, up to the kernel's arguments, without hooks (launch
+        # metadata, enter hook, exit hook: None).
+        self._run, self._pre = run, (kernel.function, kernel.packed_metadata, None, None, None)
         c_launch = getattr(run, "launch", None)
         if _C_LAUNCH_ABI and type(run).__name__ == "CudaLauncher" and c_launch is not None:
             flags = (run.launch_cooperative_grid, run.launch_pdl, None, None)
-            self._run, self._pre = c_launch, (kernel.function, *flags, kernel.packed_metadata)
+            meta = kernel.packed_metadata
+            self._run, self._pre = c_launch, (kernel.function, *flags, meta, None, None, None)
         self.compiled = kernel
 
     def direct(self, *ptrs: int) -> None:
         """Launch the compiled kernel with the per-call pointers (data_ptr() integers)."""
-        assert _RAW_STREAM is not None  # allow_direct implies DIRECT_SUPPORTED
-        stream = _RAW_STREAM(self.device_index)
-        if _no_hooks():
-            self._run(*self._grid3, stream, *self._pre, None, None, None, *ptrs, *self._tail)
+        self.run_ptrs(ptrs)
+
+    def run_ptrs(self, ptrs: tuple[int, ...]) -> None:
+        """`direct` with the pointers as one tuple (the ops' fast path: no repacking)."""
+        rt = _RT
+        stream = _RAW_STREAM(self.device_index)  # type: ignore[misc]  # allow_direct: not None
+        if (
+            rt.launch_enter_hook is _ENTER
+            and rt.launch_exit_hook is _EXIT
+            and not _ENTER_CALLS
+            and not _EXIT_CALLS
+        ) or _no_hooks():
+            self._run(*self._grid3, stream, *self._pre, *ptrs, *self._tail)
             return
         k = self.compiled
         args = (*ptrs, *self._tail)

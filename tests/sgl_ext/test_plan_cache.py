@@ -180,3 +180,100 @@ def test_fused_arg_scales_as_tensors_or_floats_share_nothing(backend):
         b = dict(a, k_scale=ks, v_scale=ks)
         b["query"], b["key"] = a["query"].clone(), a["key"].clone()
         _check_call(b)
+
+
+# (argument changed, change, exception, name in the message) for the q/k-norm op
+QK_CHANGED = [
+    ("q_norm_weight", lambda a: a["q_norm_weight"].float(), TypeError, "q_norm_weight"),
+    ("k_norm_weight", lambda a: a["k_norm_weight"][:-1], ValueError, "k_norm_weight"),
+    ("k_norm_weight", lambda a: a["k_norm_weight"][:1].expand(D), ValueError, "k_norm_weight"),
+    ("eps", lambda a: -1e-6, ValueError, "eps"),
+    ("eps", lambda a: 1, None, None),  # an int eps is valid: another plan
+    ("key", lambda a: a["key"][:1].expand(T, HKV * D), ValueError, "key"),
+    ("k_buffer", lambda a: a["k_buffer"][:16], ValueError, "v_buffer"),
+]
+
+
+def _qk_call(a):
+    arg = sgl_ext.FusedSetKVBufferArg(
+        a["value"], a["k_buffer"], a["v_buffer"], None, None, a["cache_loc"]
+    )
+    sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(
+        a["positions"],
+        a["query"],
+        a["key"],
+        D,
+        a["cos_sin_cache"],
+        a["q_norm_weight"],
+        a["k_norm_weight"],
+        a["eps"],
+        True,
+        arg,
+    )
+
+
+def _qk_args(dev):
+    a = make_args(dev)
+    g = torch.Generator().manual_seed(3)
+    for name in ("q_norm_weight", "k_norm_weight"):
+        a[name] = (torch.rand(D, generator=g) + 0.5).to(a["query"].dtype).to(dev)
+    a["eps"] = 1e-6
+    return a
+
+
+@pytest.mark.parametrize("row", QK_CHANGED, ids=[f"{r[0]}-{i}" for i, r in enumerate(QK_CHANGED)])
+def test_qk_norm_changed_input_caught_after_cached_call(backend, row):
+    """The q/k-norm op's key covers its weights and eps as well as the RoPE op's arguments."""
+    name, make, exc, named = row
+    backend("native")
+    for _ in range(2):  # the second call is a cache hit
+        _qk_call(_qk_args("cpu"))
+    a = _qk_args("cpu")
+    a[name] = make(a)
+    if exc is None:
+        _qk_call(a)
+        return
+    snapshot = {k: v.detach().clone() for k, v in a.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(exc) as info:
+        _qk_call(a)
+    assert named in str(info.value), str(info.value)
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(bits(v.detach()), bits(snapshot[k])), f"{k} was modified"
+
+
+def test_key_pieces():
+    """kv_key / scale_key: every piece of metadata a check reads changes the key; a float
+    subclass (e.g. numpy.float64) or any non-tensor scale is not keyed (AttributeError)."""
+    from sgl_ext._plans import kv_key, scale_key
+
+    a = make_args()
+    base = (a["value"], a["k_buffer"], a["v_buffer"], a["cache_loc"], None, None, 7)
+    key, ptrs = kv_key(*base)
+    kb = a["k_buffer"]
+    n_slots = kb.shape[0]
+    assert ptrs[:4] == tuple(t.data_ptr() for t in base[:4]) and ptrs[4:] == (7, 7)
+    variants = [
+        (0, a["value"].view(T, HKV, D)),  # shape
+        (1, torch.zeros(n_slots, HKV + 1, D, dtype=kb.dtype)[:, :HKV]),  # strides
+        (1, kb.half()),  # dtype
+        (1, kb.detach().requires_grad_()),  # requires_grad
+        (2, torch.zeros(kb.numel() + 1, dtype=kb.dtype)[1:].view(kb.shape)),  # data_ptr % 16
+        (3, a["cache_loc"].int()),
+        (4, 0.5),
+        (5, torch.tensor(0.5)),
+    ]
+    for i, t in variants:
+        changed = list(base)
+        changed[i] = t
+        assert kv_key(*changed)[0] != key, i
+    assert scale_key(0.5, 7) == ((float, 0.5), 7) and scale_key(0.5, 7) != scale_key(0.25, 7)
+    s = torch.tensor(2.0)
+    assert scale_key(s, 7) == ((s.dtype, s.shape, s.device, s.data_ptr() & 15), s.data_ptr())
+
+    class F(float):
+        pass
+
+    for bad in (F(0.5), "0.5"):
+        with pytest.raises(AttributeError):
+            scale_key(bad, 7)
