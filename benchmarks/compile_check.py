@@ -32,6 +32,8 @@ def compile_one(
     merged=False,
     order=None,
     qk_norm=False,
+    num_warps=4,
+    ss_fp64=False,
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -80,11 +82,12 @@ def compile_one(
         MERGED=merged,
         GRID_ORDER=int(merged) if order is None else order,
         QK_NORM=qk_norm,
+        SS_FP64=ss_fp64,
     )
     for k in consts:
         sig[k] = "constexpr"
     src = ASTSource(rope_kv_kernel, sig, consts, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
 def sass_loads_before_division() -> tuple[int, int]:
@@ -148,7 +151,12 @@ def main() -> int:
         (("bf16", "bf16", True, False, 0, 0, 0, 1, True), 2, False),
     ):
         compile_one(*case, bh, merged, qk_norm=True)
-    print(f"compiled {n + 12} kernel variants for sm_90")
+    for case, bh, merged in (  # the float64 sum of squares (rope_kv_plan.QK_NORM_SUM_FP64)
+        (("bf16", "bf16", True, True, 0, 0, 0, 0, True), 1, False),
+        (("fp16", "e4m3", True, True, 1, 1, 2, 1, False), 8, True),
+    ):
+        compile_one(*case, bh, merged, qk_norm=True, ss_fp64=True)
+    print(f"compiled {n + 14} kernel variants for sm_90")
     after, before = sass_loads_before_division()
     print(f"fp8 tensor-scale SASS: {before} loads before the first reciprocal, {after} after it")
     return 0 if after == 0 and before > 0 else 1
