@@ -126,9 +126,7 @@ t_qknorm() {
   timeout 420 python benchmarks/bench_qk_norm_rope.py
   timeout 240 python benchmarks/bench_qk_norm_rope.py --kv-dtype fp8_e4m3 --no-peers \
     --tokens 1 32 512 8192 32768
-  # small-T tuning data: one head per program with 1, 2 or 4 warps (2-D grid, separate programs)
-  timeout 200 python benchmarks/bench_qk_norm_rope.py --no-peers --shapes qwen3-8b \
-    --tokens 1 8 32 --fused-configs 1,1,0,0 1,2,0,0 1,4,0,0 2,2,0,0
+  # layout / sum-dtype tuning: the qknorm_sweep target
 }
 t_qknorm_sweep() {
   timeout 540 python benchmarks/bench_qk_norm_rope.py --sweep \
