@@ -262,8 +262,8 @@ def run(args) -> tuple[list[dict], float, float]:
 # strings "block_h,num_warps[,order[,merged]]"; "" = the default (qk_norm_launch_config). The
 # layout the code had before the sweep existed: "1,4,0" up to 8 tokens, "" above (with fp64).
 SWEEP_LAYOUTS = (
-    (8, ("", "1,2,0", "1,4,0", "2,1,0", "2,2,0", "1,1,0,1")),
-    (64, ("", "1,1,0", "2,1,0", "2,4,0", "4,2,0", "8,4,0", "4,4,1,1")),
+    (8, ("", "1,2,0", "1,4,0", "2,1,0", "2,2,0", "4,4,0", "1,1,0,1")),
+    (64, ("", "1,1,0", "2,1,0", "4,1,0", "2,4,0", "8,4,0", "4,4,1,1")),
     (1 << 62, ("", "8,2,1,1", "4,2,1,1", "4,4,1,1", "16,4,1,1", "16,8,1,1", "8,8,1,1")),
 )
 
