@@ -17,6 +17,10 @@ PYTHONPATH; prebuilt by prepare_peers.sh into SGL_EXT_CACHE_DIR).
 Usage: python benchmarks/bench_qk_norm_rope.py [--tokens 1 8 ...] [--shapes qwen3-8b qwen3-32b]
            [--kv-dtype bf16|fp8_e4m3] [--no-peers] [--json-out F]
            [--fused-configs "block_h,num_warps[,order[,merged]]" ...]  (tuning columns)
+       python benchmarks/bench_qk_norm_rope.py --sweep [--tokens ...] [--shapes ...]
+           per T: rope_kv alone, then the fused op with the norm's sum of squares in fp32 and in
+           fp64 (rope_kv_plan.QK_NORM_SUM_FP64) x the layouts of SWEEP_LAYOUTS; the best variant
+           per T as QKNORM_BEST lines (no peers, no floor)
 """
 
 from __future__ import annotations
@@ -75,16 +79,57 @@ class NormCase(brk.Case):
         sgl_ext.apply_rope_with_cos_sin_cache_inplace(pos, q, k, self.d, self.cs, True, arg)
 
 
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest |a - b| / (|b| + 0.05) over the elements; NaN (unwritten) gives inf."""
-    a, b = a.float(), b.float()
-    e = ((a - b).abs() / (b.abs() + 0.05)).max().item()
+def _reference(qkv, pos, cs, qw, kw, hq, hkv, d, rows):
+    """Float64 q/k RMSNorm + neox RoPE of the first `rows` tokens of qkv [T, (Hq+2Hkv)*D]:
+    (q [rows, Hq, D], k [rows, Hkv, D]) f64, cos/sin rows cs[pos] (first half cos)."""
+    x = qkv[:rows].double()
+    q = x[:, : hq * d].reshape(rows, hq, d)  # [rows, Hq, D]
+    k = x[:, hq * d : (hq + hkv) * d].reshape(rows, hkv, d)  # [rows, Hkv, D]
+    cos, sin = cs[pos[:rows].long()].double().chunk(2, dim=-1)  # [rows, D/2] each
+    cos, sin = cos[:, None], sin[:, None]  # [rows, 1, D/2]
+
+    def norm_rope(h, w):
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+        a, b = h.chunk(2, dim=-1)  # neox halves [rows, H, D/2]
+        return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+    return norm_rope(q, qw), norm_rope(k, kw)
+
+
+def _err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| / rms(ref): rounding shows as a few 2^-8 of the largest values; a wrong
+    calling convention (head layout, pairing, positions, weights) as O(1). NaN (unwritten) ->
+    inf."""
+    e = ((x.double() - ref).abs().max() / ref.pow(2).mean().sqrt()).item()
     return float("inf") if e != e else e
 
 
+def _check_peer(name: str, theirs: dict, ours: dict, refs: dict) -> None:
+    """Each tensor of the peer within max(3x our error, 0.03) of the float64 reference (V
+    copies: bit-equal); prints both errors; raises PeerUnavailable on a mismatch."""
+    import peers
+
+    errs = {}
+    for key, ref in refs.items():
+        if ref is None:  # an exact copy
+            ok = torch.equal(theirs[key].view(torch.int16), ours[key].view(torch.int16))
+            errs[key] = (0.0 if ok else float("inf"), 0.0)
+        else:
+            errs[key] = (_err(theirs[key], ref), _err(ours[key], ref))
+    text = ", ".join(f"{k} {t:.4f} (ours {o:.4f})" for k, (t, o) in errs.items())
+    print(f"#   {name} check vs float64, max err / rms: {text}", flush=True)
+    bad = [k for k, (t, o) in errs.items() if not t <= max(3 * o, 0.03)]
+    if bad:
+        raise peers.PeerUnavailable(f"differs from the float64 reference in {bad}: {text}")
+
+
+CHECK_ROWS = 256  # tokens compared against the float64 reference (the convention is per token)
+
+
 def sglang_two_kernels(c: NormCase):
-    """SGLang's qknorm.cuh + rope.cuh (RoPE + K/V store) as a timed fn(i), checked against our
-    fused op on set 0 (poisoned caches) first. Raises PeerUnavailable with the reason."""
+    """SGLang's qknorm.cuh + rope.cuh (RoPE + K/V store) as a timed fn(i), checked first on
+    set 0 (poisoned caches): q, k and the K cache against the float64 reference, as close as
+    ours; V copied exactly. Raises PeerUnavailable with the reason."""
     import peers
 
     if c.kb.dtype != torch.bfloat16:
@@ -96,11 +141,13 @@ def sglang_two_kernels(c: NormCase):
     def call(i: int) -> None:
         pos, q, k, v, loc = c.split(i)
         t = q.shape[0]
+        # [T, H, D] views of the strided q/k/v slices of qkv (token stride (Hq + 2 Hkv) * D)
         q3, k3, v3 = q.view(t, -1, c.d), k.view(t, -1, c.d), v.view(t, -1, c.d)
         qknorm(q3, k3, c.qw, c.kw, EPS)
         rope_kv(pos, q3, k3, v3, c.cs, kc, vc, loc)
 
     qkv0 = c.sets[0][0].clone()
+    rows = min(c.t, CHECK_ROWS)
     outs = []
     for fn in (c.qk_fused, call):
         c.sets[0][0].copy_(qkv0)
@@ -108,18 +155,31 @@ def sglang_two_kernels(c: NormCase):
         c.vb.fill_(float("nan"))
         fn(0)
         pos, q, k, v, loc = c.split(0)
-        outs.append((q.clone(), k.clone(), c.kb[loc].clone(), c.vb[loc].clone()))
+        r = loc[:rows]
+        outs.append(
+            dict(
+                q=q[:rows].reshape(rows, c.hq, c.d).clone(),
+                k=k[:rows].reshape(rows, c.hkv, c.d).clone(),
+                k_cache=c.kb[r].clone(),
+                v_cache=c.vb[r].clone(),
+            )
+        )
     c.sets[0][0].copy_(qkv0)
-    errs = [_rel_err(x, y) for x, y in zip(outs[1], outs[0], strict=True)]
-    if max(errs) > 0.05:
-        names = ("q", "k", "k_cache", "v_cache")
-        raise peers.PeerUnavailable(f"differs from ours: {dict(zip(names, errs, strict=True))}")
+    pos = c.sets[0][1]
+    rq, rk = _reference(qkv0, pos, c.cs, c.qw, c.kw, c.hq, c.hkv, c.d, rows)
+    v0 = qkv0[:rows, (c.hq + c.hkv) * c.d :].reshape(rows, c.hkv, c.d)
+    refs = dict(q=rq, k=rk, k_cache=rk, v_cache=None)
+    ours = {**outs[0], "v_cache": v0}  # V: the peer's copy must equal the input exactly
+    _check_peer("sg_2k", outs[1], ours, refs)
+    if not torch.equal(outs[0]["v_cache"].view(torch.int16), v0.view(torch.int16)):
+        print("#   sg_2k check: OUR V cache differs from the input", flush=True)
     return call
 
 
 def sglang_qknorm_rope(c: NormCase):
-    """SGLang's fused_qknorm_rope (no cache write) as a timed fn(i), checked against our op
-    without the KV write, with a true cos/sin table of the same base, first."""
+    """SGLang's fused_qknorm_rope (no cache write) as a timed fn(i), checked first against the
+    float64 reference (as close as our op without the KV write), with a true cos/sin table of
+    the same base (the kernel computes its own angles: int32 positions below 4096)."""
     import peers
 
     fn = peers.sglang_qknorm_rope(c.d, True, ROPE_THETA, c.hq, c.hkv)
@@ -128,6 +188,7 @@ def sglang_qknorm_rope(c: NormCase):
     ang = torch.arange(4096, dtype=torch.float64, device="cuda")[:, None] * inv  # [4096, D/2]
     cs = torch.cat((ang.cos(), ang.sin()), dim=-1).float()  # [4096, D]
     qkv0 = c.sets[0][0].clone()
+    rows = min(c.t, CHECK_ROWS)
     ours = qkv0.clone()
     q, k, _ = ours.split([c.hq * c.d, c.hkv * c.d, c.hkv * c.d], dim=-1)
     sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(
@@ -135,9 +196,18 @@ def sglang_qknorm_rope(c: NormCase):
     )
     theirs = qkv0.clone()
     fn(theirs, c.qw, c.kw, pos32[0], EPS)
-    err = _rel_err(theirs, ours)
-    if err > 0.1:
-        raise peers.PeerUnavailable(f"differs from ours (rel err {err:.3f})")
+
+    def parts(x):
+        x = x[:rows]
+        return dict(
+            q=x[:, : c.hq * c.d].reshape(rows, c.hq, c.d),
+            k=x[:, c.hq * c.d : (c.hq + c.hkv) * c.d].reshape(rows, c.hkv, c.d),
+            v=x[:, (c.hq + c.hkv) * c.d :],
+        )
+
+    rq, rk = _reference(qkv0, pos32[0], cs, c.qw, c.kw, c.hq, c.hkv, c.d, rows)
+    ours_p = {**parts(ours), "v": parts(qkv0)["v"]}
+    _check_peer("sg_qkr", parts(theirs), ours_p, dict(q=rq, k=rk, v=None))
     return lambda i: fn(c.sets[i % c.nsets][0], c.qw, c.kw, pos32[i % c.nsets], EPS)
 
 
@@ -188,6 +258,113 @@ def run(args) -> tuple[list[dict], float, float]:
     return rows, bw, empty
 
 
+# --sweep: candidate QK_NORM layouts per token range (D = 128 shapes), as SGL_EXT_TRITON_CONFIG
+# strings "block_h,num_warps[,order[,merged]]"; "" = the default (qk_norm_launch_config). The
+# layout the code had before the sweep existed: "1,4,0" up to 8 tokens, "" above (with fp64).
+SWEEP_LAYOUTS = (
+    (8, ("", "1,2,0", "1,4,0", "2,1,0", "2,2,0", "4,4,0", "1,1,0,1")),
+    (64, ("", "1,1,0", "2,1,0", "4,1,0", "2,4,0", "8,4,0", "4,4,1,1")),
+    (1 << 62, ("", "8,2,1,1", "4,2,1,1", "4,4,1,1", "16,4,1,1", "16,8,1,1", "8,8,1,1")),
+)
+
+
+def _set_variant(fp64: bool, layout: str) -> None:
+    """The q/k-norm op's sum-of-squares dtype and launch layout for the next calls."""
+    from sgl_ext.triton import rope_kv_plan
+
+    rope_kv_plan.QK_NORM_SUM_FP64 = fp64
+    if layout:
+        os.environ["SGL_EXT_TRITON_CONFIG"] = layout
+    else:
+        os.environ.pop("SGL_EXT_TRITON_CONFIG", None)
+    settings.reload()  # every settings change drops the ops' cached launch plans
+
+
+def sweep(args) -> list[dict]:
+    """Per (shape, T): rope_kv alone (default layout, timed before and after), then the fused
+    op for each variant fp32/fp64 x SWEEP_LAYOUTS[T]; the ratio is to the mean rope_kv time."""
+    from sgl_ext.triton import rope_kv_plan
+
+    kv_dtype = brk.KV_DTYPES[args.kv_dtype]
+    saved = rope_kv_plan.QK_NORM_SUM_FP64
+    os.environ.pop("SGL_EXT_TRITON_CONFIG", None)
+    rows = []
+    try:
+        for shape in args.shapes:
+            for t in args.tokens:
+                c = NormCase(shape, t, kv_dtype)
+                reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
+                _set_variant(saved, "")
+                r: dict = {"shape": shape, "T": t, "rope_kv": brk.graph_time_us(c.fused, reps)}
+                layouts = next(ls for hi, ls in SWEEP_LAYOUTS if t <= hi)
+                for fp64 in (False, True):
+                    for layout in layouts:
+                        name = f"{'fp64' if fp64 else 'fp32'}:{layout or 'default'}"
+                        try:
+                            _set_variant(fp64, layout)
+                            r[name] = brk.graph_time_us(c.qk_fused, reps)
+                        except Exception as err:  # noqa: BLE001  (one variant must not stop it)
+                            print(f"# {shape} T={t} {name} failed: {str(err)[-200:]}", flush=True)
+                _set_variant(saved, "")
+                r["rope_kv_end"] = brk.graph_time_us(c.fused, reps)
+                base = (r["rope_kv"] + r["rope_kv_end"]) / 2
+                r["ratios"] = {k: v / base for k, v in r.items() if ":" in k}
+                rows.append(r)
+                best = min(r["ratios"], key=r["ratios"].get)
+                print(
+                    f"# {shape} T={t}: rope_kv {r['rope_kv']:.2f} / {r['rope_kv_end']:.2f} µs; "
+                    + "; ".join(f"{k} {r[k]:.2f} ({q:.3f})" for k, q in r["ratios"].items())
+                    + f"; best {best}",
+                    flush=True,
+                )
+                del c
+                torch.cuda.empty_cache()
+    finally:
+        _set_variant(saved, "")
+    return rows
+
+
+def sweep_table(rows: list[dict]) -> str:
+    """Per row: the default (this tree's choice) and the best fp32 / fp64 variant with their
+    ratio to rope_kv, the layout used before the sweep (fp64), then QKNORM_BEST lines."""
+
+    def best(r, prefix):
+        ks = [k for k in r["ratios"] if k.startswith(prefix)]
+        k = min(ks, key=r["ratios"].get) if ks else None
+        return f"{k} {r['ratios'][k]:.3f}" if k else "-"
+
+    def one(r, k):
+        return f"{r[k]:.2f} ({r['ratios'][k]:.3f})" if k in r else "-"
+
+    out = [
+        "| shape | T | rope_kv | fp32:default | fp64:default | before (fp64) | best fp32 | "
+        "best fp64 |",
+        "|" + "---|" * 8,
+    ]
+    for r in rows:
+        before = "fp64:1,4,0" if r["T"] <= 8 else "fp64:default"
+        out.append(
+            f"| {r['shape']} | {r['T']} | {(r['rope_kv'] + r['rope_kv_end']) / 2:.2f} | "
+            f"{one(r, 'fp32:default')} | {one(r, 'fp64:default')} | {one(r, before)} | "
+            f"{best(r, 'fp32')} | {best(r, 'fp64')} |"
+        )
+    for r in rows:
+        k = min(r["ratios"], key=r["ratios"].get)
+        q = r["ratios"][k]
+        out.append(
+            f"QKNORM_BEST {r['shape']} T={r['T']} {k} {r[k]:.2f} us ratio {q:.3f} "
+            f"{'ok' if q <= 1.05 else 'MISS'}"
+        )
+    for prefix in ("fp32", "fp64"):
+        inf = float("inf")
+        worst = max(
+            min((v for k, v in r["ratios"].items() if k.startswith(prefix)), default=inf)
+            for r in rows
+        )
+        out.append(f"QKNORM_{prefix.upper()}: worst best-layout ratio over all rows {worst:.3f}")
+    return "\n".join(out)
+
+
 def table(rows: list[dict], bw: float, empty: float, args) -> str:
     cols = [c for c in COLUMNS if any(c in r for r in rows)]
     cols += [k for k in rows[0] if "@" in k] if rows else []
@@ -224,12 +401,25 @@ def main() -> None:
         default=[],
         help="also time fused and rope_kv with SGL_EXT_TRITON_CONFIG set to each (tuning)",
     )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="time the fused op per T for fp32/fp64 sums x SWEEP_LAYOUTS against rope_kv alone",
+    )
     p.add_argument("--json-out")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("error: bench_qk_norm_rope needs a CUDA GPU", file=sys.stderr)
         sys.exit(2)
     t0 = time.time()
+    if args.sweep:
+        rows = sweep(args)
+        print(sweep_table(rows))
+        print(f"# {time.time() - t0:.0f} s")
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump({"rows": rows, "args": vars(args)}, f)
+        return
     rows, bw, empty = run(args)
     print(table(rows, bw, empty, args))
     print(f"# {time.time() - t0:.0f} s")

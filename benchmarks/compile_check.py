@@ -32,6 +32,8 @@ def compile_one(
     merged=False,
     order=None,
     qk_norm=False,
+    num_warps=4,
+    ss_fp64=False,
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -80,11 +82,12 @@ def compile_one(
         MERGED=merged,
         GRID_ORDER=int(merged) if order is None else order,
         QK_NORM=qk_norm,
+        SS_FP64=ss_fp64,
     )
     for k in consts:
         sig[k] = "constexpr"
     src = ASTSource(rope_kv_kernel, sig, consts, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
 def sass_loads_before_division() -> tuple[int, int]:
@@ -115,6 +118,30 @@ def sass_loads_before_division() -> tuple[int, int]:
     after = sum(" LDG" in ln for ln in ops[first_rcp:end])
     before = sum(" LDG" in ln for ln in ops[:first_rcp])
     return after, before
+
+
+def norm_reduce_layouts_differ() -> list[str]:
+    """The QK_NORM variant's float32 sums of squares add in the order of their operand's layout.
+    For each default layout (rope_kv_plan.qk_norm_launch_config: 1 head x 1 warp, 4 heads x 4
+    warps, merged 8 x 4), compile without the KV write and with bf16 / fp8 caches and compare
+    the layouts of every tt.reduce operand in the TTGIR: the fused and unfused Qwen3 paths get
+    the same q/k bits only if they match. Returns the layouts that differ (empty: all match)."""
+    import re
+
+    bad = []
+    for bh, merged, warps in ((1, False, 1), (4, False, 4), (8, True, 4)):
+        seen = {}
+        for write_kv, kv, ks in ((False, "bf16", 0), (True, "bf16", 0), (True, "e4m3", 2)):
+            args = ("bf16", kv, True, write_kv, 0, 0, ks, 0, True, bh, merged)
+            ir = compile_one(*args, qk_norm=True, num_warps=warps).asm["ttgir"]
+            alias = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<\{.*?\}>)", ir, re.M))
+            ops = re.findall(r"\}\) : \(tensor<([^>]*)>\) -> tensor", ir)  # tt.reduce operands
+            # (shape, the layout the #alias names): aliases number differently per kernel
+            seen[(write_kv, kv)] = [(o.split(",")[0], alias.get(o.split(", ")[-1])) for o in ops]
+        found = all(len(v) == 2 and all(lay for _, lay in v) for v in seen.values())  # q, k
+        if len({str(v) for v in seen.values()}) != 1 or not found:
+            bad.append(f"{bh} heads x {warps} warps: {seen}")
+    return bad
 
 
 def main() -> int:
@@ -148,10 +175,17 @@ def main() -> int:
         (("bf16", "bf16", True, False, 0, 0, 0, 1, True), 2, False),
     ):
         compile_one(*case, bh, merged, qk_norm=True)
-    print(f"compiled {n + 12} kernel variants for sm_90")
+    for case, bh, merged in (  # the float64 sum of squares (rope_kv_plan.QK_NORM_SUM_FP64)
+        (("bf16", "bf16", True, True, 0, 0, 0, 0, True), 1, False),
+        (("fp16", "e4m3", True, True, 1, 1, 2, 1, False), 8, True),
+    ):
+        compile_one(*case, bh, merged, qk_norm=True, ss_fp64=True)
+    print(f"compiled {n + 14} kernel variants for sm_90")
     after, before = sass_loads_before_division()
     print(f"fp8 tensor-scale SASS: {before} loads before the first reciprocal, {after} after it")
-    return 0 if after == 0 and before > 0 else 1
+    bad = norm_reduce_layouts_differ()
+    print(f"q/k-norm reductions: same layout with and without the KV write: {not bad} {bad}")
+    return 0 if after == 0 and before > 0 and not bad else 1
 
 
 if __name__ == "__main__":

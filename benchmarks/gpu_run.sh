@@ -18,6 +18,9 @@
 #   eager      host time per eager call: ours (RoPE, q/k-norm op) vs SGLang / FlashInfer and
 #              set_kv_buffer vs indexing, both shapes, T 1..32768 (interleaved rounds, medians)
 #   qknorm     q/k-norm op + Qwen3 GPU tests, bench_qk_norm_rope tables (Qwen3-8B / -32B shapes)
+#   qknorm_sweep  bench_qk_norm_rope --sweep (issue 17): per T, rope_kv alone vs the q/k-norm op
+#              with the sum of squares in fp32 / fp64 x launch layouts, both Qwen3 shapes; the
+#              best variant per T as QKNORM_BEST lines
 #   moe        MoE tests (test_moe*.py, gpt-oss MXFP4 model tests, GPU ones included) + bench_moe
 #              (gpt-oss-20b shape): routed-expert kernel vs torch, read floor; bf16 experts, then
 #              MXFP4 experts (ours = table mode, alt = the other MXFP4 mode)
@@ -122,9 +125,11 @@ t_qknorm() {
   timeout 420 python benchmarks/bench_qk_norm_rope.py
   timeout 240 python benchmarks/bench_qk_norm_rope.py --kv-dtype fp8_e4m3 --no-peers \
     --tokens 1 32 512 8192 32768
-  # small-T tuning data: one head per program with 1, 2 or 4 warps (2-D grid, separate programs)
-  timeout 200 python benchmarks/bench_qk_norm_rope.py --no-peers --shapes qwen3-8b \
-    --tokens 1 8 32 --fused-configs 1,1,0,0 1,2,0,0 1,4,0,0 2,2,0,0
+  # layout / sum-dtype tuning: the qknorm_sweep target
+}
+t_qknorm_sweep() {
+  timeout 540 python benchmarks/bench_qk_norm_rope.py --sweep \
+    --tokens 1 8 32 128 512 2048 8192 32768 --json-out "$LOGS/qknorm_sweep.json"
 }
 t_moe() {
   # MXFP4 tests in their own process: a compiler crash there cannot hide the bf16 results

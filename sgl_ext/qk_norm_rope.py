@@ -9,9 +9,10 @@ KV op already moves. The cache write has exactly the semantics of that op (DESIG
 Eager cost: as the RoPE op (`rope.py`), a call is checked once per distinct metadata; the plan
 key is the RoPE op's key plus both weights' metadata (dtype, shape, stride, device, data_ptr()
 % 16) and eps, and the plan's Triton kernel is launched directly after its first launch.
-The q/k bits do not depend on whether the KV write is on: the kernel sums the squares of a head
-in float64 (exact for 16-bit inputs), so the reduction order of the launch layout cannot
-change them.
+The q/k bits do not depend on whether the KV write is on: the kernel sums a head's squares in
+float32 in the order of a launch layout that the write does not change
+(`rope_kv_plan.qk_norm_launch_config`), or in float64 (`QK_NORM_SUM_FP64`; exact for 16-bit
+inputs, whatever the layout).
 """
 
 from __future__ import annotations

@@ -46,24 +46,44 @@ def _norm_round(x, rstd, w, DT: tl.constexpr):
 
 @triton.jit
 def rms_norm_head(
-    a, b, tail, wa, wb, wt, eps, HEAD_DIM: tl.constexpr, HAS_TAIL: tl.constexpr, DT: tl.constexpr
+    a,
+    b,
+    tail,
+    wa,
+    wb,
+    wt,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    DT: tl.constexpr,
+    SS_FP64: tl.constexpr,
 ):
     """RMSNorm over whole heads: a, b [BH, BLOCK_HALF] rotary pairs and tail [BH, BLOCK_TAIL]
     pass-through dims (fp32, zeros where masked). Returns the normalised (a, b, tail), each
     rounded to DT as the unfused torch norm stores it, in fp32.
 
-    The sum of squares runs in float64: every square of a 16-bit (or 32-bit) float is exact
-    there, and so is the sum of a head's squares of a 16-bit input unless its values span more
-    than 2^15 (bf16) or 2^12 (fp16) in magnitude, where only the smallest squares round away at
-    2^-53 of the sum. So its bits do not depend on the order the launch layout (heads per
-    program, warps, KV write on or off) adds them in.
+    SS_FP64: the sum of squares runs in float64, where every square of a 16-bit (or 32-bit)
+    float is exact, and so is the sum of a head's squares of a 16-bit input unless its values
+    span more than 2^15 (bf16) or 2^12 (fp16) in magnitude: its bits then do not depend on the
+    order any launch layout adds them in. Otherwise it runs in float32 (as torch's norm does),
+    whose rounding depends on the order the program's layout (heads per program, warps) adds the
+    squares in: the plan gives the QK_NORM variant one layout with and without the KV write
+    (rope_kv_plan.qk_norm_launch_config), so the fused and unfused Qwen3 paths agree bit for bit.
+    The mean square is the sum times 1 / HEAD_DIM (exact for a power-of-two head size): a
+    division would be Newton steps and a slow-path call on the critical path.
     """
-    a64, b64 = a.to(tl.float64), b.to(tl.float64)
-    ss = tl.sum(a64 * a64 + b64 * b64, axis=1)  # [BH] fp64
-    if HAS_TAIL:
-        t64 = tail.to(tl.float64)
-        ss += tl.sum(t64 * t64, axis=1)
-    var = (ss / HEAD_DIM).to(tl.float32)  # [BH], the mean square rounded once to fp32
+    if SS_FP64:
+        a64, b64 = a.to(tl.float64), b.to(tl.float64)
+        ss64 = tl.sum(a64 * a64 + b64 * b64, axis=1)  # [BH] fp64
+        if HAS_TAIL:
+            t64 = tail.to(tl.float64)
+            ss64 += tl.sum(t64 * t64, axis=1)
+        var = (ss64 * (1.0 / HEAD_DIM)).to(tl.float32)  # [BH] the mean square
+    else:
+        ss = tl.sum(a * a + b * b, axis=1)  # [BH] fp32
+        if HAS_TAIL:
+            ss += tl.sum(tail * tail, axis=1)
+        var = ss * (1.0 / HEAD_DIM)  # [BH]
     rstd = tl.rsqrt(var + eps)[:, None]  # [BH, 1]
     a = _norm_round(a, rstd, wa, DT)
     b = _norm_round(b, rstd, wb, DT)
@@ -122,12 +142,13 @@ def query_out(
     BLOCK_TAIL: tl.constexpr,
     PAIR_MODE: tl.constexpr,
     QK_NORM: tl.constexpr,
+    SS_FP64: tl.constexpr,
 ):
-    """Normalise (QK_NORM) and rotate the query pairs (a, b) and store them in place (with the
-    normalised pass-through dims qt)."""
+    """Normalise (QK_NORM; SS_FP64: see rms_norm_head) and rotate the query pairs (a, b) and
+    store them in place (with the normalised pass-through dims qt)."""
     if QK_NORM:
         QT: tl.constexpr = q_row.dtype.element_ty
-        a, b, qt = rms_norm_head(a, b, qt, wa, wb, wt, eps, HEAD_DIM, BLOCK_TAIL > 0, QT)
+        a, b, qt = rms_norm_head(a, b, qt, wa, wb, wt, eps, HEAD_DIM, BLOCK_TAIL > 0, QT, SS_FP64)
         if BLOCK_TAIL > 0:
             tl.store(q_row + dqt, qt.to(QT), mask=qt_mask)
     store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)

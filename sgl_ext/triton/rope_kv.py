@@ -85,6 +85,7 @@ def _key_value(
     V_FP8_MAX: tl.constexpr,
     EMULATE_FP8: tl.constexpr,
     QK_NORM: tl.constexpr,
+    SS_FP64: tl.constexpr,
 ):
     """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
     Returns the token's (cos, sin), loaded after every other load of the block."""
@@ -123,7 +124,17 @@ def _key_value(
         KT: tl.constexpr = k_ptr.dtype.element_ty
         if QK_NORM:  # RMSNorm of the whole head, rounded to the key dtype as torch does
             ka, kb, k_tail = rms_norm_head(
-                ka, kb, k_tail.to(tl.float32), wa, wb, wt, eps, HEAD_DIM, BLOCK_TAIL > 0, KT
+                ka,
+                kb,
+                k_tail.to(tl.float32),
+                wa,
+                wb,
+                wt,
+                eps,
+                HEAD_DIM,
+                BLOCK_TAIL > 0,
+                KT,
+                SS_FP64,
             )
             if BLOCK_TAIL > 0:
                 tl.store(k_row + dt, k_tail.to(KT), mask=t_mask)
@@ -217,6 +228,7 @@ def rope_kv_kernel(
     EMULATE_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
     QK_NORM: tl.constexpr = False,  # RMSNorm each q and k head (whole head) before RoPE
+    SS_FP64: tl.constexpr = False,  # QK_NORM: the sum of squares in fp64 (see rms_norm_head)
 ):
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
@@ -326,6 +338,7 @@ def rope_kv_kernel(
                 V_FP8_MAX,
                 EMULATE_FP8,
                 QK_NORM,
+                SS_FP64,
             )
         else:
             cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
@@ -349,6 +362,7 @@ def rope_kv_kernel(
             BLOCK_TAIL,
             PAIR_MODE,
             QK_NORM,
+            SS_FP64,
         )
     elif hb < NUM_Q_BLOCKS:
         a, b, qt, wa, wb, wt = query_in(
@@ -386,6 +400,7 @@ def rope_kv_kernel(
             BLOCK_TAIL,
             PAIR_MODE,
             QK_NORM,
+            SS_FP64,
         )
     else:
         _key_value(
@@ -436,4 +451,5 @@ def rope_kv_kernel(
             V_FP8_MAX,
             EMULATE_FP8,
             QK_NORM,
+            SS_FP64,
         )

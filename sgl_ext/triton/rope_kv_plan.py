@@ -105,6 +105,28 @@ def launch_config(
     return LaunchConfig(block_h, num_warps, order, merged=True, maxnreg=maxnreg)
 
 
+# The q/k-norm variant (QK_NORM, issue 17): its two choices, in one place.
+# QK_NORM_SUM_FP64: the norm's sum of squares in float64 (exact: q/k bits independent of any
+# launch layout) or float32 (bits pinned by qk_norm_launch_config's layout, which is the same
+# with and without the KV write, so the fused and unfused Qwen3 paths still agree bit for bit).
+# `bench_qk_norm_rope.py --sweep` times both against each candidate layout.
+QK_NORM_SUM_FP64 = False
+# Up to this many tokens, one head per program with QK_NORM_SMALL_WARPS warps on the 2-D grid
+# (one warp: the head's reduction stays inside the warp, no shared-memory round trip); above,
+# launch_config's bf16-cache layout whatever the cache dtype.
+QK_NORM_SMALL_TOKENS = 8
+QK_NORM_SMALL_WARPS = 1
+
+
+def qk_norm_launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfig:
+    """The QK_NORM variant's layout: a function of the token count and head shape only, never of
+    the KV write or the cache dtype, so the op rounds the float32 sum of squares the same way
+    with and without the write. SGL_EXT_TRITON_CONFIG overrides it as it does launch_config."""
+    if num_tokens <= QK_NORM_SMALL_TOKENS and not settings.get().triton_config:
+        return LaunchConfig(1, QK_NORM_SMALL_WARPS, ORDER_2D)
+    return launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
+
+
 def plan_rope_kv(
     call: RopeCall,
     q_align: int,
@@ -142,7 +164,11 @@ def plan_rope_kv(
         k_mode = v_mode = 0
         k_inv = v_inv = 1.0
     k_fp8_max = fp8_max(k_dtype)
-    cfg = launch_config(call.num_tokens, max(num_q_heads, k.num_heads), head_size, k_fp8_max > 0)
+    max_heads = max(num_q_heads, k.num_heads)
+    if norm is not None:  # one layout with and without the KV write (q/k bits)
+        cfg = qk_norm_launch_config(call.num_tokens, max_heads, head_size)
+    else:
+        cfg = launch_config(call.num_tokens, max_heads, head_size, k_fp8_max > 0)
     block_h = cfg.block_h
     num_q_blocks = _cdiv(num_q_heads, block_h)
     merged = cfg.merged and num_q_blocks > 0
@@ -220,6 +246,7 @@ def plan_rope_kv(
         EMULATE_FP8=s.interpret,
         USE_PDL=use_pdl,
         QK_NORM=norm is not None,
+        SS_FP64=norm is not None and QK_NORM_SUM_FP64,
     )
     return make_launcher(rope_kv_kernel, grid, fixed, constexprs, options, call.device)
 

@@ -545,27 +545,96 @@ def _assert_same_bits(out):
         assert torch.equal(k, k0), f"key bits differ (KV write {'on' if fused else 'off'})"
 
 
+@pytest.fixture(params=[False, True], ids=["sum_fp32", "sum_fp64"])
+def sum_fp64(request, monkeypatch):
+    """The norm's sum-of-squares dtype (rope_kv_plan.QK_NORM_SUM_FP64), plans dropped."""
+    from sgl_ext.triton import rope_kv_plan
+
+    monkeypatch.setattr(rope_kv_plan, "QK_NORM_SUM_FP64", request.param)
+    settings.reload()
+    yield request.param
+    monkeypatch.undo()
+    settings.reload()
+
+
 @pytest.mark.parametrize("config", ["", "1,4,0,0", "4,2,1,1"], ids=["default", "sep", "merged"])
-def test_triton_qk_bits_do_not_depend_on_kv_write(backend, monkeypatch, config):
-    """Interpreter: with and without the KV write (and under another launch layout) the op
-    returns the same q/k bits."""
+def test_triton_qk_bits_do_not_depend_on_kv_write(backend, monkeypatch, sum_fp64, config):
+    """Interpreter: under each launch layout, with and without the KV write, the op returns the
+    same q/k bits (the float32 sum adds in the layout's order: the claim is per layout)."""
     backend("triton")
     dev = "cuda" if HAS_CUDA else "cpu"
-    ref = _qk_with_and_without_kv(dev, 5, 4, 2, 16, torch.bfloat16, seed=3, calls=1)
     if config:
         monkeypatch.setenv("SGL_EXT_TRITON_CONFIG", config)
         settings.reload()
     out = _qk_with_and_without_kv(dev, 5, 4, 2, 16, torch.bfloat16, seed=3, calls=1)
-    _assert_same_bits(ref[:1] + out)
+    _assert_same_bits(out)
+
+
+def test_triton_fp64_sum_of_squares_against_float64(backend, sum_fp64):
+    """Both sum-of-squares dtypes hold the float64 reference (fp8 cache, partial GPT-J too)."""
+    backend("triton")
+    dev = "cuda" if HAS_CUDA else "cpu"
+    run_case(device=dev, dtype=torch.bfloat16, hq=4, hkv=2, num_tokens=7, seed=5)
+    run_case(
+        device=dev,
+        dtype=torch.float16,
+        kv_dtype=torch.float8_e4m3fn,
+        scale="tensor",
+        neox=False,
+        rot_frac=0.5,
+        hq=3,
+        hkv=1,
+        num_tokens=6,
+        seed=6,
+    )
+
+
+def _plan(t: int, kv_dtype: torch.dtype | None):
+    """The Triton launch plan of the op at Qwen3-8B heads (32/8/128, bf16) for T tokens, with a
+    KV write into a kv_dtype cache or (None) without one. Metadata only: nothing runs."""
+    from sgl_ext import qk_norm_rope
+    from sgl_ext._common import QKNormCall
+    from sgl_ext.triton.rope_kv_plan import plan_rope_kv
+
+    hq, hkv, d = 32, 8, 128
+    qkv = torch.empty(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views
+    pos, loc = torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64)
+    cs = torch.empty(16, d)
+    w = torch.empty(d, dtype=torch.bfloat16)
+    arg = None
+    if kv_dtype is not None:
+        kb = torch.empty(64, 16, hkv, d, dtype=kv_dtype)  # [pages, page, H, D]
+        ks = torch.tensor([0.5]) if kv_dtype != torch.bfloat16 else None
+        arg = FusedSetKVBufferArg(v, kb, torch.empty_like(kb), ks, ks, loc)
+    call, eps = qk_norm_rope.check(pos, q, k, d, cs, w, w, EPS, True, arg)
+    norm = QKNormCall(eps, 0, 0)
+    return plan_rope_kv(call, 0, 0, 0, False, norm)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 9, 64, 513, 897, 4096])
+def test_qk_norm_layout_is_the_same_with_and_without_kv_write(num_tokens):
+    """The QK_NORM plan's layout (heads per program, warps, blocks, grid) is the same without
+    the KV write and with bf16 or fp8 caches (RoPE alone's layout depends on the cache dtype
+    past ~900 tokens): the fused and unfused Qwen3 paths sum squares in the same order."""
+    keys = ("BLOCK_H", "BLOCK_HKV", "NUM_Q_BLOCKS", "NUM_KV_BLOCKS", "MERGED", "SS_FP64")
+    seen = []
+    for kv_dtype in (None, torch.bfloat16, torch.float8_e4m3fn):
+        plan = _plan(num_tokens, kv_dtype)
+        c = plan.constexprs
+        assert c["QK_NORM"] and c["WRITE_KV"] == (kv_dtype is not None)
+        seen.append(([c[k] for k in keys], plan.options.get("maxnreg"), plan.options["num_warps"]))
+    assert seen[1:] == seen[:1] * 2, seen
 
 
 @gpu
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 @pytest.mark.parametrize("num_tokens", [1, 7, 64, 513, 4096])
-def test_cuda_qk_bits_do_not_depend_on_kv_write(backend, kv_dtype, num_tokens):
+def test_cuda_qk_bits_do_not_depend_on_kv_write(backend, sum_fp64, kv_dtype, num_tokens):
     """Qwen3-8B shapes (32/8/128, bf16) on the GPU: the op with and without the KV argument
     (the fused and unfused model paths) gives bit-identical q and k, through the JIT and
-    through direct launches (fp8 caches change the launch layout past ~900 tokens)."""
+    through direct launches, with either sum-of-squares dtype (fp8 caches would change RoPE
+    alone's layout past ~900 tokens; the QK_NORM plan keeps one)."""
     backend("triton")
     out = _qk_with_and_without_kv("cuda", num_tokens, 32, 8, 128, kv_dtype, seed=num_tokens)
     _assert_same_bits(out)
