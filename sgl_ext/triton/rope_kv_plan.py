@@ -122,8 +122,18 @@ def qk_norm_launch_config(num_tokens: int, max_heads: int, head_dim: int) -> Lau
     """The QK_NORM variant's layout: a function of the token count and head shape only, never of
     the KV write or the cache dtype, so the op rounds the float32 sum of squares the same way
     with and without the write. SGL_EXT_TRITON_CONFIG overrides it as it does launch_config."""
-    if num_tokens <= QK_NORM_SMALL_TOKENS and not settings.get().triton_config:
+    if settings.get().triton_config:
+        return launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
+    if num_tokens <= QK_NORM_SMALL_TOKENS:
         return LaunchConfig(1, QK_NORM_SMALL_WARPS, ORDER_2D)
+    # H100 sweep (`bench_qk_norm_rope.py --sweep`, 2026-11-24, Qwen3-8B / -32B shapes, D = 128):
+    # merged programs of 4 query heads at T ~ 128 (1.08 / 1.07x RoPE + KV alone, against 1.38 /
+    # 1.31x with launch_config's 8) and of 16 heads from ~1K tokens (0.97-1.03x, against
+    # 1.01-1.04x); launch_config's layout in between (T = 512: 1.09 / 1.02x) and up to 64 tokens.
+    if head_dim == 128 and 64 < num_tokens <= 256:
+        return LaunchConfig(min(4, _pow2(max_heads)), 4, ORDER_TOKEN, merged=True)
+    if head_dim == 128 and num_tokens >= 1024:
+        return LaunchConfig(min(16, _pow2(max_heads)), 4, ORDER_TOKEN, merged=True)
     return launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
 
 

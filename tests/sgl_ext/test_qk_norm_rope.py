@@ -629,7 +629,7 @@ def test_qk_norm_layout_is_the_same_with_and_without_kv_write(num_tokens):
 
 @gpu
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
-@pytest.mark.parametrize("num_tokens", [1, 7, 64, 513, 4096])
+@pytest.mark.parametrize("num_tokens", [1, 7, 64, 129, 513, 4096])
 def test_cuda_qk_bits_do_not_depend_on_kv_write(backend, sum_fp64, kv_dtype, num_tokens):
     """Qwen3-8B shapes (32/8/128, bf16) on the GPU: the op with and without the KV argument
     (the fused and unfused model paths) gives bit-identical q and k, through the JIT and
