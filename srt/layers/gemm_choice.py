@@ -4,8 +4,7 @@ One table, `GEMM_CHOICES`, maps (N, K, M bucket) of a linear - its local weight 
 token count rounded up to a power of two (1, 2, 4, ..., 64) - to the Triton launch configuration
 that `benchmarks/bench_gemm.py` measured faster than F.linear on the H100 (it prints the lines to
 paste here). A call whose key is absent, or that is not on CUDA, not bf16/fp16, has more than 64
-rows, or is traced by torch.compile, runs F.linear as before: the empty table is today's
-behaviour.
+rows, or is traced by torch.compile, runs F.linear (an empty table: F.linear everywhere).
 
 Graph and eager agree bit for bit: the key depends only on the weight's shape and the M bucket,
 and a CUDA-graph bucket of the runner (1, 2, 4, 8, then multiples of 8) has the same power-of-two
@@ -24,8 +23,62 @@ from sgl_ext.gemm import MAX_M, GemmConfig, linear_small_m
 
 _DTYPES = (torch.bfloat16, torch.float16)
 
-# (N, K, M bucket) -> GemmConfig, from bench_gemm.py's "GEMM_CHOICES" lines (H100, bf16).
-GEMM_CHOICES: dict[tuple[int, int, int], GemmConfig] = {}
+
+def _fma(block_n: int, block_k: int, num_warps: int, num_stages: int) -> GemmConfig:
+    """Broadcast multiply + sum tiles (no split-K)."""
+    return GemmConfig(block_n, block_k, num_warps, num_stages, split_k=1, dot=False)
+
+
+def _dot(block_n: int, block_k: int, num_warps: int, num_stages: int) -> GemmConfig:
+    """Swap-AB tensor-core dot tiles (no split-K)."""
+    return GemmConfig(block_n, block_k, num_warps, num_stages, split_k=1, dot=True)
+
+
+# (N, K, M bucket) -> GemmConfig, from bench_gemm.py's "GEMM_CHOICES" lines (H100, bf16;
+# session of 2026-11-24, commit 1a1d00e + the select_backend fix). Comments: the linear, then
+# µs per call in a CUDA graph, Triton vs F.linear.
+GEMM_CHOICES: dict[tuple[int, int, int], GemmConfig] = {
+    (4096, 4096, 1): _fma(4, 1024, 2, 3),  # o_proj 13.8 vs 15.7
+    (6144, 4096, 1): _fma(8, 1024, 4, 3),  # qkv 19.5 vs 21.1
+    (4096, 14336, 1): _fma(4, 1024, 2, 3),  # down 41.3 vs 44.5
+    (28672, 4096, 1): _fma(4, 1024, 2, 3),  # gate_up 79.1 vs 82.9
+    (4096, 12288, 1): _fma(4, 1024, 2, 3),  # down 36.2 vs 39.5
+    (24576, 4096, 1): _fma(4, 1024, 4, 3),  # gate_up 67.8 vs 72.9
+    (2880, 4096, 1): _fma(4, 1024, 4, 3),  # o_proj 10.9 vs 14.4
+    (5120, 2880, 1): _fma(8, 1024, 4, 3),  # qkv 12.8 vs 13.4
+    (4096, 4096, 2): _fma(4, 1024, 4, 3),  # o_proj 14.5 vs 16.5
+    (6144, 4096, 2): _dot(64, 256, 4, 3),  # qkv 19.6 vs 21.2
+    (4096, 12288, 2): _fma(4, 1024, 4, 3),  # down 38.7 vs 40.1
+    (24576, 4096, 2): _dot(64, 128, 4, 3),  # gate_up 70.1 vs 73.8
+    (2880, 4096, 2): _fma(4, 1024, 4, 3),  # o_proj 12.0 vs 14.1
+    (4096, 4096, 4): _dot(64, 256, 4, 5),  # o_proj 14.0 vs 16.5
+    (6144, 4096, 4): _dot(64, 256, 4, 4),  # qkv 19.6 vs 21.0
+    (4096, 14336, 4): _dot(64, 256, 4, 5),  # down 42.6 vs 44.5
+    (28672, 4096, 4): _dot(64, 256, 4, 4),  # gate_up 80.5 vs 86.5
+    (4096, 12288, 4): _dot(64, 256, 4, 5),  # down 37.1 vs 39.8
+    (24576, 4096, 4): _dot(64, 128, 4, 5),  # gate_up 69.5 vs 73.4
+    (2880, 4096, 4): _dot(64, 256, 4, 5),  # o_proj 11.4 vs 14.3
+    (5120, 2880, 4): _dot(64, 256, 4, 4),  # qkv 13.0 vs 13.5
+    (4096, 4096, 8): _dot(64, 256, 4, 4),  # o_proj 14.0 vs 16.4
+    (6144, 4096, 8): _dot(64, 256, 4, 4),  # qkv 19.8 vs 20.9
+    (4096, 14336, 8): _dot(64, 256, 4, 5),  # down 43.0 vs 44.9
+    (4096, 12288, 8): _dot(64, 256, 4, 5),  # down 37.5 vs 40.2
+    (24576, 4096, 8): _dot(32, 128, 4, 3),  # gate_up 70.1 vs 73.5
+    (2880, 4096, 8): _dot(64, 256, 4, 4),  # o_proj 11.5 vs 14.2
+    (4096, 4096, 16): _dot(64, 256, 4, 4),  # o_proj 14.0 vs 16.6
+    (6144, 4096, 16): _dot(64, 256, 4, 3),  # qkv 19.9 vs 21.1
+    (4096, 14336, 16): _dot(64, 256, 4, 5),  # down 43.0 vs 45.4
+    (28672, 4096, 16): _dot(64, 256, 4, 4),  # gate_up 81.9 vs 86.7
+    (4096, 12288, 16): _dot(64, 256, 4, 5),  # down 38.1 vs 40.5
+    (24576, 4096, 16): _dot(64, 128, 4, 3),  # gate_up 70.1 vs 74.2
+    (2880, 4096, 16): _dot(64, 256, 4, 4),  # o_proj 11.4 vs 14.7
+    (6144, 4096, 32): _dot(64, 256, 4, 4),  # qkv 20.7 vs 21.7
+    (28672, 4096, 32): _dot(128, 128, 4, 4),  # gate_up 82.4 vs 85.1
+    (4096, 12288, 32): _dot(16, 256, 4, 5),  # down 39.5 vs 41.0
+    (24576, 4096, 32): _dot(64, 128, 4, 3),  # gate_up 71.1 vs 74.7
+    (2880, 4096, 32): _dot(64, 256, 4, 4),  # o_proj 12.8 vs 15.1
+    (28672, 4096, 64): _dot(64, 128, 4, 3),  # gate_up 84.9 vs 87.6
+}
 
 _table: Mapping[tuple[int, int, int], GemmConfig] = GEMM_CHOICES
 
