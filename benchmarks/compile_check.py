@@ -123,9 +123,10 @@ def sass_loads_before_division() -> tuple[int, int]:
 def norm_reduce_layouts_differ() -> list[str]:
     """The QK_NORM variant's float32 sums of squares add in the order of their operand's layout.
     For each default layout (rope_kv_plan.qk_norm_launch_config: 1 head x 1 warp, 4 heads x 4
-    warps, merged 4 x 4, 8 x 4 and 16 x 4), compile without the KV write and with bf16 / fp8 caches and compare
-    the layouts of every tt.reduce operand in the TTGIR: the fused and unfused Qwen3 paths get
-    the same q/k bits only if they match. Returns the layouts that differ (empty: all match)."""
+    warps, merged 4 x 4, 8 x 4 and 16 x 4), compile without the KV write and with bf16 / fp8
+    caches and compare the layouts of every tt.reduce operand in the TTGIR: the fused and unfused
+    Qwen3 paths get the same q/k bits only if they match. Returns the layouts that differ
+    (empty: all match)."""
     import re
 
     bad = []
