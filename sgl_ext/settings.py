@@ -11,6 +11,9 @@ the backend and launch configuration chosen under the old settings).
     SGL_EXT_DIRECT_LAUNCH   0: launch Triton kernels through the JIT on every call (default 1:
                             after a plan's first launch, its compiled kernel is called directly)
     SGL_EXT_TRITON_CONFIG   "block_h,num_warps[,order[,merged[,spread[,maxnreg]]]]" (tuning)
+    SGL_EXT_PDL             0: no programmatic dependent launch (default 1: on Hopper+, every
+                            Triton kernel that declares USE_PDL overlaps its launch with the
+                            previous kernel's tail and waits for its results before reading)
     TRITON_INTERPRET        1: Triton runs in its interpreter (CPU tensors; never launched
                             directly)
 """
@@ -36,6 +39,7 @@ class Settings:
     direct_launch: bool = True
     triton_config: tuple[int, ...] | None = None
     interpret: bool = False
+    pdl: bool = True
 
     def __post_init__(self) -> None:
         if self.backend is not None and self.backend not in BACKENDS:
@@ -62,6 +66,7 @@ def from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> Settings:
         direct_launch=env.get("SGL_EXT_DIRECT_LAUNCH", "1") not in _FALSE,
         triton_config=_ints("SGL_EXT_TRITON_CONFIG", env.get("SGL_EXT_TRITON_CONFIG")),
         interpret=env.get("TRITON_INTERPRET", "0") == "1",
+        pdl=env.get("SGL_EXT_PDL", "1") not in _FALSE,
     )
 
 

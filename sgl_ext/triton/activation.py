@@ -18,7 +18,19 @@ BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Out, D, stride_x, stride_o, BLOCK: tl.constexpr, EMULATE: tl.constexpr):
+def _silu_and_mul_kernel(
+    X,
+    Out,
+    D,
+    stride_x,
+    stride_o,
+    BLOCK: tl.constexpr,
+    EMULATE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < D

@@ -65,7 +65,11 @@ def _skinny_gemm_kernel(
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
     EMULATE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output columns = rows of w
@@ -133,7 +137,11 @@ def _split_k_reduce_kernel(
     BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EMULATE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = rn < N

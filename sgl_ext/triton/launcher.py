@@ -174,7 +174,32 @@ def make_launcher(
     is_cuda = device.type == "cuda"
     index = device.index if is_cuda else -1
     direct = is_cuda and s.direct_launch and not s.interpret
+    constexprs, options = with_pdl(fn, constexprs, options, device)
     return KernelLauncher(fn, grid, fixed, constexprs, options, index, direct)
+
+
+def pdl_on(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with programmatic dependent launch: CUDA on Hopper or
+    newer, not interpreted, `SGL_EXT_PDL` not 0."""
+    s = settings.get()
+    if device.type != "cuda" or s.interpret or not s.pdl or not torch.cuda.is_available():
+        return False
+    from sgl_ext._backend import pdl_capable
+
+    return pdl_capable(device.index)
+
+
+def with_pdl(
+    fn: Any, constexprs: Mapping[str, object], options: Mapping[str, object], device: torch.device
+) -> tuple[Mapping[str, object], Mapping[str, object]]:
+    """A kernel that declares a `USE_PDL` constexpr (and begins with `gdc_wait()` under it, before
+    any load) gets USE_PDL and the `launch_pdl` option set from `pdl_on(device)`, unless the
+    caller set USE_PDL itself."""
+    if "USE_PDL" in constexprs or not pdl_on(device):  # off: the kernel's default (False)
+        return constexprs, options
+    if not any(p.name == "USE_PDL" for p in getattr(fn, "params", ())):
+        return constexprs, options
+    return {**constexprs, "USE_PDL": True}, {**options, "launch_pdl": True}
 
 
 class CachedLauncher:
@@ -259,8 +284,9 @@ class CachedLauncher:
                 if not p.has_default:
                     return False
                 constexprs[name] = p.default
-        index = tensors[0].device.index
-        return KernelLauncher(self.fn, grid, rest, constexprs, options, index, True)
+        device = tensors[0].device
+        constexprs, options = with_pdl(self.fn, constexprs, options, device)  # type: ignore[assignment]
+        return KernelLauncher(self.fn, grid, rest, constexprs, options, device.index, True)
 
 
 def _compiling() -> bool:

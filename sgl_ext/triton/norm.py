@@ -36,7 +36,11 @@ def _rmsnorm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EMULATE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     cm = cols < N

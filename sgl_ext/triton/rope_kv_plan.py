@@ -195,7 +195,7 @@ def plan_rope_kv(
     grid = (n * per_token,) if order != ORDER_2D else (n, per_token)
     is_cuda = call.device.type == "cuda"
     if enable_pdl is None:
-        enable_pdl = is_cuda and pdl_capable(call.device.index)
+        enable_pdl = is_cuda and s.pdl and pdl_capable(call.device.index)
     use_pdl = bool(enable_pdl) and not s.interpret
     tail = head_size - rot
     pair_mode = 0

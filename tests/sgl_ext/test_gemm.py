@@ -215,9 +215,9 @@ for bm, bn, bk, dot, part, even in [(1, 16, 512, False, False, True), (4, 8, 128
         False), (16, 64, 128, True, False, True), (64, 32, 64, True, True, False)]:
     one(K, {**ptrs, **ints}, dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_DOT=dot,
         DOT_PRECISION="tf32", WRITE_PARTIAL=part, HAS_BIAS=True, EVEN_N=even, EVEN_K=even,
-        EMULATE=False), 4, 3)
+        EMULATE=False, USE_PDL=dot), 4, 3)
 one(R, dict(Part="*fp32", Bias="*bf16", Out="*bf16", M="i32", N="i32", stride_om="i32"),
-    dict(SPLITS=3, BLOCK=1024, HAS_BIAS=True, EMULATE=False), 4, 1)
+    dict(SPLITS=3, BLOCK=1024, HAS_BIAS=True, EMULATE=False, USE_PDL=True), 4, 1)
 print("compiled")
 """
 

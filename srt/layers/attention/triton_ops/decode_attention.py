@@ -79,7 +79,11 @@ def _decode_kernel(
     P_LOW: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -192,8 +196,12 @@ def _merge_kernel(
     BLOCK_DV: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """Out[b, h] = the chunks' partial outputs weighted by their softmax mass (+ the sink)."""
+    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, NUM_SPLITS)
