@@ -195,11 +195,11 @@ def with_pdl(
     """A kernel that declares a `USE_PDL` constexpr (and begins with `gdc_wait()` under it, before
     any load) gets USE_PDL and the `launch_pdl` option set from `pdl_on(device)`, unless the
     caller set USE_PDL itself."""
-    if "USE_PDL" in constexprs or not pdl_on(device):  # off: the kernel's default (False)
+    # (the interpreter's functions have no params: their kernels keep the default, False)
+    if "USE_PDL" in constexprs or not any(p.name == "USE_PDL" for p in getattr(fn, "params", ())):
         return constexprs, options
-    if not any(p.name == "USE_PDL" for p in getattr(fn, "params", ())):
-        return constexprs, options
-    return {**constexprs, "USE_PDL": True}, {**options, "launch_pdl": True}
+    on = pdl_on(device)  # set either way: a direct launch passes every constexpr explicitly
+    return {**constexprs, "USE_PDL": on}, ({**options, "launch_pdl": True} if on else options)
 
 
 class CachedLauncher:

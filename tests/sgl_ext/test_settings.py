@@ -32,8 +32,8 @@ def test_pdl_setting(value, on):
 
 
 def test_with_pdl_only_for_kernels_that_declare_it_and_only_when_on():
-    """with_pdl adds USE_PDL + launch_pdl only where PDL is on (CUDA sm_90+, SGL_EXT_PDL) and the
-    kernel declares USE_PDL; an explicit USE_PDL of the caller is kept."""
+    """with_pdl sets a declared USE_PDL from pdl_on (CUDA sm_90+, SGL_EXT_PDL), with launch_pdl
+    where on; kernels without USE_PDL and an explicit USE_PDL of the caller are left alone."""
     import torch
 
     from sgl_ext.triton.launcher import pdl_on, with_pdl
@@ -51,10 +51,48 @@ def test_with_pdl_only_for_kernels_that_declare_it_and_only_when_on():
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     on = pdl_on(dev)
     c, o = with_pdl(Fn(), {"A": 1}, {"num_warps": 4}, dev)
-    assert (c.get("USE_PDL"), o.get("launch_pdl")) == ((True, True) if on else (None, None))
+    assert (c.get("USE_PDL"), o.get("launch_pdl")) == ((True, True) if on else (False, None))
     assert with_pdl(NoPdl(), {"A": 1}, {}, dev) == ({"A": 1}, {})
     assert with_pdl(Fn(), {"USE_PDL": False}, {}, dev) == ({"USE_PDL": False}, {})
-    with settings.override(pdl=False):
+    with settings.override(pdl=False):  # off: USE_PDL still set (direct launches pass it)
         assert not pdl_on(dev)
-        assert with_pdl(Fn(), {}, {}, dev) == ({}, {})
+        assert with_pdl(Fn(), {}, {}, dev) == ({"USE_PDL": False}, {})
     assert not pdl_on(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs CUDA (direct launches)"
+)
+def test_cuda_pdl_on_and_off_give_the_same_bits():
+    """Every USE_PDL kernel, launched through the JIT and then directly, with SGL_EXT_PDL on and
+    off: the same bits (PDL changes when a kernel may start, never what it computes)."""
+    import torch
+
+    from sgl_ext.activation import silu_and_mul
+    from sgl_ext.gemm import GemmConfig, linear_small_m
+    from sgl_ext.norm import fused_add_rmsnorm, rmsnorm
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(7, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    r = torch.randn(7, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.rand(4096, device="cuda", dtype=torch.bfloat16, generator=g) + 0.5
+    gu = torch.randn(7, 2 * 1000, device="cuda", dtype=torch.bfloat16, generator=g)
+    wl = torch.randn(257, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    cfgs = [GemmConfig(4, 1024, 2, 3, split_k=1, dot=False), GemmConfig(64, 256, 4, 3, 2, True)]
+
+    def run():
+        outs = []
+        for _ in range(2):  # the first call plans and JIT-launches, the second launches directly
+            outs += [rmsnorm(x, w), *fused_add_rmsnorm(x, r, w, inplace=False)]
+            outs += [silu_and_mul(gu), *(linear_small_m(x, wl, None, c) for c in cfgs)]
+        torch.cuda.synchronize()
+        return outs
+
+    with settings.override(pdl=True):
+        on = run()
+    with settings.override(pdl=False):
+        off = run()
+    for a, b in zip(on, off, strict=True):
+        assert torch.equal(a, b)
+    assert torch.allclose(on[-1].float(), (x.float() @ wl.float().t()), rtol=2e-2, atol=2e-1)
