@@ -113,6 +113,12 @@ def set_debug_checks(enabled: bool | None) -> None:
     settings.set_fields(debug=bool(enabled))
 
 
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1), for launch sizes on the host: plain Python
+    (triton.next_power_of_2 costs ~7 µs a call)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def fp8_max(dtype: torch.dtype) -> float:
     """Largest finite value of an fp8 dtype; 0.0 for other dtypes (no clamping)."""
     return float(torch.finfo(dtype).max) if dtype in FP8_DTYPES else 0.0

@@ -28,10 +28,6 @@ MAX_M = 64  # more rows: F.linear
 _is_compiling = torch.compiler.is_compiling
 
 
-def _pow2(v: int) -> int:
-    return 1 << max(0, v - 1).bit_length()
-
-
 @dataclass(frozen=True)
 class GemmConfig:
     """One launch configuration of the skinny GEMM.
@@ -69,7 +65,7 @@ class GemmConfig:
 
     def block_m(self, m: int) -> int:
         """Rows of x per program: pow2(m), at least 16 for dots."""
-        return max(16, _pow2(m)) if self.dot else _pow2(m)
+        return max(16, C.next_pow2(m)) if self.dot else C.next_pow2(m)
 
     @property
     def tag(self) -> str:

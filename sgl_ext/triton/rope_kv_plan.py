@@ -10,15 +10,9 @@ from typing import Any, NamedTuple
 import torch
 
 from sgl_ext import settings
-from sgl_ext._backend import pdl_capable
-from sgl_ext._common import KVLayout, QKNormCall, RopeCall, fp8_max
-from sgl_ext.triton.launcher import KernelLauncher, make_launcher
+from sgl_ext._common import KVLayout, QKNormCall, RopeCall, fp8_max, next_pow2
+from sgl_ext.triton.launcher import KernelLauncher, make_launcher, pdl_on
 from sgl_ext.triton.rope_kv import rope_kv_kernel
-
-
-def _pow2(n: int) -> int:
-    """Smallest power of two >= n (plain Python: triton.next_power_of_2 costs ~7 µs a call)."""
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _pow2_floor(n: int) -> int:
@@ -82,7 +76,7 @@ def launch_config(
     if num_tokens <= 8:
         return LaunchConfig(1, 4, ORDER_2D)
     if num_tokens <= 64:
-        bh = min(_pow2_floor(512 // head_dim), 32, _pow2(max_heads))
+        bh = min(_pow2_floor(512 // head_dim), 32, next_pow2(max_heads))
         return LaunchConfig(bh, 4, ORDER_2D)
     maxnreg = 0
     if fp8_cache and num_tokens > 896 and head_dim in (64, 128):
@@ -94,7 +88,7 @@ def launch_config(
         block_h, num_warps = _pow2_floor(1024 // head_dim), 4
     else:
         block_h, num_warps = _pow2_floor(2048 // head_dim), 8
-    block_h = min(block_h, 32, _pow2(max_heads))
+    block_h = min(block_h, 32, next_pow2(max_heads))
     # At D = 128 the program with the key/value block moves ~3.5x the bytes of a query-only
     # one. Where the grid is a little over one wave, starting those first shortens the tail:
     # measured -1 to -3% (bf16 cache, T 448..640) and -2 to -5% (fp8, T 384..896 with 8
@@ -131,9 +125,9 @@ def qk_norm_launch_config(num_tokens: int, max_heads: int, head_dim: int) -> Lau
     # 1.31x with launch_config's 8) and of 16 heads from ~1K tokens (0.97-1.03x, against
     # 1.01-1.04x); launch_config's layout in between (T = 512: 1.09 / 1.02x) and up to 64 tokens.
     if head_dim == 128 and 64 < num_tokens <= 256:
-        return LaunchConfig(min(4, _pow2(max_heads)), 4, ORDER_TOKEN, merged=True)
+        return LaunchConfig(min(4, next_pow2(max_heads)), 4, ORDER_TOKEN, merged=True)
     if head_dim == 128 and num_tokens >= 1024:
-        return LaunchConfig(min(16, _pow2(max_heads)), 4, ORDER_TOKEN, merged=True)
+        return LaunchConfig(min(16, next_pow2(max_heads)), 4, ORDER_TOKEN, merged=True)
     return launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
 
 
@@ -182,9 +176,9 @@ def plan_rope_kv(
     block_h = cfg.block_h
     num_q_blocks = _cdiv(num_q_heads, block_h)
     merged = cfg.merged and num_q_blocks > 0
-    block_hkv = min(block_h, _pow2(k.num_heads))
+    block_hkv = min(block_h, next_pow2(k.num_heads))
     if merged and cfg.spread:
-        block_hkv = _pow2(_cdiv(k.num_heads, num_q_blocks))
+        block_hkv = next_pow2(_cdiv(k.num_heads, num_q_blocks))
     num_kv_blocks = _cdiv(k.num_heads, block_hkv)
     per_token = max(num_q_blocks, num_kv_blocks) if merged else num_q_blocks + num_kv_blocks
     order = cfg.order
@@ -193,9 +187,8 @@ def plan_rope_kv(
     # The 2-D grid's second axis holds at most 65535 blocks per token (never reached: heads).
     n = call.num_tokens
     grid = (n * per_token,) if order != ORDER_2D else (n, per_token)
-    is_cuda = call.device.type == "cuda"
     if enable_pdl is None:
-        enable_pdl = is_cuda and s.pdl and pdl_capable(call.device.index)
+        enable_pdl = pdl_on(call.device)
     use_pdl = bool(enable_pdl) and not s.interpret
     tail = head_size - rot
     pair_mode = 0
@@ -239,9 +232,9 @@ def plan_rope_kv(
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
         ROT_DIM=rot,
-        BLOCK_HALF=_pow2(max(1, rot // 2)),
-        BLOCK_TAIL=_pow2(tail) if tail > 0 else 0,
-        BLOCK_DV=_pow2(v_head_dim),
+        BLOCK_HALF=next_pow2(max(1, rot // 2)),
+        BLOCK_TAIL=next_pow2(tail) if tail > 0 else 0,
+        BLOCK_DV=next_pow2(v_head_dim),
         BLOCK_H=block_h,
         BLOCK_HKV=block_hkv,
         PAIR_MODE=pair_mode,

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 import torch
 import torch.nn.functional as F
 
+from sgl_ext._common import next_pow2
 from sgl_ext.gemm import MAX_M, GemmConfig, linear_small_m
 
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -85,7 +86,7 @@ _table: Mapping[tuple[int, int, int], GemmConfig] = GEMM_CHOICES
 
 def m_bucket(m: int) -> int:
     """The table's M key: m rounded up to a power of two (m >= 1)."""
-    return 1 << (m - 1).bit_length()
+    return next_pow2(m)
 
 
 def choose_config(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sgl_ext import FP8_DTYPES
+from sgl_ext._common import next_pow2
 from srt.layers.attention.base_attn_backend import AttentionBackend, DecodeGraphMixin
 from srt.layers.attention.kv_utils import layer_buffers, req_to_token_for_layer
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv
@@ -170,7 +171,7 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         key = (B, Hq, Dv, splits, device)
         views = self._scratch.get(key)
         if views is None:
-            rows = 1 << max(0, B - 1).bit_length()  # B rounded up to a power of two
+            rows = next_pow2(B)
             bkey = (rows, Hq, Dv, splits, device)
             base = self._scratch_base.get(bkey)
             if base is None:
