@@ -34,7 +34,6 @@ import json
 import math
 import os
 import signal
-import statistics
 import sys
 import time
 import traceback
@@ -44,6 +43,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_util
+
+from bench_util import eager_us, graph_time_us  # noqa: E402  (benchmarks/)
 
 from sgl_ext.gemm import GemmConfig, linear_small_m  # noqa: E402
 from srt.utils.decode_floor import measure_copy_bandwidth  # noqa: E402
@@ -163,33 +165,6 @@ class Problem:
         torch.cuda.empty_cache()
 
 
-def graph_us(fn, calls: int, replays: int) -> float:
-    """Median device µs per fn(i) call: fn(0..calls-1) captured in one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(calls):  # warm-up of every call (compiles, heuristics, plans)
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / calls)
-    del g
-    return statistics.median(times)
-
-
 def check(name: str, out: torch.Tensor, ref: torch.Tensor) -> str | None:
     """None if out matches the float64 reference within bf16 tolerance, else why not."""
     if tuple(out.shape) != tuple(ref.shape):
@@ -219,7 +194,9 @@ class Runner:
                 print(f"  SKIP {name} (n={prob.shape.n} k={prob.shape.k} m={m}): wrong: {why}")
                 return None
             calls = prob.copies * prob.rounds
-            return graph_us(lambda i: call(i % prob.copies), calls, self.args.replays)
+            # every call warmed up before capture (compiles, heuristics, plans)
+            fn = lambda i: call(i % prob.copies)
+            return graph_time_us(fn, calls, self.args.replays, warmup=None)
         except Exception as e:  # noqa: BLE001 - one failure must not end the table
             msg = traceback.format_exception_only(type(e), e)[-1].strip()[:300]
             print(f"  SKIP {name} (n={prob.shape.n} k={prob.shape.k} m={m}): {msg}")
@@ -363,8 +340,9 @@ def summary(rows: list[dict], min_gain: float) -> None:
 
 
 def host_us(shape: Shape = Shape("o_proj", 4096, 4096, False, ()), calls: int = 200) -> None:
-    """Eager host µs per call (enqueue time of `calls` back-to-back calls, no sync inside): what
-    an eager decode step pays per linear, F.linear vs the Triton op (M = 1, 8, 64)."""
+    """Eager host µs per call (enqueue time of `calls` back-to-back calls, no sync inside; median
+    of 7 loops): what an eager decode step pays per linear, F.linear vs the Triton op (M = 1, 8,
+    64)."""
     w = torch.randn(shape.n, shape.k, device="cuda").to(DT)
     for m in (1, 8, 64):
         x = torch.randn(m, shape.k, device="cuda").to(DT)
@@ -373,14 +351,8 @@ def host_us(shape: Shape = Shape("o_proj", 4096, 4096, False, ()), calls: int = 
             ("F.linear", lambda x=x: F.linear(x, w)),
             ("triton", lambda x=x: linear_small_m(x, w)),
         ):
-            for _ in range(20):
-                fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            row.append(f"{name} {(time.perf_counter() - t0) / calls * 1e6:6.1f}")
-            torch.cuda.synchronize()
+            _, host = eager_us(lambda i, fn=fn: fn(), calls, warmup=20)
+            row.append(f"{name} {host:6.1f}")
         print(f"# eager host us per call, {shape.n}x{shape.k} M={m:2d}: " + ", ".join(row))
 
 
