@@ -192,10 +192,9 @@ def linear_small_m(
         key = None
     if plan is None:
         plan = _PLANS.put(key, _plan(x, weight, bias, config))
-    if plan.backend != "triton" or x.requires_grad or weight.requires_grad:
+    grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if plan.backend != "triton" or grad:
         return F.linear(x, weight, bias)  # (no autograd formula for the Triton path)
-    if bias is not None and bias.requires_grad:
-        return F.linear(x, weight, bias)
     from sgl_ext.triton.gemm import run_skinny_gemm
 
     out = torch.empty(plan.out_shape, dtype=x.dtype, device=x.device)  # 16-byte aligned
