@@ -13,12 +13,16 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
-from sgl_ext._plans import PlanCache, kv_key, rope_kv_launcher, scale_tensor
+from sgl_ext._plans import PlanCache, kv_key, kv_ptr_leaves, rope_kv_launcher, scale_tensor
+from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import kv_write_native
 from sgl_ext.rope import RopeKVPlan
 
 _is_compiling = torch.compiler.is_compiling
 _PLANS = PlanCache()
+# The C fast path's table (see rope.py): the arguments in order are the leaves; requires_grad
+# is keyed for both buffers.
+_FAST = OpTable(grad=(2, 3))
 
 
 def check(
@@ -96,6 +100,9 @@ def set_kv_buffer(
         ks, vs = scale_tensor(k_scale, key), scale_tensor(v_scale, key)
         torch.ops.sgl_ext.set_kv(key, value, k_buffer, v_buffer, cache_loc, ks, vs, call.head_size)
         return
+    fast = _FAST.launch(*args)
+    if fast == 1:
+        return
     plan_key: tuple | None
     plan: RopeKVPlan | None
     try:
@@ -119,6 +126,9 @@ def set_kv_buffer(
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
         launcher.run_ptrs((kp, kp, kp, kp, *kv_ptrs, kp, kp))
+        if fast == 0:  # this metadata has no C plan yet: the next call launches from C
+            leaves = (0, 0, 0, 0, *kv_ptr_leaves(1, 0, True, k_scale, v_scale), 0, 0)
+            _FAST.register(launcher, leaves, *args)
         return
     _run(plan, *args[:7])
 

@@ -24,7 +24,8 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall, Scale
-from sgl_ext._plans import PlanCache, kv_key, rope_kv_launcher, scale_tensor
+from sgl_ext._plans import PlanCache, kv_key, kv_ptr_leaves, rope_kv_launcher, scale_tensor
+from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import kv_write_native, rotate_native
 
 if TYPE_CHECKING:
@@ -69,6 +70,11 @@ class RopeKVPlan:
 
 
 _PLANS = PlanCache()
+# The C fast path's table. Its arguments: positions, query, key, head_size, cos_sin_cache,
+# is_neox, enable_pdl, fused_set_kv_buffer_arg; leaves 0-7 are those, 8-13 the argument's
+# fields; requires_grad is keyed for the written tensors (query, key, both buffers).
+KV_FIELDS = ("value", "k_buffer", "v_buffer", "cache_loc", "k_scale", "v_scale")
+_FAST = OpTable(expand=((7, KV_FIELDS),), grad=(1, 2, 9, 10))
 
 
 def _check_kv(key: torch.Tensor, arg: object, head_size: int) -> C.KVWrite:
@@ -235,6 +241,9 @@ def apply_rope_with_cos_sin_cache_inplace(
     if _is_compiling():
         _compiled(positions, query, key, head_size, cos_sin_cache, is_neox, a)
         return
+    fast = _FAST.launch(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl, a)
+    if fast == 1:
+        return
     plan_key: tuple | None
     plan: RopeKVPlan | None
     try:
@@ -251,6 +260,11 @@ def apply_rope_with_cos_sin_cache_inplace(
     if launcher is not None and launcher.compiled is not None and not plan.debug:
         kp = ptrs[3]
         launcher.run_ptrs((*ptrs, kp, kp))  # no norm weights
+        if fast == 0:  # this metadata has no C plan yet: the next call launches from C
+            ks, vs = (a.k_scale, a.v_scale) if a is not None else (None, None)
+            leaves = (0, 4, 1, 2, *kv_ptr_leaves(8, 2, a is not None, ks, vs), 2, 2)
+            fast_args = (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl, a)
+            _FAST.register(launcher, leaves, *fast_args)
         return
     _run(plan, positions, query, key, cos_sin_cache, a, enable_pdl)
 

@@ -10,6 +10,9 @@ the backend and launch configuration chosen under the old settings).
     SGL_EXT_DEBUG           1: value-reading (synchronising) checks of positions and slots
     SGL_EXT_DIRECT_LAUNCH   0: launch Triton kernels through the JIT on every call (default 1:
                             after a plan's first launch, its compiled kernel is called directly)
+    SGL_EXT_FAST_LAUNCH     0: no C fast path (default 1: where a C compiler and libcuda are
+                            found, an eager call whose metadata has a plan is keyed and
+                            launched by one C call, `fast_launch.py`)
     SGL_EXT_TRITON_CONFIG   "block_h,num_warps[,order[,merged[,spread[,maxnreg]]]]" (tuning)
     SGL_EXT_PDL             0: no programmatic dependent launch (default 1: on Hopper+, every
                             Triton kernel that declares USE_PDL overlaps its launch with the
@@ -40,6 +43,7 @@ class Settings:
     triton_config: tuple[int, ...] | None = None
     interpret: bool = False
     pdl: bool = True
+    fast_launch: bool = True
 
     def __post_init__(self) -> None:
         if self.backend is not None and self.backend not in BACKENDS:
@@ -67,6 +71,7 @@ def from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> Settings:
         triton_config=_ints("SGL_EXT_TRITON_CONFIG", env.get("SGL_EXT_TRITON_CONFIG")),
         interpret=env.get("TRITON_INTERPRET", "0") == "1",
         pdl=env.get("SGL_EXT_PDL", "1") not in _FALSE,
+        fast_launch=env.get("SGL_EXT_FAST_LAUNCH", "1") not in _FALSE,
     )
 
 

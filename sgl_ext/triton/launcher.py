@@ -75,9 +75,9 @@ class KernelLauncher:
         "allow_direct",
         "compiled",
         "_run",
-        "_grid3",
+        "grid3",
         "_pre",
-        "_tail",
+        "tail",
     )
 
     def __init__(
@@ -96,9 +96,9 @@ class KernelLauncher:
         self.allow_direct = allow_direct and DIRECT_SUPPORTED
         self.compiled: Any = None
         self._run: Any = None
-        self._grid3 = (*grid, 1, 1)[:3]
+        self.grid3 = (*grid, 1, 1)[:3]
         self._pre: tuple = ()
-        self._tail: tuple = ()
+        self.tail: tuple = ()
 
     def launch(self, *tensors: object) -> None:
         """Launch through the JIT with the per-call arguments (tensors); keep the compiled
@@ -123,7 +123,7 @@ class KernelLauncher:
         if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
             return  # the launcher would allocate scratch memory per call
         names = [p.name for p in params[len(params) - n_const :]]
-        self._tail = (*self.fixed, *(self.constexprs[n] for n in names))
+        self.tail = (*self.fixed, *(self.constexprs[n] for n in names))
         run = kernel.run  # the launcher (loads the module: here, outside any capture)
         # _pre: what follows the stream, up to the kernel's arguments, without hooks (launch
         # metadata, enter hook, exit hook: None).
@@ -149,14 +149,14 @@ class KernelLauncher:
             and not _ENTER_CALLS
             and not _EXIT_CALLS
         ) or _no_hooks():
-            self._run(*self._grid3, stream, *self._pre, *ptrs, *self._tail)
+            self._run(*self.grid3, stream, *self._pre, *ptrs, *self.tail)
             return
         k = self.compiled
-        args = (*ptrs, *self._tail)
+        args = (*ptrs, *self.tail)
         meta = k.launch_metadata(self.grid, stream, *args)
         enter, leave = _RT.launch_enter_hook, _RT.launch_exit_hook
         pre = (k.function, k.packed_metadata)
-        k.run(*self._grid3, stream, *pre, meta, enter, leave, *args)
+        k.run(*self.grid3, stream, *pre, meta, enter, leave, *args)
 
 
 def make_launcher(

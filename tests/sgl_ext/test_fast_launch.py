@@ -1,0 +1,300 @@
+"""The C fast path (`sgl_ext/fast_launch.py`, `csrc/fast_launch.c`).
+
+CPU: the extension builds; its key holds everything the ops' Python plan keys hold (equal C
+keys imply equal plan keys, over a grid of changed inputs); keys of objects it does not know are
+refused; register / probe / clear; the launch parameters of a compiled kernel. GPU: the second
+call of each op launches from C, with the same bits as the Python path, inside CUDA graphs too;
+a launch hook sends calls back to Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import types
+
+import pytest
+import torch
+
+import sgl_ext
+from sgl_ext import fast_launch, kv_cache, qk_norm_rope, rope, settings
+from sgl_ext.rope import KV_FIELDS, FusedSetKVBufferArg
+from tests.sgl_ext.sgl_ext_testutil import bits
+from tests.sgl_ext.test_validation import make_args
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cc = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler"
+)
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+D = 16
+
+
+@pytest.fixture(scope="module")
+def mod():
+    m = fast_launch._load()
+    if not m:
+        pytest.skip("fast launch module unavailable")
+    return m
+
+
+def _rope_table(mod):
+    return mod.Table(expand=((7, KV_FIELDS),), grad=(1, 2, 9, 10))
+
+
+def _rope_args(a, arg=True, enable_pdl=None):
+    fa = None
+    if arg:
+        fa = FusedSetKVBufferArg(
+            a["value"], a["k_buffer"], a["v_buffer"], a["k_scale"], a["v_scale"], a["cache_loc"]
+        )
+    return (
+        a["positions"],
+        a["query"],
+        a["key"],
+        a["head_size"],
+        a["cos_sin_cache"],
+        a["is_neox"],
+        enable_pdl,
+        fa,
+    )
+
+
+def _py_key(args):
+    pos, query, key, head_size, cos_sin, is_neox, enable_pdl, fa = args
+    return rope.call_key(pos, query, key, head_size, cos_sin, is_neox, fa, enable_pdl)[0]
+
+
+# Valid and invalid changes of one argument: each makes a call the plan cache must tell apart.
+VARIANTS = [
+    ("query", lambda a: a["query"].clone()),  # same metadata, other storage: same key
+    ("query", lambda a: a["query"].half()),
+    ("query", lambda a: a["query"].view(5, 4, D)),
+    ("query", lambda a: torch.empty(5 * 4 * D + 1, dtype=torch.bfloat16)[1:].view(5, 4 * D)),
+    ("query", lambda a: a["query"].detach().requires_grad_()),
+    ("key", lambda a: a["key"][:, :D]),
+    ("key", lambda a: torch.empty(2 * D, 5, dtype=torch.bfloat16).t()),
+    ("positions", lambda a: a["positions"].int()),
+    ("positions", lambda a: a["positions"][:3]),
+    ("head_size", lambda a: 8),
+    ("head_size", lambda a: float(D)),
+    ("is_neox", lambda a: False),
+    ("is_neox", lambda a: 1),
+    ("cos_sin_cache", lambda a: a["cos_sin_cache"][:, :8]),
+    ("k_buffer", lambda a: a["k_buffer"].to(torch.float8_e4m3fn)),
+    ("k_buffer", lambda a: a["k_buffer"].detach().requires_grad_()),
+    ("v_buffer", lambda a: a["v_buffer"].transpose(1, 2)),
+    ("cache_loc", lambda a: a["cache_loc"].int()),
+    ("k_scale", lambda a: 0.5),
+    ("k_scale", lambda a: 0.25),
+    ("k_scale", lambda a: 1),
+    ("v_scale", lambda a: torch.tensor([0.5])),
+    ("v_scale", lambda a: torch.tensor(0.5)),
+    ("value", lambda a: a["value"].float()),
+]
+
+
+@needs_cc
+def test_c_key_holds_the_plan_key(mod):
+    """Over pairs of calls, equal C keys imply equal Python plan keys (so a C hit launches
+    the plan the Python path made for that metadata); the C key also tells apart what the
+    Python key does (no two different plan keys share a C key)."""
+    t = _rope_table(mod)
+    base = make_args()
+    calls = [_rope_args(base), _rope_args(base, arg=False), _rope_args(base, enable_pdl=True)]
+    for name, make in VARIANTS:
+        a = dict(base)
+        a[name] = make(base)
+        calls.append(_rope_args(a))
+    keys = [(t.key(*c), _py_key(c)) for c in calls]
+    assert all(ck is not None for ck, _ in keys)
+    assert keys[0][0] == keys[3][0]  # a clone: same metadata, same key
+    for (ci, pi), (cj, pj) in itertools.combinations(keys, 2):
+        if ci == cj:
+            assert pi == pj
+        if pi != pj:
+            assert ci != cj
+
+
+@needs_cc
+def test_keys_refused_for_unknown_objects(mod):
+    t = _rope_table(mod)
+    a = make_args()
+
+    class Sub(torch.Tensor):
+        pass
+
+    good = _rope_args(a)
+    assert t.key(*good) is not None
+    odd = [
+        (a["positions"].as_subclass(Sub), *good[1:]),
+        (*good[:3], types.SimpleNamespace(), *good[4:]),
+        (*good[:3], 2**70, *good[4:]),  # an int past int64
+        (*good[:7], object()),  # an argument without the fields
+    ]
+    for args in odd:
+        assert t.key(*args) is None
+        assert t.launch(*args) == -1
+
+
+@needs_cc
+def test_register_probe_clear(mod):
+    t = _rope_table(mod)
+    a = make_args()
+    args = _rope_args(a)
+    assert t.launch(*args) == 0 and not t.probe(*args)
+    params = ((0, 8, 0), (1, 8, 0), (-1, 4, 7), (-1, 8, 2**40))
+    spec = (None, 0, (1, 1, 1), 128, 0, False, 0, params)
+    assert t.register(spec, *args)
+    assert t.probe(*args) and len(t) == 1
+    assert t.launch(*args) == -1  # a plan without a kernel (function 0) never launches
+    other = _rope_args(a, arg=False)
+    assert not t.probe(other)
+    # a pointer parameter must come from a tensor leaf (3 is head_size)
+    assert not t.register((None, 0, (1, 1, 1), 128, 0, False, 0, ((3, 8, 0),)), *other)
+    assert not t.register((None, 0, (1, 1, 1), 128, 0, False, 0, ((-1, 3, 0),)), *other)
+    t.clear()
+    assert len(t) == 0 and not t.probe(*args)
+
+
+@needs_cc
+def test_table_fills_and_empties(mod):
+    t = mod.Table()
+    x = torch.randn(3)
+    for i in range(600):  # past half the slots: emptied, then filled again
+        assert t.register((None, 0, (1, 1, 1), 32, 0, False, 0, ((0, 8, 0),)), x, i)
+    assert 0 < len(t) <= 512
+    assert t.probe(x, 599) and not t.probe(x, 0)
+
+
+def test_launch_spec_packs_scalars():
+    """The parameter list of a compiled kernel: per-call pointers from their leaves, the
+    plan's scalars packed by type, constexprs (and ints specialised to 1) left out."""
+    sig = {"a": "*bf16", "b": "*i32", "n": "i32", "big": "i64", "one": "constexpr", "f": "fp32"}
+    sig |= {"BLOCK": "constexpr"}
+    compiled = types.SimpleNamespace(
+        function=1234,
+        metadata=types.SimpleNamespace(
+            shared=512, num_warps=4, num_ctas=1, launch_pdl=True, launch_cooperative_grid=False
+        ),
+        src=types.SimpleNamespace(signature=sig),
+    )
+    lau = types.SimpleNamespace(
+        compiled=compiled, tail=(-3, 2**40, 1, 0.5, 64), grid3=(7, 1, 1), device_index=0
+    )
+    spec = fast_launch.launch_spec(lau, (5, 2))
+    assert spec is not None
+    owner, fn, grid, threads, shared, pdl, dev, params = spec
+    assert (owner, fn, grid, threads, shared) == (compiled, 1234, (7, 1, 1), 128, 512)
+    assert pdl is True and dev == 0
+    assert params == ((5, 8, 0), (2, 8, 0), (-1, 4, 2**32 - 3), (-1, 8, 2**40), (-1, 4, 0x3F000000))
+    assert fast_launch.launch_spec(lau, (5,)) is None  # pointer count mismatch
+    compiled.metadata.global_scratch_size = 16
+    assert fast_launch.launch_spec(lau, (5, 2)) is None  # scratch memory: Triton's launcher
+
+
+def test_off_without_cuda_or_by_setting():
+    t = fast_launch.OpTable()
+    with settings.override(fast_launch=False):
+        assert t.launch(torch.zeros(1)) == -1
+        assert t.table is None
+    if not HAS_CUDA:
+        assert t.launch(torch.zeros(1)) == -1 and t.table is None
+
+
+# GPU -----------------------------------------------------------------------------------------
+
+
+def _gpu_args(seed=0):
+    a = make_args("cuda")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for k in ("query", "key", "value"):
+        a[k] = torch.randn(a[k].shape, generator=g, device="cuda").bfloat16()
+    return a
+
+
+def _run_rope(a):
+    args = _rope_args(a)
+    sgl_ext.apply_rope_with_cos_sin_cache_inplace(*args[:6], args[7], args[6])
+
+
+@needs_cuda
+def test_cuda_second_call_launches_from_c_with_the_same_bits():
+    torch.manual_seed(0)
+    outs = {}
+    for fast in (False, True):
+        with settings.override(fast_launch=fast):
+            for i in range(3):  # JIT, Python direct launch (+ register), C launch
+                a = _gpu_args(seed=i)
+                _run_rope(a)
+                names = ("query", "key", "k_buffer", "v_buffer")
+                outs[fast, i] = [bits(a[k]).clone() for k in names]
+            if fast:
+                assert rope._FAST.table is not None and rope._FAST.table.probe(*_rope_args(a))
+    torch.cuda.synchronize()
+    for i in range(3):
+        for x, y in zip(outs[False, i], outs[True, i], strict=True):
+            assert torch.equal(x, y)
+
+
+@needs_cuda
+def test_cuda_set_kv_and_qk_norm_launch_from_c():
+    a = _gpu_args()
+    args = (a["key"], a["value"], a["k_buffer"], a["v_buffer"], a["cache_loc"], None, None, None)
+    for _ in range(3):
+        kv_cache.set_kv_buffer(*args)
+    assert kv_cache._FAST.table.probe(*args)
+    w = torch.randn(D, device="cuda").bfloat16()
+    qk = (a["positions"], a["query"], a["key"], D, a["cos_sin_cache"], w, w, 1e-6, True)
+    for _ in range(3):
+        sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(*qk)
+    assert qk_norm_rope._FAST.table.probe(*qk, None, None)
+    torch.cuda.synchronize()
+    rows = a["cache_loc"].long()
+    assert torch.equal(bits(a["v_buffer"][rows].reshape(a["value"].shape)), bits(a["value"]))
+
+
+@needs_cuda
+def test_cuda_graph_capture_through_the_c_path():
+    a = _gpu_args()
+    for _ in range(3):
+        _run_rope(a)
+    q0, k0 = a["query"].clone(), a["key"].clone()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        _run_rope(a)
+    torch.cuda.current_stream().wait_stream(s)
+    a["query"].copy_(q0)
+    a["key"].copy_(k0)
+    g.replay()
+    torch.cuda.synchronize()
+    want = make_args("cuda")
+    want["query"], want["key"] = q0.clone(), k0.clone()
+    want["value"] = a["value"]
+    want["k_buffer"], want["v_buffer"] = a["k_buffer"].clone(), a["v_buffer"].clone()
+    with settings.override(fast_launch=False):
+        _run_rope(want)
+    torch.cuda.synchronize()
+    assert torch.equal(bits(a["query"]), bits(want["query"]))
+    assert torch.equal(bits(a["key"]), bits(want["key"]))
+
+
+@needs_cuda
+def test_cuda_launch_hook_sends_calls_back_to_python():
+    from triton import knobs
+
+    a = _gpu_args()
+    for _ in range(3):
+        _run_rope(a)
+    assert rope._FAST.launch(*_rope_args(a)) == 1
+    seen = []
+    enter = knobs.runtime.launch_enter_hook
+    hook = seen.append
+    enter.add(hook)
+    try:
+        assert rope._FAST.launch(*_rope_args(a)) == -1
+    finally:
+        enter.remove(hook)
+    assert rope._FAST.launch(*_rope_args(a)) == 1
