@@ -11,6 +11,7 @@
 # Targets:
 #   info       GPU name, torch/triton versions, device-copy bandwidth
 #   tests      every test file's GPU tests (the CPU ones too: the whole suite)
+#   fast       the C fast path's tests and the op tests that go through it (issue 14)
 #   layers     the decoder-layer tests only (norm / SiLU kernels, attention backends, models,
 #              graph runner), for a quick check of issue 15's work
 #   memcheck   compute-sanitizer memcheck over the kernel sweep
@@ -87,6 +88,12 @@ t_tests() {
   echo "rc a=$ra b=$rb"
   [ $ra -eq 0 ] && [ $rb -eq 0 ]
 }
+t_fast() {
+  # the C fast path (issue 14): its tests and the op tests whose second calls go through it
+  timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_fast_launch.py \
+    tests/sgl_ext/test_plan_cache.py tests/sgl_ext/test_validation.py \
+    tests/sgl_ext/test_compile_and_graphs.py tests/sgl_ext/test_launcher.py
+}
 t_layers() {
   timeout 400 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_norm.py \
     tests/sgl_ext/test_activation.py tests/srt/layers tests/srt/models tests/srt/model_executor
@@ -112,6 +119,9 @@ t_eager() {
   # all warmed up, then 15 interleaved rounds (medians, fused / sglang IQR); both shapes,
   # T 1 8 64 512 2048 8192 32768 (~2-3 min)
   timeout 330 python benchmarks/bench_rope_kv.py --eager --rounds 15 --json-out "$LOGS/eager.json"
+  # the C fast path off (the Python direct launch per call): what the C path saves
+  SGL_EXT_FAST_LAUNCH=0 timeout 90 python benchmarks/bench_rope_kv.py --eager --rounds 5 \
+    --tokens 1 64 512 --shapes llama3-8b
   # the same with direct launches off (the JIT path per call): what the direct launch saves
   SGL_EXT_DIRECT_LAUNCH=0 timeout 90 python benchmarks/bench_rope_kv.py --eager --rounds 5 \
     --tokens 1 64 512 --shapes llama3-8b
