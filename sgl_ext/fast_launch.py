@@ -141,6 +141,9 @@ def enabled() -> bool:
 class OpTable:
     """An op's plan table, made on the op's first call (no work at import).
 
+    `light`: tensors keyed by dtype, device and data_ptr() % 16 only (what Triton specialises
+    a pointer on: `CachedLauncher`, whose plans do not depend on shapes).
+
     `launch(*args)` is the C table's launch once it exists; -1 (take the Python path, do not
     register) where the C fast path cannot launch: no module, no libcuda, no CUDA, or the
     settings turn it off (`SGL_EXT_FAST_LAUNCH=0`, direct launches off, the interpreter).
@@ -148,14 +151,14 @@ class OpTable:
     attributes (None allowed); `grad`: leaf indexes whose requires_grad is part of the key
     (leaves: the arguments in order, an expanded argument followed by its attributes)."""
 
-    def __init__(self, expand: tuple = (), grad: tuple[int, ...] = ()) -> None:
-        self.expand, self.grad = expand, grad
+    def __init__(self, expand: tuple = (), grad: tuple[int, ...] = (), light: bool = False) -> None:
+        self.expand, self.grad, self.light = expand, grad, light
         self.table: Any = None
         self.launch: Any = self._first_launch
         _tables.append(self)
 
     def _first_launch(self, *args: object) -> int:
-        self.table = _new_table(self.expand, self.grad)
+        self.table = _new_table(self.expand, self.grad, self.light)
         self.launch = self.table.launch if self.table is not None else _never
         return self.launch(*args)
 
@@ -181,13 +184,33 @@ def _never(*args: object) -> int:
     return -1
 
 
-def _new_table(expand: tuple, grad: tuple[int, ...]) -> Any:
+def _launch_module() -> Any:
+    """The module where the settings allow launches from C and it can launch; else None."""
     if not enabled() or not torch.cuda.is_available():
         return None
     mod = _load()
-    if not mod or not _can_launch:
+    return mod if mod and _can_launch else None
+
+
+def _new_table(expand: tuple, grad: tuple[int, ...], light: bool) -> Any:
+    mod = _launch_module()
+    return None if mod is None else mod.Table(expand=expand, grad=grad, light=light)
+
+
+def plan_launch(launcher: KernelLauncher) -> Any:
+    """The C launch of a launcher's compiled kernel: `f(*ptrs)` -> True (launched) or False
+    (launch hooks set: launch through Triton); None where it cannot launch from C."""
+    mod = _launch_module()
+    if mod is None:
         return None
-    return mod.Table(expand=expand, grad=grad)
+    n = len(getattr(launcher.compiled.src, "signature", {})) - len(launcher.tail)
+    spec = launch_spec(launcher, tuple(range(n)))
+    if spec is None:
+        return None
+    try:
+        return mod.Plan(spec, n).launch
+    except ValueError:  # a parameter list the kernel does not have
+        return None
 
 
 def _reset_tables() -> None:

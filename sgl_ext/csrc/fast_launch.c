@@ -48,7 +48,7 @@ static param_info_t p_param_info = NULL;
 static err_str_t p_err_str = NULL;
 
 enum { TAG_TENSOR = 1, TAG_NONE = 2, TAG_BOOL = 3, TAG_INT = 4, TAG_FLOAT = 5, TAG_CLASS = 6,
-       TAG_ABSENT = 7 };
+       TAG_ABSENT = 7, TAG_STR = 8, TAG_TUPLE = 9 };
 
 typedef struct {
   uint64_t hash;
@@ -71,6 +71,7 @@ typedef struct {
   int exp_nattr[MAX_EXPAND];
   PyObject *exp_attr[MAX_EXPAND][MAX_ATTRS];
   uint64_t grad_mask; /* leaves whose requires_grad is part of the key */
+  int light;          /* tensors keyed by dtype, device and data pointer % 16 only */
 } Table;
 
 /* One call's keyed view: the key words, each leaf's data pointer, the references to release. */
@@ -98,6 +99,62 @@ static int is_tensor_type(PyTypeObject *tp) {
     if (c->nwords >= KEY_WORDS) return 0;         \
     c->key[c->nwords++] = (int64_t)(w);           \
   } while (0)
+
+/* Key a scalar, a str or a tuple of those (inside a tuple leaf). 1: keyed; 0: not. */
+static int key_value(Call *c, PyObject *o, int depth) {
+  PyTypeObject *tp = Py_TYPE(o);
+  if (o == Py_None) {
+    PUSH(TAG_NONE);
+    return 1;
+  }
+  if (tp == &PyBool_Type) {
+    PUSH(TAG_BOOL | ((int64_t)(o == Py_True) << 8));
+    return 1;
+  }
+  if (tp == &PyLong_Type) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return 0;
+    }
+    PUSH(TAG_INT);
+    PUSH(v);
+    return 1;
+  }
+  if (tp == &PyFloat_Type) {
+    double v = PyFloat_AS_DOUBLE(o);
+    int64_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    PUSH(TAG_FLOAT);
+    PUSH(bits);
+    return 1;
+  }
+  if (tp == &PyUnicode_Type) { /* by content: a name of a keyword argument */
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(o, &n);
+    if (u == NULL) {
+      PyErr_Clear();
+      return 0;
+    }
+    if (n > 256) return 0;
+    PUSH(TAG_STR | ((int64_t)n << 8));
+    for (Py_ssize_t j = 0; j < n; j += 8) {
+      int64_t w = 0;
+      memcpy(&w, u + j, (size_t)(n - j < 8 ? n - j : 8));
+      PUSH(w);
+    }
+    return 1;
+  }
+  if (tp == &PyTuple_Type && depth < 2) {
+    Py_ssize_t n = PyTuple_GET_SIZE(o);
+    PUSH(TAG_TUPLE | ((int64_t)n << 8));
+    for (Py_ssize_t j = 0; j < n; j++)
+      if (!key_value(c, PyTuple_GET_ITEM(o, j), depth + 1)) return 0;
+    return 1;
+  }
+  return 0;
+}
 
 /* Key one leaf. 1: keyed; 0: not keyable here (no Python error left set). */
 static int key_leaf(Table *t, Call *c, PyObject *o) {
@@ -133,40 +190,23 @@ static int key_leaf(Table *t, Call *c, PyObject *o) {
       grad = rg == Py_True;
       Py_DECREF(rg);
     }
-    PUSH(TAG_TENSOR | ((int64_t)dl.ndim << 8) | ((int64_t)dl.dtype.code << 16) |
-         ((int64_t)dl.dtype.bits << 24) | ((int64_t)dl.dtype.lanes << 32));
-    PUSH((int64_t)dl.device.device_type | ((int64_t)dl.device.device_id << 32));
-    for (int d = 0; d < dl.ndim; d++) PUSH(dl.shape[d]);
-    for (int d = 0; d < dl.ndim; d++) PUSH(dl.strides[d]);
+    if (t->light) {
+      PUSH(TAG_TENSOR | ((int64_t)dl.dtype.code << 16) | ((int64_t)dl.dtype.bits << 24) |
+           ((int64_t)dl.dtype.lanes << 32));
+      PUSH((int64_t)dl.device.device_type | ((int64_t)dl.device.device_id << 32));
+    } else {
+      PUSH(TAG_TENSOR | ((int64_t)dl.ndim << 8) | ((int64_t)dl.dtype.code << 16) |
+           ((int64_t)dl.dtype.bits << 24) | ((int64_t)dl.dtype.lanes << 32));
+      PUSH((int64_t)dl.device.device_type | ((int64_t)dl.device.device_id << 32));
+      for (int d = 0; d < dl.ndim; d++) PUSH(dl.shape[d]);
+      for (int d = 0; d < dl.ndim; d++) PUSH(dl.strides[d]);
+    }
     PUSH((int64_t)(p & 15) | (grad << 8));
     c->ptr[i] = p;
     c->is_tensor[i] = 1;
     return 1;
   }
-  if (tp == &PyBool_Type) {
-    PUSH(TAG_BOOL | ((int64_t)(o == Py_True) << 8));
-    return 1;
-  }
-  if (tp == &PyLong_Type) {
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (overflow || (v == -1 && PyErr_Occurred())) {
-      PyErr_Clear();
-      return 0;
-    }
-    PUSH(TAG_INT);
-    PUSH(v);
-    return 1;
-  }
-  if (tp == &PyFloat_Type) {
-    double v = PyFloat_AS_DOUBLE(o);
-    int64_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    PUSH(TAG_FLOAT);
-    PUSH(bits);
-    return 1;
-  }
-  return 0;
+  return key_value(c, o, 0);
 }
 
 /* Key a call's arguments (expanding the table's expanded arguments). 1: keyed; 0: not. */
@@ -261,28 +301,15 @@ static PyObject *cuda_error(CUresult rc, const char *what) {
   return NULL;
 }
 
-/* table.launch(*args) -> 1 launched, 0 no plan for this key (register one), -1 not keyable
- * here or hooks active (take the Python path, do not register). */
-static PyObject *table_launch(Table *t, PyObject *const *args, Py_ssize_t nargs) {
-  Call c;
-  if (!key_call(t, &c, args, nargs) || !hooks_clear()) {
-    call_release(&c);
-    return PyLong_FromLong(-1);
-  }
-  uint64_t h = hash_key(c.key, c.nwords);
-  Entry *e = find_slot(t, c.key, c.nwords, h);
-  if (e->key == NULL || e->fn == NULL || p_launch == NULL) {
-    call_release(&c);
-    return PyLong_FromLong(e->key == NULL ? 0 : -1);
-  }
+/* Launch an entry with its leaves' data pointers. A new reference to 1, or NULL (error). */
+static PyObject *entry_launch(const Entry *e, const uintptr_t *ptr) {
   uint64_t vals[MAX_PARAMS];
   void *params[MAX_PARAMS];
   for (int i = 0; i < e->nparams; i++) {
     int l = e->leaf[i];
-    vals[i] = l >= 0 ? (uint64_t)c.ptr[l] : e->value[i];
+    vals[i] = l >= 0 ? (uint64_t)ptr[l] : e->value[i];
     params[i] = &vals[i];
   }
-  call_release(&c);
   if ((uint64_t)e->grid[0] * e->grid[1] * e->grid[2] == 0) return PyLong_FromLong(1);
   void *stream = NULL;
   if (g_api->current_work_stream(kDLCUDA, e->device, &stream) != 0) return NULL;
@@ -309,83 +336,70 @@ static PyObject *table_launch(Table *t, PyObject *const *args, Py_ssize_t nargs)
   return PyLong_FromLong(1);
 }
 
-
-/* table.register(spec, *args) -> True if stored. spec = (owner, function, (gx, gy, gz),
- * threads, shared, pdl, device, params): owner is kept alive while the plan is stored;
- * params a tuple of (leaf, size, value): leaf >= 0 takes
- * that leaf's data pointer (a tensor), -1 the value (size bytes, little end). The parameter
- * list must match the kernel's (cuFuncGetParamInfo), up to trailing 8-byte parameters that
- * are passed as 0 (Triton's scratch pointers). function 0 stores a key that never launches
- * (tests on machines without CUDA). */
-static PyObject *table_register(Table *t, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs < 1) {
-    PyErr_SetString(PyExc_TypeError, "register(spec, *args)");
-    return NULL;
+/* table.launch(*args) -> 1 launched, 0 no plan for this key (register one), -1 not keyable
+ * here or hooks active (take the Python path, do not register). */
+static PyObject *table_launch(Table *t, PyObject *const *args, Py_ssize_t nargs) {
+  Call c;
+  if (!key_call(t, &c, args, nargs) || !hooks_clear()) {
+    call_release(&c);
+    return PyLong_FromLong(-1);
   }
-  PyObject *spec = args[0];
+  Entry *e = find_slot(t, c.key, c.nwords, hash_key(c.key, c.nwords));
+  call_release(&c);
+  if (e->key == NULL) return PyLong_FromLong(0);
+  if (e->fn == NULL || p_launch == NULL) return PyLong_FromLong(-1);
+  return entry_launch(e, c.ptr);
+}
+
+/* Parse a launch spec into e (not its key): (owner, function, (gx, gy, gz), threads, shared,
+ * pdl, device, params); params a tuple of (leaf, size, value): leaf >= 0 takes that leaf's
+ * data pointer (is_tensor[leaf] must hold), -1 the value (size bytes, little end). The
+ * parameter list must match the kernel's (cuFuncGetParamInfo), up to trailing 8-byte
+ * parameters passed as 0 (Triton's scratch pointers). Function 0 makes an entry that never
+ * launches (tests without CUDA). 1: parsed (e holds a reference to owner); 0: refused; -1:
+ * error. */
+static int parse_spec(PyObject *spec, Entry *e, int nleaves, const int *is_tensor) {
   unsigned long long fn = 0;
   unsigned gx, gy, gz, block, shared;
   int pdl, device;
   PyObject *params, *owner;
   if (!PyTuple_Check(spec)) {
     PyErr_SetString(PyExc_TypeError, "spec must be a tuple");
-    return NULL;
+    return -1;
   }
   if (!PyArg_ParseTuple(spec, "OK(III)IIpiO!", &owner, &fn, &gx, &gy, &gz, &block, &shared,
                         &pdl, &device, &PyTuple_Type, &params))
-    return NULL;
-  Call c;
-  if (!key_call(t, &c, args + 1, nargs - 1)) {
-    call_release(&c);
-    Py_RETURN_FALSE;
-  }
-  call_release(&c);
+    return -1;
   Py_ssize_t np = PyTuple_GET_SIZE(params);
-  if (np > MAX_PARAMS) Py_RETURN_FALSE;
-  Entry tmp;
-  memset(&tmp, 0, sizeof tmp);
+  if (np > MAX_PARAMS) return 0;
+  memset(e, 0, sizeof *e);
   for (Py_ssize_t i = 0; i < np; i++) {
     long leaf;
     unsigned size;
     unsigned long long value;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(params, i), "lIK", &leaf, &size, &value)) return NULL;
-    if (leaf >= 0 && (leaf >= c.nleaves || !c.is_tensor[leaf])) Py_RETURN_FALSE;
-    if (leaf >= 0 && size != 8) Py_RETURN_FALSE;
-    if (size != 1 && size != 2 && size != 4 && size != 8) Py_RETURN_FALSE;
-    tmp.leaf[i] = (int8_t)(leaf >= 0 ? leaf : -1);
-    tmp.value[i] = value;
-    if (fn && p_param_info) {
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(params, i), "lIK", &leaf, &size, &value)) return -1;
+    if (leaf >= 0 && (leaf >= nleaves || !is_tensor[leaf] || size != 8)) return 0;
+    if (size != 1 && size != 2 && size != 4 && size != 8) return 0;
+    e->leaf[i] = (int8_t)(leaf >= 0 ? leaf : -1);
+    e->value[i] = value;
+    if (fn) {
       size_t off = 0, sz = 0;
-      if (p_param_info((CUfunction)(uintptr_t)fn, (size_t)i, &off, &sz) != CUDA_SUCCESS ||
+      if (p_param_info == NULL ||
+          p_param_info((CUfunction)(uintptr_t)fn, (size_t)i, &off, &sz) != CUDA_SUCCESS ||
           sz != size)
-        Py_RETURN_FALSE;
+        return 0;
     }
   }
   if (fn) {
-    if (p_param_info == NULL || p_launch == NULL) Py_RETURN_FALSE;
+    if (p_param_info == NULL || p_launch == NULL) return 0;
     size_t off = 0, sz = 0;
     while (p_param_info((CUfunction)(uintptr_t)fn, (size_t)np, &off, &sz) == CUDA_SUCCESS) {
-      if (sz != 8 || np >= MAX_PARAMS) Py_RETURN_FALSE;
-      tmp.leaf[np] = -1;
-      tmp.value[np++] = 0;
+      if (sz != 8 || np >= MAX_PARAMS) return 0;
+      e->leaf[np] = -1;
+      e->value[np++] = 0;
     }
-    if (np - PyTuple_GET_SIZE(params) > 2) Py_RETURN_FALSE;
+    if (np - PyTuple_GET_SIZE(params) > 2) return 0;
   }
-  if (t->count >= TABLE_CAP / 2) table_clear_slots(t);
-  uint64_t h = hash_key(c.key, c.nwords);
-  Entry *e = find_slot(t, c.key, c.nwords, h);
-  int64_t *key = e->key;
-  Py_CLEAR(e->owner);
-  if (key == NULL) {
-    key = PyMem_Malloc(sizeof(int64_t) * c.nwords);
-    if (key == NULL) return PyErr_NoMemory();
-    memcpy(key, c.key, sizeof(int64_t) * c.nwords);
-    t->count++;
-  }
-  *e = tmp;
-  e->key = key;
-  e->hash = h;
-  e->nwords = c.nwords;
   e->fn = (CUfunction)(uintptr_t)fn;
   e->grid[0] = gx;
   e->grid[1] = gy;
@@ -397,6 +411,41 @@ static PyObject *table_register(Table *t, PyObject *const *args, Py_ssize_t narg
   e->nparams = (int)np;
   Py_INCREF(owner);
   e->owner = owner;
+  return 1;
+}
+
+/* table.register(spec, *args) -> True if stored under the key of args (see parse_spec). */
+static PyObject *table_register(Table *t, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "register(spec, *args)");
+    return NULL;
+  }
+  Call c;
+  int keyed = key_call(t, &c, args + 1, nargs - 1);
+  call_release(&c);
+  if (!keyed) Py_RETURN_FALSE;
+  Entry tmp;
+  int r = parse_spec(args[0], &tmp, c.nleaves, c.is_tensor);
+  if (r < 0) return NULL;
+  if (r == 0) Py_RETURN_FALSE;
+  if (t->count >= TABLE_CAP / 2) table_clear_slots(t);
+  uint64_t h = hash_key(c.key, c.nwords);
+  Entry *e = find_slot(t, c.key, c.nwords, h);
+  int64_t *key = e->key;
+  Py_CLEAR(e->owner);
+  if (key == NULL) {
+    key = PyMem_Malloc(sizeof(int64_t) * c.nwords);
+    if (key == NULL) {
+      Py_DECREF(tmp.owner);
+      return PyErr_NoMemory();
+    }
+    memcpy(key, c.key, sizeof(int64_t) * c.nwords);
+    t->count++;
+  }
+  *e = tmp;
+  e->key = key;
+  e->hash = h;
+  e->nwords = c.nwords;
   Py_RETURN_TRUE;
 }
 
@@ -426,11 +475,17 @@ static PyObject *table_clear(Table *t, PyObject *unused) {
 
 static Py_ssize_t table_len(Table *t) { return t->count; }
 
-/* Table(expand=((arg_index, (attr, ...)), ...), grad=(leaf, ...)) */
+/* Table(expand=((arg_index, (attr, ...)), ...), grad=(leaf, ...), light=False) */
 static int table_init(Table *t, PyObject *args, PyObject *kwds) {
-  static char *kw[] = {"expand", "grad", NULL};
+  static char *kw[] = {"expand", "grad", "light", NULL};
   PyObject *expand = NULL, *grad = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO", kw, &expand, &grad)) return -1;
+  int light = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOp", kw, &expand, &grad, &light)) return -1;
+  if (t->slots != NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "Table already initialised");
+    return -1;
+  }
+  t->light = light;
   t->slots = PyMem_Calloc(TABLE_CAP, sizeof(Entry));
   if (t->slots == NULL) {
     PyErr_NoMemory();
@@ -522,6 +577,81 @@ static PyTypeObject TableType = {
     .tp_as_sequence = &table_as_seq,
 };
 
+/* Plan(spec, nptrs): one launch plan without a key, for a caller that knows its plan and has
+ * the per-call pointers as ints: plan.launch(*ptrs) -> True launched, False hooks active
+ * (launch through Triton). Leaf i of the spec is ptrs[i]. */
+typedef struct {
+  PyObject_HEAD
+  Entry e;
+  int nptrs;
+} Plan;
+
+static int plan_init(Plan *p, PyObject *args, PyObject *kwds) {
+  PyObject *spec;
+  int nptrs;
+  if (!PyArg_ParseTuple(args, "Oi", &spec, &nptrs)) return -1;
+  if (p->e.owner != NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "Plan already initialised");
+    return -1;
+  }
+  if (nptrs < 0 || nptrs > MAX_LEAVES) {
+    PyErr_SetString(PyExc_ValueError, "nptrs out of range");
+    return -1;
+  }
+  int all[MAX_LEAVES];
+  for (int i = 0; i < MAX_LEAVES; i++) all[i] = 1;
+  int r = parse_spec(spec, &p->e, nptrs, all);
+  if (r < 0) return -1;
+  if (r == 0 || p->e.fn == NULL) {
+    Py_CLEAR(p->e.owner);
+    PyErr_SetString(PyExc_ValueError, "this kernel cannot be launched from C");
+    return -1;
+  }
+  p->nptrs = nptrs;
+  return 0;
+}
+
+static PyObject *plan_launch(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
+  if (p->e.fn == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "Plan not initialised");
+    return NULL;
+  }
+  if (nargs != p->nptrs) {
+    PyErr_Format(PyExc_TypeError, "launch takes %d pointers, got %zd", p->nptrs, nargs);
+    return NULL;
+  }
+  uintptr_t ptr[MAX_LEAVES];
+  for (Py_ssize_t i = 0; i < nargs; i++) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[i]);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    ptr[i] = (uintptr_t)v;
+  }
+  if (!hooks_clear()) Py_RETURN_FALSE;
+  PyObject *r = entry_launch(&p->e, ptr);
+  if (r == NULL) return NULL;
+  Py_DECREF(r);
+  Py_RETURN_TRUE;
+}
+
+static void plan_dealloc(Plan *p) {
+  Py_CLEAR(p->e.owner);
+  Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyMethodDef plan_methods[] = {
+    {"launch", (PyCFunction)(void (*)(void))plan_launch, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sgl_ext_fast_launch.Plan",
+    .tp_basicsize = sizeof(Plan),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)plan_init,
+    .tp_dealloc = (destructor)plan_dealloc,
+    .tp_methods = plan_methods,
+};
+
 /* init(api_capsule, tensor_types, runtime_knobs, enter_hook, exit_hook, enter_calls,
  *      exit_calls) -> whether libcuda was found (launches possible). */
 static PyObject *mod_init(PyObject *self, PyObject *args) {
@@ -587,10 +717,12 @@ PyMODINIT_FUNC PyInit_sgl_ext_fast_launch(void) {
   s_enter = PyUnicode_InternFromString("launch_enter_hook");
   s_exit = PyUnicode_InternFromString("launch_exit_hook");
   s_requires_grad = PyUnicode_InternFromString("requires_grad");
-  if (PyType_Ready(&TableType) < 0) return NULL;
+  if (PyType_Ready(&TableType) < 0 || PyType_Ready(&PlanType) < 0) return NULL;
   PyObject *m = PyModule_Create(&mod_def);
   if (m == NULL) return NULL;
   Py_INCREF(&TableType);
   if (PyModule_AddObject(m, "Table", (PyObject *)&TableType) < 0) return NULL;
+  Py_INCREF(&PlanType);
+  if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) return NULL;
   return m;
 }

@@ -78,6 +78,7 @@ class KernelLauncher:
         "grid3",
         "_pre",
         "tail",
+        "_c_launch",
     )
 
     def __init__(
@@ -99,6 +100,7 @@ class KernelLauncher:
         self.grid3 = (*grid, 1, 1)[:3]
         self._pre: tuple = ()
         self.tail: tuple = ()
+        self._c_launch: Any = None  # the C fast path's launch of the compiled kernel
 
     def launch(self, *tensors: object) -> None:
         """Launch through the JIT with the per-call arguments (tensors); keep the compiled
@@ -134,6 +136,9 @@ class KernelLauncher:
             meta = kernel.packed_metadata
             self._run, self._pre = c_launch, (kernel.function, *flags, meta, None, None, None)
         self.compiled = kernel
+        from sgl_ext import fast_launch
+
+        self._c_launch = fast_launch.plan_launch(self)
 
     def direct(self, *ptrs: int) -> None:
         """Launch the compiled kernel with the per-call pointers (data_ptr() integers)."""
@@ -141,6 +146,9 @@ class KernelLauncher:
 
     def run_ptrs(self, ptrs: tuple[int, ...]) -> None:
         """`direct` with the pointers as one tuple (the ops' fast path: no repacking)."""
+        c = self._c_launch
+        if c is not None and c(*ptrs):  # False: launch hooks are set (Triton calls them)
+            return
         rt = _RT
         stream = _RAW_STREAM(self.device_index)  # type: ignore[misc]  # allow_direct: not None
         if (
@@ -215,14 +223,18 @@ class CachedLauncher:
     `SGL_EXT_DIRECT_LAUNCH=0` go through the JIT as `fn[grid](...)` would.
     """
 
-    __slots__ = ("fn", "_plans", "_params")
+    __slots__ = ("fn", "_plans", "_params", "_fast")
 
     def __init__(self, fn: Any) -> None:
         from sgl_ext._plans import PlanCache
+        from sgl_ext.fast_launch import OpTable
 
         self.fn = fn
         self._plans = PlanCache()
         self._params: dict[str, Any] | None = None
+        # the C fast path: key (grid, tensors' dtype / device / data_ptr() % 16, the other
+        # arguments' types and values, keyword names and values) and launch in one call
+        self._fast = OpTable(light=True)
 
     def __getitem__(self, grid: tuple[int, ...]) -> Any:
         def launch(*args: Any, **kwargs: Any) -> None:
@@ -231,6 +243,9 @@ class CachedLauncher:
         return launch
 
     def run(self, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
+        fast = -1 if _compiling() else self._fast.launch(grid, *args, *kwargs.items())
+        if fast == 1:
+            return
         s = settings.get()
         if s.interpret or not s.direct_launch or not DIRECT_SUPPORTED or _compiling():
             self.fn[grid](*args, **kwargs)
@@ -258,6 +273,9 @@ class CachedLauncher:
             self.fn[grid](*args, **kwargs)
         elif plan.compiled is not None:
             plan.direct(*ptrs)
+            if fast == 0:  # the next call with this key launches from C
+                leaves = tuple(range(1, n + 1))  # leaf 0 is the grid
+                self._fast.register(plan, leaves, grid, *args, *kwargs.items())
         else:
             plan.launch(*args[:n])
 

@@ -298,3 +298,73 @@ def test_cuda_launch_hook_sends_calls_back_to_python():
     finally:
         enter.remove(hook)
     assert rope._FAST.launch(*_rope_args(a)) == 1
+
+
+@needs_cc
+def test_light_keys_as_cached_launcher_keys(mod):
+    """`CachedLauncher`'s table: tensors by dtype, device and alignment only (any shape), the
+    grid, scalars and keyword arguments by value; a change of any is another key."""
+    t = mod.Table(light=True)
+    a, b = torch.randn(8), torch.randn(3, 5)
+    base = t.key((3, 1), a, b, 5, ("X", 1), ("num_warps", 4))
+    assert base is not None
+    assert t.key((3, 1), torch.randn(2), torch.randn(7), 5, ("X", 1), ("num_warps", 4)) == base
+    for other in (
+        ((4, 1), a, b, 5, ("X", 1), ("num_warps", 4)),
+        ((3, 1), a.half(), b, 5, ("X", 1), ("num_warps", 4)),
+        ((3, 1), a[1:], b, 5, ("X", 1), ("num_warps", 4)),  # alignment 4
+        ((3, 1), a, b, 6, ("X", 1), ("num_warps", 4)),
+        ((3, 1), a, b, 5.0, ("X", 1), ("num_warps", 4)),
+        ((3, 1), a, b, 5, ("X", 2), ("num_warps", 4)),
+        ((3, 1), a, b, 5, ("Y", 1), ("num_warps", 4)),
+        ((3, 1), a, b, 5, ("X", 1), ("num_warps", 8)),
+        ((3, 1), a, b, 5, ("X", True), ("num_warps", 4)),
+    ):
+        k = t.key(*other)
+        assert k is not None and k != base, other
+    assert t.key((3, 1), a, b, 5, ("X", torch.float16)) is None  # not keyable: Python path
+
+
+if HAS_CUDA:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _axpy_kernel(x_ptr, y_ptr, n, alpha, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        x = tl.load(x_ptr + offs, mask=m)
+        y = tl.load(y_ptr + offs, mask=m)
+        tl.store(y_ptr + offs, y + alpha * x, mask=m)
+
+
+@needs_cuda
+def test_cuda_cached_launcher_launches_from_c():
+    from sgl_ext.triton.launcher import cached_launcher
+
+    lau = cached_launcher(_axpy_kernel)
+    n = 1000
+    for i in range(4):
+        x = torch.randn(n, device="cuda")
+        y = torch.randn(n, device="cuda")
+        want = y + 0.5 * x
+        lau[(triton.cdiv(n, 256),)](x, y, n, 0.5, BLOCK=256)
+        torch.testing.assert_close(y, want, rtol=0, atol=1e-6)
+        if i >= 2:
+            key = ((triton.cdiv(n, 256),), x, y, n, 0.5, ("BLOCK", 256))
+            assert lau._fast.table is not None and lau._fast.table.probe(*key)
+
+
+@needs_cuda
+def test_cuda_kernel_launcher_direct_launch_from_c():
+    x = torch.randn(7, 257, device="cuda").bfloat16()
+    w = torch.randn(257, device="cuda").bfloat16()
+    outs = {}
+    for fast in (False, True):
+        with settings.override(fast_launch=fast):
+            for _ in range(3):
+                outs[fast] = sgl_ext.rmsnorm(x, w, 1e-6)
+            plan = next(iter(sgl_ext.norm._PLANS.values()))
+            assert (plan.launcher._c_launch is not None) == fast
+    torch.cuda.synchronize()
+    assert torch.equal(bits(outs[False]), bits(outs[True]))
