@@ -290,15 +290,18 @@ def _dequantised(hf, device):
 
 
 @pytest.mark.parametrize(
-    "T, E, H, inter, k, block_k, dtype, mode, scales",
+    "T, E, H, inter, k, block_k, dtype, mode, scales, prefetch",
     [
-        (1, 4, 64, 32, 2, 32, torch.float32, "split", (120, 126)),
-        (9, 5, 96, 96, 3, 64, torch.float32, "split", (100, 160)),  # uneven K blocks, wide scales
-        (7, 4, 64, 96, 2, 64, torch.bfloat16, "split", (118, 130)),
-        (7, 4, 64, 96, 2, 64, torch.bfloat16, "dot_scaled", (118, 130)),
+        (1, 4, 64, 32, 2, 32, torch.float32, "split", (120, 126), 1),
+        (9, 5, 96, 96, 3, 64, torch.float32, "split", (100, 160), 1),  # uneven K, wide scales
+        (9, 5, 96, 96, 3, 64, torch.float32, "split", (100, 160), 0),  # scales not prefetched
+        (7, 4, 64, 96, 2, 64, torch.bfloat16, "split", (118, 130), 1),
+        (7, 4, 64, 96, 2, 64, torch.bfloat16, "dot_scaled", (118, 130), 1),
     ],
 )
-def test_mxfp4_weights_match_dequantised_reference(T, E, H, inter, k, block_k, dtype, mode, scales):
+def test_mxfp4_weights_match_dequantised_reference(
+    T, E, H, inter, k, block_k, dtype, mode, scales, prefetch
+):
     from srt.layers.moe.fused_moe_triton.fused_moe import GemmConfig, MoeConfig
 
     hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
@@ -306,7 +309,8 @@ def test_mxfp4_weights_match_dequantised_reference(T, E, H, inter, k, block_k, d
     )
     x = x.to(dtype)
     w13, w2 = _dequantised(hf, DEV)
-    cfg = MoeConfig(16, GemmConfig(16, block_k, 1, 1), GemmConfig(16, block_k, 1, 1), mode)
+    g = GemmConfig(16, block_k, 1, 1, scale_prefetch=prefetch)
+    cfg = MoeConfig(16, g, g, mode)
     out = fused_experts(
         x,
         w13_q,
