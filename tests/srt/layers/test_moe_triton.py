@@ -346,6 +346,10 @@ def test_mxfp4_bad_scales_raise():
     bad = dataclasses.replace(INTERPRETER_CONFIG, mxfp4_mode="int4")
     with pytest.raises(ValueError, match="mxfp4_mode"):
         fused_experts(x, w13_q, w2_q, wts, ids, config=bad, w13_scale=w13_s, w2_scale=w2_s)
+    down = dataclasses.replace(INTERPRETER_CONFIG.down, scale_prefetch=2)
+    bad = dataclasses.replace(INTERPRETER_CONFIG, down=down)
+    with pytest.raises(ValueError, match="down.scale_prefetch"):
+        fused_experts(x, w13_q, w2_q, wts, ids, config=bad, w13_scale=w13_s, w2_scale=w2_s)
 
 
 @gpu
@@ -384,6 +388,33 @@ def test_gpu_mxfp4_bf16_matches_dequantised(T, mode):
         x, w13.bfloat16(), w2.bfloat16(), wts, ids, b13, b2, swiglu_alpha=ALPHA, swiglu_limit=LIMIT
     )
     assert _rel(out, dense) < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["dot_scaled", "split"])
+@pytest.mark.parametrize("T", [1, 8, 64])  # the decode configs of the table
+def test_gpu_mxfp4_scale_prefetch_same_bits(T, mode):
+    """Loading the scales a K block ahead changes where they are loaded, not what is summed:
+    the same bits with the prefetch on and off, in each GEMM (uneven K blocks: H 288, I 160)."""
+    E, H, inter, k = 6, 288, 160, 4
+    _, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
+        T, E, H, inter, k, 5, "cuda"
+    )
+    x, b13, b2 = x.bfloat16(), b13.bfloat16(), b2.bfloat16()
+    base = dataclasses.replace(get_config(T, x.device, x.dtype, mxfp4=True), mxfp4_mode=mode)
+    outs = {}
+    for gp, dp in ((1, 1), (0, 0), (1, 0), (0, 1)):
+        cfg = dataclasses.replace(
+            base,
+            gate_up=dataclasses.replace(base.gate_up, scale_prefetch=gp),
+            down=dataclasses.replace(base.down, scale_prefetch=dp),
+        )
+        outs[gp, dp] = fused_experts(
+            x, w13_q, w2_q, wts, ids, b13, b2, config=cfg, w13_scale=w13_s, w2_scale=w2_s
+        )
+    for key, out in outs.items():
+        assert torch.equal(out, outs[1, 1]), (T, mode, key)
+    assert torch.isfinite(outs[1, 1]).all() and outs[1, 1].abs().sum() > 0
 
 
 @gpu
