@@ -21,11 +21,13 @@ floor counts MXFP4 bytes (4.25 bits a weight); the torch column is not measured 
 table); `alt` times the other MXFP4 mode ("dot_scaled" vs "split") with the same tiles.
 
 --sweep times alternative launch configurations (gate/up GEMM, then down GEMM; with --mxfp4 for
-both modes) per T and prints the best, as MOE_CONFIGS / MXFP4_CONFIGS lines for
+each of --mxfp4-modes, default dot_scaled only, then the best with the scale prefetch off in
+either GEMM, and the default with it off in both: the kernel before the prefetch) per T, with
+the floor, and prints the best, as MOE_CONFIGS / MXFP4_CONFIGS lines for
 srt/layers/moe/fused_moe_triton/config.py.
 
 Usage: python benchmarks/bench_moe.py [--tokens 1 8 32 64 512 4096] [--layers 4] [--sweep]
-           [--json-out F]
+           [--mxfp4 [--mxfp4-modes dot_scaled split]] [--json-out F]
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from bench_util import copy_bandwidth, graph_time_us  # noqa: E402  (benchmarks/
 from srt.layers.moe import TopKExperts, select_experts  # noqa: E402
 from srt.layers.moe.fused_moe_triton import fused_moe  # noqa: E402
 from srt.layers.moe.fused_moe_triton.fused_moe import (  # noqa: E402
+    MXFP4_MODES,
     GemmConfig,
     MoeConfig,
     fit_mxfp4,
@@ -234,7 +237,8 @@ def candidates(T: int, mx: bool) -> tuple[list[int], list[GemmConfig], list[Gemm
     """(block_m options, gate/up options, down options) worth timing for T tokens."""
     if mx and T <= 128:  # MXFP4 decode: BLOCK_K/2 bytes a row per load
         opts = ((32, 256, 4, 4), (32, 512, 4, 3), (64, 256, 4, 4), (32, 128, 4, 6), (16, 512, 4, 4))
-        opts += ((64, 128, 4, 5), (128, 256, 8, 3), (64, 512, 8, 3))
+        opts += ((64, 128, 4, 5), (128, 256, 8, 3), (64, 512, 8, 3), (64, 128, 4, 4))
+        opts += ((128, 128, 8, 4), (64, 256, 4, 3))
         gu = [GemmConfig(bn, bk, w, st) for bn, bk, w, st in opts]
         return [16], gu, list(gu)
     if mx:
@@ -300,15 +304,40 @@ def candidates(T: int, mx: bool) -> tuple[list[int], list[GemmConfig], list[Gemm
     return bms, gu, dn
 
 
-def sweep(layers, tokens) -> None:
+def config_line(T: int, t: float, c: MoeConfig, mx: bool, floor: float | None = None) -> str:
+    """A MOE_CONFIGS / MXFP4_CONFIGS entry (upper bound T -> c), its time in a comment."""
+    g, d = c.gate_up, c.down
+
+    def gemm(x: GemmConfig) -> str:
+        pf = f", {x.scale_prefetch}" if mx else ""
+        return (
+            f"GemmConfig({x.block_n}, {x.block_k}, {x.num_warps}, {x.num_stages}, {x.group_m}{pf})"
+        )
+
+    mode = f', "{c.mxfp4_mode}"' if mx else ""
+    note = f"{t:.1f} µs" + (f", floor {floor:.1f} µs, x{t / floor:.2f}" if floor else "")
+    return f"    ({T}, MoeConfig({c.block_m}, {gemm(g)}, {gemm(d)}{mode})),  # {note}"
+
+
+def with_prefetch(cfg: MoeConfig, gate_up: int, down: int) -> MoeConfig:
+    return replace(
+        cfg,
+        gate_up=replace(cfg.gate_up, scale_prefetch=gate_up),
+        down=replace(cfg.down, scale_prefetch=down),
+    )
+
+
+def sweep(layers, tokens, bw: float, tflops: float, modes: tuple[str, ...]) -> None:
     """Gate/up options with the default down config, then down options with the best gate/up
-    (MXFP4: for each mode)."""
+    (MXFP4: for each of `modes`, then the best with the scale prefetch off in either GEMM)."""
     n = len(layers)
     mx = is_mxfp4(layers)
     print(f"\nsweep ({'MXFP4' if mx else 'bf16'} experts, µs per layer call, CUDA graph)")
     best = {}
     for T in tokens:
         x, w, ids = routing(T, seed=T)
+        n_exp, fl, mma = floors(T, ids, bw, tflops, mx)
+        fl = max(fl, mma)
         base = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=mx)
 
         def t_of(cfg, x=x, w=w, ids=ids, T=T):
@@ -327,10 +356,15 @@ def sweep(layers, tokens) -> None:
             return t
 
         t_base = t_of(base)
-        print(f"T={T} default {t_base:.1f}  {base}", flush=True)
+        print(f"T={T} ({n_exp} experts, floor {fl:.1f} µs): default {t_base:.1f}  {base}")
+        results = [(t_base, base)]
+        if mx:  # the default with the scales loaded in the K block that uses them (before)
+            old = with_prefetch(base, 0, 0)
+            t_old = t_of(old)
+            results.append((t_old, old))
+            print(f"  default, scale prefetch off: {t_old:.1f} (x{t_old / t_base:.2f})", flush=True)
         bms, gus, dns = candidates(T, mx)
-        results = []
-        for mode in ("dot_scaled", "split") if mx else ("dot_scaled",):
+        for mode in modes if mx else ("dot_scaled",):
             mine = []
             for bm in bms:
                 for gu in gus:
@@ -340,27 +374,29 @@ def sweep(layers, tokens) -> None:
             for dn in dns:
                 cfg = MoeConfig(cfg1.block_m, cfg1.gate_up, dn, mode)
                 mine.append((t_of(cfg), cfg))
-            results += mine
-            if mx:
+            if mx:  # the scale prefetch off in one or both GEMMs of the best
                 tm, cm = min(mine, key=lambda p: p[0])
-                print(f"  best {mode}: {tm:.1f}  {cm}", flush=True)
+                for gp, dp in ((0, 1), (1, 0), (0, 0)):
+                    cfg = with_prefetch(cm, gp, dp)
+                    mine.append((t_of(cfg), cfg))
+                tm, cm = min(mine, key=lambda p: p[0])
+                print(f"  best {mode}: {tm:.1f} (x{tm / fl:.2f} floor)  {cm}", flush=True)
+            results += mine
         t2, cfg2 = min(results, key=lambda p: p[0])
-        best[T] = (t2, cfg2)
+        best[T] = (t2, cfg2, fl)
         for t, cfg in sorted(results, key=lambda p: p[0])[:5]:
             print(f"  {t:9.1f}  {cfg}", flush=True)
-        print(f"T={T}: best {t2:.1f} µs vs default {t_base:.1f} µs", flush=True)
+        print(
+            f"T={T}: best {t2:.1f} µs vs default {t_base:.1f} µs; floor {fl:.1f} µs, "
+            f"best x{t2 / fl:.2f} floor",
+            flush=True,
+        )
     for cfg, err in fused_moe._DOT_SCALED_FAILED.items():
         print(f"WARNING: dot_scaled failed for {cfg}: {err[:200]}")
     table = "MXFP4_CONFIGS" if mx else "MOE_CONFIGS"
     print(f"\nsuggested {table} entries (upper bound T -> best config measured):")
-    for T, (t, c) in best.items():
-        g, d = c.gate_up, c.down
-        mode = f', "{c.mxfp4_mode}"' if mx else ""
-        print(
-            f"    ({T}, MoeConfig({c.block_m}, GemmConfig({g.block_n}, {g.block_k}, "
-            f"{g.num_warps}, {g.num_stages}, {g.group_m}), GemmConfig({d.block_n}, "
-            f"{d.block_k}, {d.num_warps}, {d.num_stages}, {d.group_m}){mode})),  # {t:.1f} µs"
-        )
+    for T, (t, c, fl) in best.items():
+        print(config_line(T, t, c, mx, fl))
 
 
 def main() -> None:
@@ -370,6 +406,12 @@ def main() -> None:
     p.add_argument("--tflops", type=float, default=800.0)
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--mxfp4", action="store_true", help="MXFP4 expert weights")
+    p.add_argument(
+        "--mxfp4-modes",
+        nargs="+",
+        default=["dot_scaled"],
+        help="MXFP4 modes the sweep times (dot_scaled, split)",
+    )
     p.add_argument("--json-out")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -378,12 +420,15 @@ def main() -> None:
     if args.layers < 1 or any(t < 1 for t in args.tokens):
         print("error: --layers and --tokens must be >= 1", file=sys.stderr)
         sys.exit(2)
+    if any(m not in MXFP4_MODES for m in args.mxfp4_modes):
+        print(f"error: --mxfp4-modes must be among {MXFP4_MODES}", file=sys.stderr)
+        sys.exit(2)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     bw = copy_bandwidth()
     layers = make_layers(args.layers, args.mxfp4)
     rows = table(layers, args.tokens, bw, args.tflops)
     if args.sweep:
-        sweep(layers, args.tokens)
+        sweep(layers, args.tokens, bw, args.tflops, tuple(args.mxfp4_modes))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"bandwidth_gbs": bw, "rows": rows}, f, indent=1)

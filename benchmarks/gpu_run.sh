@@ -27,8 +27,9 @@
 #              MXFP4 experts (ours = table mode, alt = the other MXFP4 mode)
 #   moe_sweep  bench_moe --sweep: launch configurations per T, best printed as MOE_CONFIGS lines
 #              (MOE_SWEEP_ARGS=--mxfp4 for the MXFP4 kernels)
-#   moe_sweep_mxfp4  bench_moe --mxfp4 --sweep at decode sizes (both MXFP4 modes), best printed
-#              as MXFP4_CONFIGS lines
+#   moe_sweep_mxfp4  bench_moe --mxfp4 --sweep at decode sizes (T 1 8 32 64; dot_scaled, the
+#              scale prefetch on / off), floor per T, best printed as MXFP4_CONFIGS lines
+#              (MXFP4_SWEEP_ARGS="--mxfp4-modes dot_scaled split" adds the split mode)
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   cli        bench_one_batch / gpqa CLI GPU tests, --correctness-test with graphs, floor + --profile
 #   layerbench bench_layers: add+RMSNorm / RMSNorm / SiLU-and-mul kernels vs torch-native and
@@ -154,7 +155,8 @@ t_moe_sweep() {
   timeout 560 python benchmarks/bench_moe.py --tokens 1 8 32 64 512 4096 --sweep ${MOE_SWEEP_ARGS:-}
 }
 t_moe_sweep_mxfp4() {
-  timeout 560 python benchmarks/bench_moe.py --mxfp4 --tokens ${MXFP4_SWEEP_TOKENS:-1 8 64} --sweep
+  timeout 540 python benchmarks/bench_moe.py --mxfp4 --tokens ${MXFP4_SWEEP_TOKENS:-1 8 32 64} \
+    --sweep ${MXFP4_SWEEP_ARGS:-}
 }
 t_e2e() {
   for m in $E2E_PRESETS; do

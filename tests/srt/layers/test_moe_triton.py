@@ -290,15 +290,18 @@ def _dequantised(hf, device):
 
 
 @pytest.mark.parametrize(
-    "T, E, H, inter, k, block_k, dtype, mode, scales",
+    "T, E, H, inter, k, block_k, dtype, mode, scales, prefetch",
     [
-        (1, 4, 64, 32, 2, 32, torch.float32, "split", (120, 126)),
-        (9, 5, 96, 96, 3, 64, torch.float32, "split", (100, 160)),  # uneven K blocks, wide scales
-        (7, 4, 64, 96, 2, 64, torch.bfloat16, "split", (118, 130)),
-        (7, 4, 64, 96, 2, 64, torch.bfloat16, "dot_scaled", (118, 130)),
+        (1, 4, 64, 32, 2, 32, torch.float32, "split", (120, 126), 1),
+        (9, 5, 96, 96, 3, 64, torch.float32, "split", (100, 160), 1),  # uneven K, wide scales
+        (9, 5, 96, 96, 3, 64, torch.float32, "split", (100, 160), 0),  # scales not prefetched
+        (7, 4, 64, 96, 2, 64, torch.bfloat16, "split", (118, 130), 1),
+        (7, 4, 64, 96, 2, 64, torch.bfloat16, "dot_scaled", (118, 130), 1),
     ],
 )
-def test_mxfp4_weights_match_dequantised_reference(T, E, H, inter, k, block_k, dtype, mode, scales):
+def test_mxfp4_weights_match_dequantised_reference(
+    T, E, H, inter, k, block_k, dtype, mode, scales, prefetch
+):
     from srt.layers.moe.fused_moe_triton.fused_moe import GemmConfig, MoeConfig
 
     hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
@@ -306,7 +309,8 @@ def test_mxfp4_weights_match_dequantised_reference(T, E, H, inter, k, block_k, d
     )
     x = x.to(dtype)
     w13, w2 = _dequantised(hf, DEV)
-    cfg = MoeConfig(16, GemmConfig(16, block_k, 1, 1), GemmConfig(16, block_k, 1, 1), mode)
+    g = GemmConfig(16, block_k, 1, 1, scale_prefetch=prefetch)
+    cfg = MoeConfig(16, g, g, mode)
     out = fused_experts(
         x,
         w13_q,
@@ -341,6 +345,10 @@ def test_mxfp4_bad_scales_raise():
 
     bad = dataclasses.replace(INTERPRETER_CONFIG, mxfp4_mode="int4")
     with pytest.raises(ValueError, match="mxfp4_mode"):
+        fused_experts(x, w13_q, w2_q, wts, ids, config=bad, w13_scale=w13_s, w2_scale=w2_s)
+    down = dataclasses.replace(INTERPRETER_CONFIG.down, scale_prefetch=2)
+    bad = dataclasses.replace(INTERPRETER_CONFIG, down=down)
+    with pytest.raises(ValueError, match="down.scale_prefetch"):
         fused_experts(x, w13_q, w2_q, wts, ids, config=bad, w13_scale=w13_s, w2_scale=w2_s)
 
 
@@ -380,6 +388,33 @@ def test_gpu_mxfp4_bf16_matches_dequantised(T, mode):
         x, w13.bfloat16(), w2.bfloat16(), wts, ids, b13, b2, swiglu_alpha=ALPHA, swiglu_limit=LIMIT
     )
     assert _rel(out, dense) < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["dot_scaled", "split"])
+@pytest.mark.parametrize("T", [1, 8, 64])  # the decode configs of the table
+def test_gpu_mxfp4_scale_prefetch_same_bits(T, mode):
+    """Loading the scales a K block ahead changes where they are loaded, not what is summed:
+    the same bits with the prefetch on and off, in each GEMM (uneven K blocks: H 288, I 160)."""
+    E, H, inter, k = 6, 288, 160, 4
+    _, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
+        T, E, H, inter, k, 5, "cuda"
+    )
+    x, b13, b2 = x.bfloat16(), b13.bfloat16(), b2.bfloat16()
+    base = dataclasses.replace(get_config(T, x.device, x.dtype, mxfp4=True), mxfp4_mode=mode)
+    outs = {}
+    for gp, dp in ((1, 1), (0, 0), (1, 0), (0, 1)):
+        cfg = dataclasses.replace(
+            base,
+            gate_up=dataclasses.replace(base.gate_up, scale_prefetch=gp),
+            down=dataclasses.replace(base.down, scale_prefetch=dp),
+        )
+        outs[gp, dp] = fused_experts(
+            x, w13_q, w2_q, wts, ids, b13, b2, config=cfg, w13_scale=w13_s, w2_scale=w2_s
+        )
+    for key, out in outs.items():
+        assert torch.equal(out, outs[1, 1]), (T, mode, key)
+    assert torch.isfinite(outs[1, 1]).all() and outs[1, 1].abs().sum() > 0
 
 
 @gpu

@@ -16,13 +16,19 @@ MXFP4_MODES = ("dot_scaled", "split")
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """One grouped GEMM's launch configuration."""
+    """One grouped GEMM's launch configuration.
+
+    scale_prefetch (MXFP4 weights only): 1 loads the E8M0 scales one K block ahead into
+    registers; 0 in the block that uses them (a memory round trip per K block: the scale rows
+    are too narrow for the pipeliner's asynchronous copies).
+    """
 
     block_n: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 1
+    scale_prefetch: int = 1
 
 
 @dataclass(frozen=True)

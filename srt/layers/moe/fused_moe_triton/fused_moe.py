@@ -85,6 +85,9 @@ def fused_experts(
     cfg = config or get_config(T, dev, dtype, mxfp4)
     if cfg.mxfp4_mode not in MXFP4_MODES:
         raise ValueError(f"config.mxfp4_mode must be one of {MXFP4_MODES}, got {cfg.mxfp4_mode!r}")
+    for name, g in (("gate_up", cfg.gate_up), ("down", cfg.down)):
+        if g.scale_prefetch not in (0, 1):
+            raise ValueError(f"config.{name}.scale_prefetch must be 0 or 1, got {g.scale_prefetch}")
     if T == 0:
         return torch.zeros_like(hidden_states)
     mode = 0
@@ -172,6 +175,7 @@ def _run_gemms(
         UPCAST=upcast,
         MXFP4=mode,
         A_FORMAT=a_format,
+        SCALE_PREFETCH=g.scale_prefetch if mode else 0,
         num_warps=g.num_warps,
         num_stages=g.num_stages,
     )
@@ -209,6 +213,7 @@ def _run_gemms(
         UPCAST=upcast,
         MXFP4=mode,
         A_FORMAT=a_format,
+        SCALE_PREFETCH=d.scale_prefetch if mode else 0,
         num_warps=d.num_warps,
         num_stages=d.num_stages,
     )

@@ -73,6 +73,34 @@ def _mxfp4_split(q, sc):
 
 
 @triton.jit
+def _load_scales(s_base, col_ok, kk, K, BLOCK_K: tl.constexpr, MODE: tl.constexpr):
+    """The E8M0 scales of the K block starting at kk (a multiple of 32; none at or past K:
+    127 there, so a prefetch past the last block reads nothing). MODE 1: s_base [BK/2, BN],
+    one pointer per weight byte; MODE 2: s_base [BN, BK/32], one per scale group."""
+    if MODE == 1:
+        kb = tl.arange(0, BLOCK_K // 2)
+        ok = (kb < (K - kk) // 2)[:, None] & col_ok[None, :]
+    else:
+        kg = tl.arange(0, BLOCK_K // 32)
+        ok = col_ok[:, None] & (kg < (K - kk) // 32)[None, :]
+    return tl.load(s_base + kk // 32, mask=ok, other=127)
+
+
+@triton.jit
+def _mxfp4_dot(
+    acc, x, x_odd, q, sc, DOT_PRECISION: tl.constexpr, MODE: tl.constexpr, A_FORMAT: tl.constexpr
+):
+    """acc + x @ one dequantised MXFP4 tile (MODE 1: x even K columns, x_odd odd ones)."""
+    if MODE == 1:
+        lo, hi = _mxfp4_split(q, sc)
+        acc = tl.dot(x, lo.to(x.dtype), acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(x_odd, hi.to(x_odd.dtype), acc, input_precision=DOT_PRECISION)
+    else:
+        acc = tl.dot_scaled(x, None, A_FORMAT, q, sc, "e2m1", acc, fast_math=True)
+    return acc
+
+
+@triton.jit
 def _mxfp4_gemm(
     acc0,
     acc1,
@@ -94,19 +122,30 @@ def _mxfp4_gemm(
     MODE: tl.constexpr,
     A_FORMAT: tl.constexpr,
     TWO: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """acc0 (+= x @ w rows q_rows) and, with TWO, acc1 (+= x @ w rows q_rows + q_off1), over K,
-    the weights MXFP4 (MODE 1 "split" or 2 "dot_scaled", see the module docstring)."""
+    the weights MXFP4 (MODE 1 "split" or 2 "dot_scaled", see the module docstring).
+
+    The scale rows (K/32 bytes, 2-byte aligned at best) are too narrow for the software
+    pipeliner's asynchronous copies, so a plain load in the iteration that uses it stalls every
+    K block on a memory round trip. PREFETCH loads them one K block ahead into registers instead
+    (a deeper register rotation made Triton 3.6 drop the pipelining of the weight tiles)."""
     kb = tl.arange(0, BLOCK_K // 2)  # byte (K pair) index in the block
     q_ptrs = w_ptr + q_rows[None, :] + kb[:, None]  # [BK/2, BN], contiguous along K
     if MODE == 1:
         a_ptrs = a_rows[:, None] + 2 * kb[None, :]  # [BM, BK/2]: the even K columns
-        s_ptrs = ws_ptr + s_rows[None, :] + (kb // 16)[:, None]  # [BK/2, BN]: each byte's scale
+        s_base = ws_ptr + s_rows[None, :] + (kb // 16)[:, None]  # [BK/2, BN]: each byte's scale
     else:
         ks = tl.arange(0, BLOCK_K)
         kg = tl.arange(0, BLOCK_K // 32)
         a_ptrs = a_rows[:, None] + ks[None, :]  # [BM, BK]
-        s_ptrs = ws_ptr + s_rows[:, None] + kg[None, :]  # [BN, BK/32]
+        s_base = ws_ptr + s_rows[:, None] + kg[None, :]  # [BN, BK/32]
+    if PREFETCH:  # the scales of the next K block, in flight (c: first matrix, d: second)
+        c = _load_scales(s_base, col_ok, 0, K, BLOCK_K, MODE)
+        d = c
+        if TWO:
+            d = _load_scales(s_base + s_off1, col_ok, 0, K, BLOCK_K, MODE)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             q_ok = col_ok[None, :]
@@ -118,37 +157,29 @@ def _mxfp4_gemm(
                 a_mask = a_ok[:, None] & kb_ok[None, :]
             else:
                 a_mask = a_ok[:, None] & (ks < K - k0)[None, :]
+        if PREFETCH:  # this block's scales arrived; issue the next block's
+            sc = c
+            sd = d
+            c = _load_scales(s_base, col_ok, k0 + BLOCK_K, K, BLOCK_K, MODE)
+            if TWO:
+                d = _load_scales(s_base + s_off1, col_ok, k0 + BLOCK_K, K, BLOCK_K, MODE)
+        else:
+            sc = _load_scales(s_base, col_ok, k0, K, BLOCK_K, MODE)
         if MODE == 1:
-            x_even = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            x = tl.load(a_ptrs, mask=a_mask, other=0.0)
             x_odd = tl.load(a_ptrs + 1, mask=a_mask, other=0.0)
             if UPCAST:
-                x_even, x_odd = x_even.to(tl.float32), x_odd.to(tl.float32)
-            q = tl.load(q_ptrs, mask=q_ok, other=0)
-            sc = tl.load(s_ptrs, mask=q_ok, other=127)
-            lo, hi = _mxfp4_split(q, sc)
-            acc0 = tl.dot(x_even, lo.to(x_even.dtype), acc0, input_precision=DOT_PRECISION)
-            acc0 = tl.dot(x_odd, hi.to(x_odd.dtype), acc0, input_precision=DOT_PRECISION)
-            if TWO:
-                q = tl.load(q_ptrs + q_off1, mask=q_ok, other=0)
-                sc = tl.load(s_ptrs + s_off1, mask=q_ok, other=127)
-                lo, hi = _mxfp4_split(q, sc)
-                acc1 = tl.dot(x_even, lo.to(x_even.dtype), acc1, input_precision=DOT_PRECISION)
-                acc1 = tl.dot(x_odd, hi.to(x_odd.dtype), acc1, input_precision=DOT_PRECISION)
-            s_ptrs += BLOCK_K // 32
+                x, x_odd = x.to(tl.float32), x_odd.to(tl.float32)
         else:
-            if EVEN_K:
-                s_ok = col_ok[:, None]
-            else:
-                s_ok = col_ok[:, None] & (kg < (K - k0) // 32)[None, :]
-            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-            q = tl.load(q_ptrs, mask=q_ok, other=0)
-            sc = tl.load(s_ptrs, mask=s_ok, other=127)
-            acc0 = tl.dot_scaled(a, None, A_FORMAT, q, sc, "e2m1", acc0, fast_math=True)
-            if TWO:
-                q = tl.load(q_ptrs + q_off1, mask=q_ok, other=0)
-                sc = tl.load(s_ptrs + s_off1, mask=s_ok, other=127)
-                acc1 = tl.dot_scaled(a, None, A_FORMAT, q, sc, "e2m1", acc1, fast_math=True)
-            s_ptrs += BLOCK_K // 32
+            x = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            x_odd = x
+        q = tl.load(q_ptrs, mask=q_ok, other=0)
+        acc0 = _mxfp4_dot(acc0, x, x_odd, q, sc, DOT_PRECISION, MODE, A_FORMAT)
+        if TWO:
+            if PREFETCH == 0:
+                sd = _load_scales(s_base + s_off1, col_ok, k0, K, BLOCK_K, MODE)
+            q = tl.load(q_ptrs + q_off1, mask=q_ok, other=0)
+            acc1 = _mxfp4_dot(acc1, x, x_odd, q, sd, DOT_PRECISION, MODE, A_FORMAT)
         a_ptrs += BLOCK_K
         q_ptrs += BLOCK_K // 2
     return acc0, acc1
@@ -189,6 +220,7 @@ def moe_gate_up_kernel(
     UPCAST: tl.constexpr,
     MXFP4: tl.constexpr,  # 0: bf16/fp16/fp32 weights; 1: MXFP4 "split"; 2: "dot_scaled"
     A_FORMAT: tl.constexpr,  # dot_scaled's name of x's dtype ("bf16" / "fp16")
+    SCALE_PREFETCH: tl.constexpr,  # MXFP4: scales loaded one K block ahead (0 / 1)
 ):
     pid_m, pid_n = _block_coords(tl.program_id(0), max_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
@@ -224,6 +256,7 @@ def moe_gate_up_kernel(
             MXFP4,
             A_FORMAT,
             True,
+            SCALE_PREFETCH,
         )
     else:
         ks = tl.arange(0, BLOCK_K)
@@ -288,6 +321,7 @@ def moe_down_kernel(
     UPCAST: tl.constexpr,
     MXFP4: tl.constexpr,
     A_FORMAT: tl.constexpr,
+    SCALE_PREFETCH: tl.constexpr,
 ):
     pid_m, pid_n = _block_coords(tl.program_id(0), max_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
@@ -321,6 +355,7 @@ def moe_down_kernel(
             MXFP4,
             A_FORMAT,
             False,
+            SCALE_PREFETCH,
         )
     else:
         ks = tl.arange(0, BLOCK_K)
