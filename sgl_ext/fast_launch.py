@@ -203,7 +203,8 @@ def plan_launch(launcher: KernelLauncher) -> Any:
     mod = _launch_module()
     if mod is None:
         return None
-    n = len(getattr(launcher.compiled.src, "signature", {})) - len(launcher.tail)
+    src = getattr(launcher.compiled, "src", None)
+    n = len(getattr(src, "signature", {})) - len(launcher.tail)
     spec = launch_spec(launcher, tuple(range(n)))
     if spec is None:
         return None
@@ -228,7 +229,8 @@ def launch_spec(launcher: KernelLauncher, ptr_leaves: tuple[int, ...]) -> tuple 
     described (a scratch buffer, clusters, cooperative launch, a scalar type without a fixed
     size)."""
     k = launcher.compiled
-    if k is None or k.function is None:
+    src = getattr(k, "src", None)
+    if k is None or not isinstance(getattr(k, "function", None), int) or src is None:
         return None
     meta = k.metadata
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
@@ -238,7 +240,7 @@ def launch_spec(launcher: KernelLauncher, ptr_leaves: tuple[int, ...]) -> tuple 
     shared = int(meta.shared)
     if shared > 227 * 1024:
         return None
-    sig = list(getattr(k.src, "signature", {}).values())
+    sig = list(getattr(src, "signature", {}).values())
     tail = launcher.tail
     n_ptr = len(sig) - len(tail)
     if n_ptr != len(ptr_leaves) or n_ptr < 0:
