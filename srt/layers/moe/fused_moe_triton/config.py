@@ -62,10 +62,24 @@ MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 # modes). A weight tile is BLOCK_K / 2 bytes a row, so decode takes long K blocks (128-byte
 # row segments per load) and deep pipelines to keep enough bytes in flight.
 MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    # T <= 64: the H100 sweep of 2026-11-24 (bench_moe --mxfp4 --sweep; µs per layer call).
-    (1, MoeConfig(16, GemmConfig(32, 256, 4, 4, 1), GemmConfig(32, 256, 4, 4, 1))),  # 74.8
-    (8, MoeConfig(16, GemmConfig(32, 128, 4, 6, 1), GemmConfig(64, 128, 4, 5, 1))),  # 231.7
-    (64, MoeConfig(16, GemmConfig(64, 128, 4, 5, 1), GemmConfig(64, 128, 4, 5, 1))),  # 367.9
+    # T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
+    # loaded one K step ahead; µs per layer call, the read floor in brackets).
+    (
+        1,
+        MoeConfig(16, GemmConfig(32, 128, 4, 6, 1, 1), GemmConfig(64, 128, 4, 4, 1, 1)),
+    ),  # 67.7 (18)
+    (
+        8,
+        MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 5, 1, 1)),
+    ),  # 189 (79)
+    (
+        32,
+        MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 4, 1, 1)),
+    ),  # 284 (136)
+    (
+        64,
+        MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 4, 1, 1)),
+    ),  # 286 (141)
     (512, MoeConfig(64, GemmConfig(64, 128, 4, 4, 8), GemmConfig(128, 128, 4, 3, 8))),
     (1 << 62, MoeConfig(128, GemmConfig(64, 128, 8, 3, 8), GemmConfig(128, 128, 8, 3, 8))),
 )
