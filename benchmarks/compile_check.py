@@ -34,6 +34,7 @@ def compile_one(
     qk_norm=False,
     num_warps=4,
     ss_fp64=False,
+    pos_last=False,
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -83,6 +84,7 @@ def compile_one(
         GRID_ORDER=int(merged) if order is None else order,
         QK_NORM=qk_norm,
         SS_FP64=ss_fp64,
+        POS_LAST=pos_last,
     )
     for k in consts:
         sig[k] = "constexpr"
