@@ -106,7 +106,7 @@ def launch_config(
 # with and without the KV write, so the fused and unfused Qwen3 paths still agree bit for bit).
 QK_NORM_SUM_FP64 = False
 # Its layout by token count, D = 128 (Qwen3): the first row whose bound is >= T; None:
-# launch_config's bf16-cache layout. `bench_qk_norm_rope.py --sweep` times candidates per row
+# launch_config's bf16-cache layout. `benchmarks/tune_qk_norm.py` times candidates per row
 # against RoPE + KV alone and prints this table with the winners (`gpu_run.sh qknorm_sweep`).
 # H100 sweep of 2026-11-24 (before POS_LAST): one head x one warp up to 8 tokens (the head's
 # reduction stays inside the warp, no shared-memory round trip); merged programs of 4 query
