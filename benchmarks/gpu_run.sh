@@ -129,12 +129,14 @@ t_qknorm() {
   # layout / sum-dtype tuning: the qknorm_sweep target
 }
 t_qknorm_sweep() {
+  # this host's ptxas keeps POS_LAST's load order too (the POS_LAST line must say True)
+  timeout 45 python benchmarks/compile_check.py | tail -3
   # QKNORM_SWEEP lines per (T, shape) as they finish (T outer: a cut run keeps the small T),
   # then QKNORM_ROW (worst ratio to RoPE + KV alone over the row's points; goal <= 1.05)
-  timeout 360 python benchmarks/tune_qk_norm.py --tokens ${QKNORM_TOKENS:-1 8 32 128 512} \
+  timeout 330 python benchmarks/tune_qk_norm.py --tokens ${QKNORM_TOKENS:-1 8 32 128 512} \
     --json-out "$LOGS/qknorm_sweep.json"
   # POS_LAST on / off and the table's layouts: the same q/k bits, float64 reference held
-  timeout 100 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_qk_norm_layouts.py
+  timeout 90 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_qk_norm_layouts.py
 }
 t_moe() {
   # MXFP4 tests in their own process: a compiler crash there cannot hide the bf16 results
