@@ -130,7 +130,7 @@ t_qknorm() {
 }
 t_qknorm_sweep() {
   # this host's ptxas keeps POS_LAST's load order too (the POS_LAST line must say True)
-  timeout 45 python benchmarks/compile_check.py | tail -3
+  timeout 45 python benchmarks/compile_check.py 2>&1 | grep -v -i warn | tail -12
   # QKNORM_SWEEP lines per (T, shape) as they finish (T outer: a cut run keeps the small T),
   # then QKNORM_ROW (worst ratio to RoPE + KV alone over the row's points; goal <= 1.05)
   timeout 330 python benchmarks/tune_qk_norm.py --tokens ${QKNORM_TOKENS:-1 8 32 128 512} \
