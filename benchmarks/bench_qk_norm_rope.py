@@ -17,10 +17,7 @@ PYTHONPATH; prebuilt by prepare_peers.sh into SGL_EXT_CACHE_DIR).
 Usage: python benchmarks/bench_qk_norm_rope.py [--tokens 1 8 ...] [--shapes qwen3-8b qwen3-32b]
            [--kv-dtype bf16|fp8_e4m3] [--no-peers] [--json-out F]
            [--fused-configs "block_h,num_warps[,order[,merged]]" ...]  (tuning columns)
-       python benchmarks/bench_qk_norm_rope.py --sweep [--tokens ...] [--shapes ...]
-           per T: rope_kv alone, then the fused op with the norm's sum of squares in fp32 and in
-           fp64 (rope_kv_plan.QK_NORM_SUM_FP64) x the layouts of SWEEP_LAYOUTS; the best variant
-           per T as QKNORM_BEST lines (no peers, no floor)
+The launch-layout sweep of the q/k-norm op is benchmarks/tune_qk_norm.py.
 """
 
 from __future__ import annotations
@@ -258,113 +255,6 @@ def run(args) -> tuple[list[dict], float, float]:
     return rows, bw, empty
 
 
-# --sweep: candidate QK_NORM layouts per token range (D = 128 shapes), as SGL_EXT_TRITON_CONFIG
-# strings "block_h,num_warps[,order[,merged]]"; "" = the default (qk_norm_launch_config). The
-# layout the code had before the sweep existed: "1,4,0" up to 8 tokens, "" above (with fp64).
-SWEEP_LAYOUTS = (
-    (8, ("", "1,2,0", "1,4,0", "2,1,0", "2,2,0", "4,4,0", "1,1,0,1")),
-    (64, ("", "1,1,0", "2,1,0", "4,1,0", "2,4,0", "8,4,0", "4,4,1,1")),
-    (1 << 62, ("", "8,2,1,1", "4,2,1,1", "4,4,1,1", "16,4,1,1", "16,8,1,1", "8,8,1,1")),
-)
-
-
-def _set_variant(fp64: bool, layout: str) -> None:
-    """The q/k-norm op's sum-of-squares dtype and launch layout for the next calls."""
-    from sgl_ext.triton import rope_kv_plan
-
-    rope_kv_plan.QK_NORM_SUM_FP64 = fp64
-    if layout:
-        os.environ["SGL_EXT_TRITON_CONFIG"] = layout
-    else:
-        os.environ.pop("SGL_EXT_TRITON_CONFIG", None)
-    settings.reload()  # every settings change drops the ops' cached launch plans
-
-
-def sweep(args) -> list[dict]:
-    """Per (shape, T): rope_kv alone (default layout, timed before and after), then the fused
-    op for each variant fp32/fp64 x SWEEP_LAYOUTS[T]; the ratio is to the mean rope_kv time."""
-    from sgl_ext.triton import rope_kv_plan
-
-    kv_dtype = brk.KV_DTYPES[args.kv_dtype]
-    saved = rope_kv_plan.QK_NORM_SUM_FP64
-    os.environ.pop("SGL_EXT_TRITON_CONFIG", None)
-    rows = []
-    try:
-        for shape in args.shapes:
-            for t in args.tokens:
-                c = NormCase(shape, t, kv_dtype)
-                reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
-                _set_variant(saved, "")
-                r: dict = {"shape": shape, "T": t, "rope_kv": brk.graph_time_us(c.fused, reps)}
-                layouts = next(ls for hi, ls in SWEEP_LAYOUTS if t <= hi)
-                for fp64 in (False, True):
-                    for layout in layouts:
-                        name = f"{'fp64' if fp64 else 'fp32'}:{layout or 'default'}"
-                        try:
-                            _set_variant(fp64, layout)
-                            r[name] = brk.graph_time_us(c.qk_fused, reps)
-                        except Exception as err:  # noqa: BLE001  (one variant must not stop it)
-                            print(f"# {shape} T={t} {name} failed: {str(err)[-200:]}", flush=True)
-                _set_variant(saved, "")
-                r["rope_kv_end"] = brk.graph_time_us(c.fused, reps)
-                base = (r["rope_kv"] + r["rope_kv_end"]) / 2
-                r["ratios"] = {k: v / base for k, v in r.items() if ":" in k}
-                rows.append(r)
-                best = min(r["ratios"], key=r["ratios"].get)
-                print(
-                    f"# {shape} T={t}: rope_kv {r['rope_kv']:.2f} / {r['rope_kv_end']:.2f} µs; "
-                    + "; ".join(f"{k} {r[k]:.2f} ({q:.3f})" for k, q in r["ratios"].items())
-                    + f"; best {best}",
-                    flush=True,
-                )
-                del c
-                torch.cuda.empty_cache()
-    finally:
-        _set_variant(saved, "")
-    return rows
-
-
-def sweep_table(rows: list[dict]) -> str:
-    """Per row: the default (this tree's choice) and the best fp32 / fp64 variant with their
-    ratio to rope_kv, the layout used before the sweep (fp64), then QKNORM_BEST lines."""
-
-    def best(r, prefix):
-        ks = [k for k in r["ratios"] if k.startswith(prefix)]
-        k = min(ks, key=r["ratios"].get) if ks else None
-        return f"{k} {r['ratios'][k]:.3f}" if k else "-"
-
-    def one(r, k):
-        return f"{r[k]:.2f} ({r['ratios'][k]:.3f})" if k in r else "-"
-
-    out = [
-        "| shape | T | rope_kv | fp32:default | fp64:default | before (fp64) | best fp32 | "
-        "best fp64 |",
-        "|" + "---|" * 8,
-    ]
-    for r in rows:
-        before = "fp64:1,4,0" if r["T"] <= 8 else "fp64:default"
-        out.append(
-            f"| {r['shape']} | {r['T']} | {(r['rope_kv'] + r['rope_kv_end']) / 2:.2f} | "
-            f"{one(r, 'fp32:default')} | {one(r, 'fp64:default')} | {one(r, before)} | "
-            f"{best(r, 'fp32')} | {best(r, 'fp64')} |"
-        )
-    for r in rows:
-        k = min(r["ratios"], key=r["ratios"].get)
-        q = r["ratios"][k]
-        out.append(
-            f"QKNORM_BEST {r['shape']} T={r['T']} {k} {r[k]:.2f} us ratio {q:.3f} "
-            f"{'ok' if q <= 1.05 else 'MISS'}"
-        )
-    for prefix in ("fp32", "fp64"):
-        inf = float("inf")
-        worst = max(
-            min((v for k, v in r["ratios"].items() if k.startswith(prefix)), default=inf)
-            for r in rows
-        )
-        out.append(f"QKNORM_{prefix.upper()}: worst best-layout ratio over all rows {worst:.3f}")
-    return "\n".join(out)
-
-
 def table(rows: list[dict], bw: float, empty: float, args) -> str:
     cols = [c for c in COLUMNS if any(c in r for r in rows)]
     cols += [k for k in rows[0] if "@" in k] if rows else []
@@ -401,25 +291,12 @@ def main() -> None:
         default=[],
         help="also time fused and rope_kv with SGL_EXT_TRITON_CONFIG set to each (tuning)",
     )
-    p.add_argument(
-        "--sweep",
-        action="store_true",
-        help="time the fused op per T for fp32/fp64 sums x SWEEP_LAYOUTS against rope_kv alone",
-    )
     p.add_argument("--json-out")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("error: bench_qk_norm_rope needs a CUDA GPU", file=sys.stderr)
         sys.exit(2)
     t0 = time.time()
-    if args.sweep:
-        rows = sweep(args)
-        print(sweep_table(rows))
-        print(f"# {time.time() - t0:.0f} s")
-        if args.json_out:
-            with open(args.json_out, "w") as f:
-                json.dump({"rows": rows, "args": vars(args)}, f)
-        return
     rows, bw, empty = run(args)
     print(table(rows, bw, empty, args))
     print(f"# {time.time() - t0:.0f} s")

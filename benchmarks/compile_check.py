@@ -34,6 +34,7 @@ def compile_one(
     qk_norm=False,
     num_warps=4,
     ss_fp64=False,
+    pos_last=False,
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -83,6 +84,7 @@ def compile_one(
         GRID_ORDER=int(merged) if order is None else order,
         QK_NORM=qk_norm,
         SS_FP64=ss_fp64,
+        POS_LAST=pos_last,
     )
     for k in consts:
         sig[k] = "constexpr"
@@ -97,12 +99,24 @@ def sass_loads_before_division() -> tuple[int, int]:
     back the loads after it: one more memory round trip at small T. The key/value path runs from
     its first instruction to the first unpredicated BRA or EXIT after the reciprocal."""
     import re
+
+    kernel = compile_one("bf16", "e4m3", True, True, 0, 0, 2, 0, True, bh=4, merged=True)
+    ops = _sass(kernel)
+    first_rcp = min(i for i, ln in enumerate(ops) if "MUFU.RCP" in ln)
+    end = next(i for i in range(first_rcp, len(ops)) if re.search(r"\*/\s+(BRA|EXIT)\b", ops[i]))
+    after = sum(" LDG" in ln for ln in ops[first_rcp:end])
+    before = sum(" LDG" in ln for ln in ops[:first_rcp])
+    return after, before
+
+
+def _sass(kernel) -> list[str]:
+    """The kernel's SASS instruction lines (cuobjdump from Triton's NVIDIA backend)."""
+    import re
     import subprocess
     from pathlib import Path
 
     import triton.backends.nvidia as nv
 
-    kernel = compile_one("bf16", "e4m3", True, True, 0, 0, 2, 0, True, bh=4, merged=True)
     cuobjdump = Path(nv.__file__).parent / "bin" / "cuobjdump"
     cubin = Path("/tmp") / f"sgl_ext_check_{os.getpid()}.cubin"
     cubin.write_bytes(kernel.asm["cubin"])
@@ -112,35 +126,58 @@ def sass_loads_before_division() -> tuple[int, int]:
         ).stdout
     finally:
         cubin.unlink()
-    ops = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
-    first_rcp = min(i for i, ln in enumerate(ops) if "MUFU.RCP" in ln)
-    end = next(i for i in range(first_rcp, len(ops)) if re.search(r"\*/\s+(BRA|EXIT)\b", ops[i]))
-    after = sum(" LDG" in ln for ln in ops[first_rcp:end])
-    before = sum(" LDG" in ln for ln in ops[:first_rcp])
-    return after, before
+    return [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+
+
+def pos_last_loads_misplaced() -> list[str]:
+    """POS_LAST (the q/k-norm layouts that load the position last): in the SASS, each barrier
+    must be followed by exactly three loads on its path (the position, then cos and sin) and
+    the data loads must come before the first barrier, so the norm can overlap the position ->
+    cos/sin round trips. Returns the layouts where that fails (empty: all hold)."""
+    import re
+
+    bad = []
+    for bh, merged, warps in ((1, False, 1), (4, False, 4), (4, True, 4), (8, True, 4)):
+        for kv, ks in (("bf16", 0), ("e4m3", 2)):
+            args = ("bf16", kv, True, True, 0, 0, ks, 0, True, bh, merged)
+            kernel = compile_one(*args, qk_norm=True, num_warps=warps, pos_last=True)
+            ops = _sass(kernel)
+            bars = [i for i, ln in enumerate(ops) if "BAR.SYNC" in ln]
+            after = []
+            for b in bars:
+                end = next(
+                    (i for i in range(b, len(ops)) if re.search(r"\*/\s+(BRA|EXIT)\b", ops[i])),
+                    len(ops),
+                )
+                after.append(sum(" LDG" in ln for ln in ops[b:end]))
+            before = sum(" LDG" in ln for ln in ops[: bars[0]]) if bars else 0
+            if not bars or before < 4 or any(n != 3 for n in after):
+                bad.append(f"{bh} heads x {warps} warps, {kv}: {before} loads first, {after}")
+    return bad
 
 
 def norm_reduce_layouts_differ() -> list[str]:
     """The QK_NORM variant's float32 sums of squares add in the order of their operand's layout.
     For each default layout (rope_kv_plan.qk_norm_launch_config: 1 head x 1 warp, 4 heads x 4
-    warps, merged 4 x 4, 8 x 4 and 16 x 4), compile without the KV write and with bf16 / fp8
-    caches and compare the layouts of every tt.reduce operand in the TTGIR: the fused and unfused
-    Qwen3 paths get the same q/k bits only if they match. Returns the layouts that differ
-    (empty: all match)."""
+    warps, merged 4 x 4, these three with POS_LAST, then merged 8 x 4 and 16 x 4), compile
+    without the KV write and with bf16 / fp8 caches and compare the layouts of every tt.reduce
+    operand in the TTGIR: the fused and unfused Qwen3 paths get the same q/k bits only if they
+    match. Returns the layouts that differ (empty: all match)."""
     import re
 
     bad = []
-    for bh, merged, warps in (
-        (1, False, 1),
-        (4, False, 4),
-        (4, True, 4),
-        (8, True, 4),
-        (16, True, 4),
+    for bh, merged, warps, pos_last in (
+        (1, False, 1, True),
+        (4, False, 4, True),
+        (4, True, 4, True),
+        (8, True, 4, False),
+        (16, True, 4, False),
     ):
         seen = {}
         for write_kv, kv, ks in ((False, "bf16", 0), (True, "bf16", 0), (True, "e4m3", 2)):
             args = ("bf16", kv, True, write_kv, 0, 0, ks, 0, True, bh, merged)
-            ir = compile_one(*args, qk_norm=True, num_warps=warps).asm["ttgir"]
+            kw = dict(qk_norm=True, num_warps=warps, pos_last=pos_last)
+            ir = compile_one(*args, **kw).asm["ttgir"]
             alias = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<\{.*?\}>)", ir, re.M))
             ops = re.findall(r"\}\) : \(tensor<([^>]*)>\) -> tensor", ir)  # tt.reduce operands
             # (shape, the layout the #alias names): aliases number differently per kernel
@@ -192,7 +229,11 @@ def main() -> int:
     print(f"fp8 tensor-scale SASS: {before} loads before the first reciprocal, {after} after it")
     bad = norm_reduce_layouts_differ()
     print(f"q/k-norm reductions: same layout with and without the KV write: {not bad} {bad}")
-    return 0 if after == 0 and before > 0 and not bad else 1
+    misplaced = pos_last_loads_misplaced()
+    print(f"POS_LAST: data loads first, position and cos/sin after the barrier: {not misplaced}")
+    for line in misplaced:
+        print(f"  {line}")
+    return 0 if after == 0 and before > 0 and not bad and not misplaced else 1
 
 
 if __name__ == "__main__":

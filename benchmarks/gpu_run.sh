@@ -19,9 +19,10 @@
 #   eager      host time per eager call: ours (RoPE, q/k-norm op) vs SGLang / FlashInfer and
 #              set_kv_buffer vs indexing, both shapes, T 1..32768 (interleaved rounds, medians)
 #   qknorm     q/k-norm op + Qwen3 GPU tests, bench_qk_norm_rope tables (Qwen3-8B / -32B shapes)
-#   qknorm_sweep  bench_qk_norm_rope --sweep (issue 17): per T, rope_kv alone vs the q/k-norm op
-#              with the sum of squares in fp32 / fp64 x launch layouts, both Qwen3 shapes; the
-#              best variant per T as QKNORM_BEST lines
+#   qknorm_sweep  tune_qk_norm.py (issue 17): per T (1 8 32 128 512; QKNORM_TOKENS), RoPE + KV
+#              alone vs the q/k-norm op under each candidate layout / POS_LAST of its row of
+#              rope_kv_plan.QK_NORM_LAYOUTS, both Qwen3 shapes, 2 rounds; QKNORM_ROW winners and
+#              the table as rope_kv_plan.py takes it; then the POS_LAST GPU bit tests (< 8 min)
 #   moe        MoE tests (test_moe*.py, gpt-oss MXFP4 model tests, GPU ones included) + bench_moe
 #              (gpt-oss-20b shape): routed-expert kernel vs torch, read floor; bf16 experts, then
 #              MXFP4 experts (ours = table mode, alt = the other MXFP4 mode)
@@ -139,8 +140,14 @@ t_qknorm() {
   # layout / sum-dtype tuning: the qknorm_sweep target
 }
 t_qknorm_sweep() {
-  timeout 540 python benchmarks/bench_qk_norm_rope.py --sweep \
-    --tokens 1 8 32 128 512 2048 8192 32768 --json-out "$LOGS/qknorm_sweep.json"
+  # this host's ptxas keeps POS_LAST's load order too (the POS_LAST line must say True)
+  timeout 45 python benchmarks/compile_check.py 2>&1 | grep -v -i warn | tail -12
+  # QKNORM_SWEEP lines per (T, shape) as they finish (T outer: a cut run keeps the small T),
+  # then QKNORM_ROW (worst ratio to RoPE + KV alone over the row's points; goal <= 1.05)
+  timeout 330 python benchmarks/tune_qk_norm.py --tokens ${QKNORM_TOKENS:-1 8 32 128 512} \
+    --json-out "$LOGS/qknorm_sweep.json"
+  # POS_LAST on / off and the table's layouts: the same q/k bits, float64 reference held
+  timeout 90 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_qk_norm_layouts.py
 }
 t_moe() {
   # MXFP4 tests in their own process: a compiler crash there cannot hide the bf16 results

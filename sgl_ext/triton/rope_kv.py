@@ -25,9 +25,34 @@ from sgl_ext.triton.qk_norm import load_norm_weights, query_in, query_out, rms_n
 
 
 @triton.jit
-def _cos_sin(cs_row, c, c_ok, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROTATE: tl.constexpr):
-    """The token's cos and sin rows as [1, BLOCK_HALF] fp32 (zeros without rotation)."""
+def _clamp(pos, max_pos):
+    """The position as int64 within [0, max_pos): memory safety (debug checks report it)."""
+    return tl.minimum(tl.maximum(pos.to(tl.int64), 0), max_pos - 1)
+
+
+@triton.jit
+def _cos_sin(
+    cs_row,
+    pos_at,
+    cs_stride,
+    max_pos,
+    c,
+    c_ok,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    ROTATE: tl.constexpr,
+    POS_LAST: tl.constexpr,
+):
+    """The token's cos and sin rows as [1, BLOCK_HALF] fp32 (zeros without rotation).
+
+    cs_row: the token's cos/sin row, from the position loaded at the start of the program; with
+    POS_LAST the table itself, and the position is loaded here from pos_at, behind a barrier
+    (see rope_kv_kernel). Called after every other load of the program.
+    """
     if ROTATE:
+        if POS_LAST:
+            tl.debug_barrier()  # ptxas moves no load across it
+            cs_row += _clamp(tl.load(pos_at), max_pos) * cs_stride
         cos = tl.load(cs_row + c, mask=c_ok, other=0.0).to(tl.float32)
         sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
     else:
@@ -41,6 +66,9 @@ def _key_value(
     t,
     kvb,
     cs_row,
+    pos_at,
+    cs_stride,
+    max_pos,
     c,
     c_ok,
     k_ptr,
@@ -86,6 +114,7 @@ def _key_value(
     EMULATE_FP8: tl.constexpr,
     QK_NORM: tl.constexpr,
     SS_FP64: tl.constexpr,
+    POS_LAST: tl.constexpr,
 ):
     """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
     Returns the token's (cos, sin), loaded after every other load of the block."""
@@ -119,7 +148,18 @@ def _key_value(
         wa, wb, wt = load_norm_weights(
             kw_ptr, c, c_ok, dt, dt < HEAD_DIM, HALF, PAIR_MODE, IS_BF16, BLOCK_TAIL > 0
         )
-    cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
+    cos, sin = _cos_sin(
+        cs_row,
+        pos_at,
+        cs_stride,
+        max_pos,
+        c,
+        c_ok,
+        HALF,
+        BLOCK_HALF,
+        ROTATE,
+        POS_LAST,
+    )
     if ROTATE:
         KT: tl.constexpr = k_ptr.dtype.element_ty
         if QK_NORM:  # RMSNorm of the whole head, rounded to the key dtype as torch does
@@ -229,6 +269,11 @@ def rope_kv_kernel(
     USE_PDL: tl.constexpr,
     QK_NORM: tl.constexpr = False,  # RMSNorm each q and k head (whole head) before RoPE
     SS_FP64: tl.constexpr = False,  # QK_NORM: the sum of squares in fp64 (see rms_norm_head)
+    # Load the position after every other load, behind a barrier: ptxas otherwise hoists its
+    # first use (the clamp) above the data loads, which then start only once the position has
+    # arrived, and a q/k-norm program normalises only after the cos/sin row has come too. With
+    # it, the norm overlaps the position -> cos/sin round trips (rope_kv_plan.LaunchConfig).
+    POS_LAST: tl.constexpr = False,
 ):
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
@@ -259,14 +304,13 @@ def rope_kv_kernel(
         # for its results before the first load, and let the next kernel start launching.
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if ROTATE:
-        pos = tl.load(pos_ptr + t).to(tl.int64)
-        pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # memory safety; debug checks report
-        cs_row = cos_sin_ptr + pos * cs_stride
-    else:  # plain KV write: no query blocks, no rotation
+    # Loads are issued in order: the position first (the longest chain: position -> cos/sin
+    # row), then the slot and the data, then the cos/sin row (_cos_sin, which waits on the
+    # position), all before the first store.
+    if ROTATE and not POS_LAST:
+        cs_row = cos_sin_ptr + _clamp(tl.load(pos_ptr + t), max_pos) * cs_stride
+    else:  # plain KV write (no rotation), or the position is loaded by _cos_sin
         cs_row = cos_sin_ptr
-    # Loads are issued in order (slot, data, then the cos/sin row, which waits on the position),
-    # all before the first store.
     q_mask = (heads < num_q_heads) & c_ok  # all false past the last query block
     q_row = q_ptr + t * q_tok_stride + heads * q_head_stride
     if QK_NORM and BLOCK_TAIL > 0:  # the query's pass-through dims are normalised too
@@ -294,6 +338,9 @@ def rope_kv_kernel(
                 t,
                 hb,
                 cs_row,
+                pos_ptr + t,
+                cs_stride,
+                max_pos,
                 c,
                 c_ok,
                 k_ptr,
@@ -339,9 +386,21 @@ def rope_kv_kernel(
                 EMULATE_FP8,
                 QK_NORM,
                 SS_FP64,
+                POS_LAST,
             )
         else:
-            cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
+            cos, sin = _cos_sin(
+                cs_row,
+                pos_ptr + t,
+                cs_stride,
+                max_pos,
+                c,
+                c_ok,
+                HALF,
+                BLOCK_HALF,
+                ROTATE,
+                POS_LAST,
+            )
         query_out(
             q_row,
             c,
@@ -379,7 +438,18 @@ def rope_kv_kernel(
             IS_BF16,
             QK_NORM,
         )
-        cos, sin = _cos_sin(cs_row, c, c_ok, HALF, BLOCK_HALF, ROTATE)
+        cos, sin = _cos_sin(
+            cs_row,
+            pos_ptr + t,
+            cs_stride,
+            max_pos,
+            c,
+            c_ok,
+            HALF,
+            BLOCK_HALF,
+            ROTATE,
+            POS_LAST,
+        )
         query_out(
             q_row,
             c,
@@ -407,6 +477,9 @@ def rope_kv_kernel(
             t,
             hb - NUM_Q_BLOCKS,
             cs_row,
+            pos_ptr + t,
+            cs_stride,
+            max_pos,
             c,
             c_ok,
             k_ptr,
@@ -452,4 +525,5 @@ def rope_kv_kernel(
             EMULATE_FP8,
             QK_NORM,
             SS_FP64,
+            POS_LAST,
         )

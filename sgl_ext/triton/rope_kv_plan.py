@@ -52,6 +52,7 @@ class LaunchConfig(NamedTuple):
     merged: bool = False  # program j does query block j and key/value block j
     spread: bool = False  # merged: key/value heads spread over all query blocks (GQA groups)
     maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
+    pos_last: bool = False  # load the position after every other load (the kernel's POS_LAST)
 
 
 def launch_config(
@@ -99,17 +100,34 @@ def launch_config(
     return LaunchConfig(block_h, num_warps, order, merged=True, maxnreg=maxnreg)
 
 
-# The q/k-norm variant (QK_NORM, issue 17): its two choices, in one place.
+# The q/k-norm variant (QK_NORM, issue 17): its choices, in one place.
 # QK_NORM_SUM_FP64: the norm's sum of squares in float64 (exact: q/k bits independent of any
 # launch layout) or float32 (bits pinned by qk_norm_launch_config's layout, which is the same
 # with and without the KV write, so the fused and unfused Qwen3 paths still agree bit for bit).
-# `bench_qk_norm_rope.py --sweep` times both against each candidate layout.
 QK_NORM_SUM_FP64 = False
-# Up to this many tokens, one head per program with QK_NORM_SMALL_WARPS warps on the 2-D grid
-# (one warp: the head's reduction stays inside the warp, no shared-memory round trip); above,
-# launch_config's bf16-cache layout whatever the cache dtype.
-QK_NORM_SMALL_TOKENS = 8
-QK_NORM_SMALL_WARPS = 1
+# Its layout by token count, D = 128 (Qwen3): the first row whose bound is >= T; None:
+# launch_config's bf16-cache layout. `benchmarks/tune_qk_norm.py` times candidates per row
+# against RoPE + KV alone and prints this table with the winners (`gpu_run.sh qknorm_sweep`).
+# H100 sweep of 2026-11-24 (before POS_LAST): one head x one warp up to 8 tokens (the head's
+# reduction stays inside the warp, no shared-memory round trip); merged programs of 4 query
+# heads at T ~ 128 (1.08 / 1.07x RoPE + KV alone, against 1.38 / 1.31x with launch_config's 8)
+# and of 16 heads from ~1K tokens (0.97-1.03x, against 1.01-1.04x); launch_config's layout in
+# between. POS_LAST (see rope_kv_kernel) where a program's latency is the time (small T): the
+# norm then overlaps the position -> cos/sin round trips instead of following them.
+QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
+    (8, LaunchConfig(1, 1, ORDER_2D, pos_last=True)),
+    (64, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # launch_config's layout
+    (256, LaunchConfig(4, 4, ORDER_TOKEN, merged=True, pos_last=True)),
+    (1023, None),
+    (1 << 62, LaunchConfig(16, 4, ORDER_TOKEN, merged=True)),
+)
+# Other head sizes: one head x one warp up to 8 tokens, then launch_config's layout.
+QK_NORM_LAYOUTS_OTHER: tuple[tuple[int, LaunchConfig | None], ...] = (
+    (8, LaunchConfig(1, 1, ORDER_2D, pos_last=True)),
+    (1 << 62, None),
+)
+# The rows with None (launch_config's layout) load the position last up to this many tokens.
+QK_NORM_POS_LAST_TOKENS = 1023
 
 
 def qk_norm_launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfig:
@@ -118,17 +136,12 @@ def qk_norm_launch_config(num_tokens: int, max_heads: int, head_dim: int) -> Lau
     with and without the write. SGL_EXT_TRITON_CONFIG overrides it as it does launch_config."""
     if settings.get().triton_config:
         return launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
-    if num_tokens <= QK_NORM_SMALL_TOKENS:
-        return LaunchConfig(1, QK_NORM_SMALL_WARPS, ORDER_2D)
-    # H100 sweep (`bench_qk_norm_rope.py --sweep`, 2026-11-24, Qwen3-8B / -32B shapes, D = 128):
-    # merged programs of 4 query heads at T ~ 128 (1.08 / 1.07x RoPE + KV alone, against 1.38 /
-    # 1.31x with launch_config's 8) and of 16 heads from ~1K tokens (0.97-1.03x, against
-    # 1.01-1.04x); launch_config's layout in between (T = 512: 1.09 / 1.02x) and up to 64 tokens.
-    if head_dim == 128 and 64 < num_tokens <= 256:
-        return LaunchConfig(min(4, next_pow2(max_heads)), 4, ORDER_TOKEN, merged=True)
-    if head_dim == 128 and num_tokens >= 1024:
-        return LaunchConfig(min(16, next_pow2(max_heads)), 4, ORDER_TOKEN, merged=True)
-    return launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
+    rows = QK_NORM_LAYOUTS if head_dim == 128 else QK_NORM_LAYOUTS_OTHER
+    cfg = next((c for hi, c in rows if num_tokens <= hi), None)
+    if cfg is None:
+        cfg = launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
+        return cfg._replace(pos_last=num_tokens <= QK_NORM_POS_LAST_TOKENS)
+    return cfg._replace(block_h=min(cfg.block_h, next_pow2(max_heads)))
 
 
 def plan_rope_kv(
@@ -250,6 +263,7 @@ def plan_rope_kv(
         USE_PDL=use_pdl,
         QK_NORM=norm is not None,
         SS_FP64=norm is not None and QK_NORM_SUM_FP64,
+        POS_LAST=cfg.pos_last and rotate,
     )
     return make_launcher(rope_kv_kernel, grid, fixed, constexprs, options, call.device)
 
