@@ -23,6 +23,7 @@ from sgl_ext._common import next_pow2
 from sgl_ext.gemm import MAX_M, GemmConfig, linear_small_m
 
 _DTYPES = (torch.bfloat16, torch.float16)
+_is_compiling = torch.compiler.is_compiling
 
 
 def _fma(block_n: int, block_k: int, num_warps: int, num_stages: int) -> GemmConfig:
@@ -82,6 +83,10 @@ GEMM_CHOICES: dict[tuple[int, int, int], GemmConfig] = {
 }
 
 _table: Mapping[tuple[int, int, int], GemmConfig] = GEMM_CHOICES
+# choose_config's answers for CUDA tensors, per (N, K, M <= MAX_M, dtype): one dict lookup per
+# linear call instead of the checks and the bucket; emptied whenever the table changes.
+_chosen: dict[tuple[int, int, int, torch.dtype], GemmConfig | None] = {}
+_MISS = object()
 
 
 def m_bucket(m: int) -> int:
@@ -111,11 +116,16 @@ def dispatch_linear(
     -------
     [..., N], x's dtype.
     """
-    if _table and x.is_cuda and not torch.compiler.is_compiling():
+    if _table and x.is_cuda and not _is_compiling():
         n, k = weight.shape
-        cfg = choose_config(n, k, x.numel() // k if k else 0, x.dtype, x.device)
-        if cfg is not None and weight.dtype == x.dtype:
-            return linear_small_m(x, weight, bias, cfg)
+        m = x.numel() // k if k else 0
+        if m <= MAX_M:
+            key = (n, k, m, x.dtype)
+            cfg = _chosen.get(key, _MISS)
+            if cfg is _MISS:
+                cfg = _chosen[key] = choose_config(n, k, m, x.dtype, x.device)
+            if cfg is not None and weight.dtype == x.dtype:
+                return linear_small_m(x, weight, bias, cfg)
     return F.linear(x, weight, bias)
 
 
@@ -127,7 +137,9 @@ def use_gemm_choices(table: Mapping[tuple[int, int, int], GemmConfig]) -> Iterat
         if len(key) != 3 or m_bucket(key[2]) != key[2] or not isinstance(cfg, GemmConfig):
             raise ValueError(f"table entry {key}: {cfg!r} is not (N, K, pow2 M) -> GemmConfig")
     before, _table = _table, table  # the caller's mapping (tests may pass a catch-all)
+    _chosen.clear()
     try:
         yield
     finally:
         _table = before
+        _chosen.clear()

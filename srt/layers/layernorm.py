@@ -40,14 +40,15 @@ class RMSNorm(nn.Module):
         eps, fp32w = self.variance_epsilon, self.weight_in_fp32
         if not self._fits(x, residual):
             return self.forward_native(x, residual)
+        w = self._parameters["weight"]  # read directly: no nn.Module.__getattr__ per call
         # sgl_ext picks the kernel (CUDA, or SGL_EXT_BACKEND=triton) or the same native math.
         if residual is None:
-            return rmsnorm(x, self.weight, eps, weight_in_fp32=fp32w)
-        return fused_add_rmsnorm(x, residual, self.weight, eps, weight_in_fp32=fp32w, inplace=False)
+            return rmsnorm(x, w, eps, weight_in_fp32=fp32w)
+        return fused_add_rmsnorm(x, residual, w, eps, weight_in_fp32=fp32w, inplace=False)
 
     def _fits(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
         """Whether the sgl_ext ops take these operands as they are (else: native math)."""
-        if x.dtype != self.weight.dtype and not self.weight_in_fp32:
+        if not self.weight_in_fp32 and x.dtype != self._parameters["weight"].dtype:
             return False
         if x.stride(-1) != 1 or not (x.ndim == 2 or x.is_contiguous()):
             return False

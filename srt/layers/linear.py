@@ -71,9 +71,11 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: [..., in] -> ([..., out_part], bias or None)."""
-        bias = None if self.skip_bias_add else self.bias
-        out = dispatch_linear(x, self.weight, bias)  # F.linear unless gemm_choice says so
-        return out, (self.bias if self.skip_bias_add else None)
+        p = self._parameters  # read directly: no nn.Module.__getattr__ per call
+        bias = p["bias"]
+        if self.skip_bias_add:
+            return dispatch_linear(x, p["weight"]), bias
+        return dispatch_linear(x, p["weight"], bias), None  # F.linear unless gemm_choice says so
 
 
 class ReplicatedLinear(LinearBase):
@@ -124,13 +126,16 @@ class RowParallelLinear(LinearBase):
 
         With reduce_results=False the output is this rank's partial sum, bias on rank 0 only.
         """
-        out = dispatch_linear(x, self.weight)  # [..., out], partial over ranks when tp > 1
+        p = self._parameters  # read directly: no nn.Module.__getattr__ per call
+        out = dispatch_linear(x, p["weight"])  # [..., out], partial over ranks when tp > 1
         if self.tp_size > 1 and self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
-        add_bias = self.reduce_results or self.tp_rank == 0
-        if self.bias is not None and not self.skip_bias_add and add_bias:
-            out = out + self.bias
-        return out, (self.bias if self.skip_bias_add else None)
+        bias = p["bias"]
+        if self.skip_bias_add:
+            return out, bias
+        if bias is not None and (self.reduce_results or self.tp_rank == 0):
+            out = out + bias
+        return out, None
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

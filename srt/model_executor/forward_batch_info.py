@@ -12,7 +12,7 @@ Token-level tensors are laid out request after request (request 0's new tokens, 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -103,6 +103,11 @@ class ForwardBatch:
     enable_fused_rope_kv: bool = True
     # Whether the logits processor should also return logits of every new token (EXTEND).
     return_all_logits: bool = False
+
+    # ---- Per-batch memo (not an input) ----
+    # (pool, answer) of srt.models.utils.enable_fused_set_kv_buffer for this batch's pool, so
+    # the layers after the first skip the pool's layout checks; None until the first layer.
+    fused_kv_memo: tuple[Any, bool] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.positions is None and self.forward_mode.is_decode():

@@ -58,8 +58,9 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden] (model dtype)."""
-        gate_up, _ = self.gate_up_proj(x)  # [T, 2 * I / tp]
-        out, _ = self.down_proj(self.act_fn(gate_up))  # [T, I / tp] -> [T, hidden]
+        mods = self._modules  # submodules read directly: no nn.Module.__getattr__ per call
+        gate_up, _ = mods["gate_up_proj"](x)  # [T, 2 * I / tp]
+        out, _ = mods["down_proj"](mods["act_fn"](gate_up))  # [T, I / tp] -> [T, hidden]
         return out
 
 
@@ -97,6 +98,7 @@ class RopeAttention(nn.Module):
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_split = (self.q_size, self.kv_size, self.kv_size)
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * self.head_dim,
             config.hidden_size,
@@ -160,41 +162,46 @@ class RopeAttention(nn.Module):
         positions int64 [T]; q [T, Hq*D], k [T, Hkv*D] (model dtype, views of qkv) -> rotated
         q [T, Hq*D], k [T, Hkv*D].
         """
-        if self.has_qk_norm and self.fuse_qk_norm and self.q_norm.weight.dtype == q.dtype:
-            # q/k normalised and rotated in place (and K/V stored with fused_arg). Without
-            # fused_arg the same kernel runs without the write and attention saves K/V, so the
-            # fused and unfused paths see the same q/k bits.
-            rope = self.rotary_emb
-            sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(
-                positions.reshape(-1),  # [T]
-                q,
-                k,
-                self.head_dim,
-                rope._cache_for(q.device),
-                self.q_norm.weight,
-                self.k_norm.weight,
-                self.q_norm.variance_epsilon,
-                is_neox=rope.is_neox_style,
-                fused_set_kv_buffer_arg=fused_arg,
-            )
-            return q, k
+        mods = self._modules  # submodules read directly: no nn.Module.__getattr__ per call
+        rope = mods["rotary_emb"]
         if self.has_qk_norm:
-            q = self._norm_heads(q, self.q_norm)
-            k = self._norm_heads(k, self.k_norm)
-        return self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=fused_arg)
+            q_norm, k_norm = mods["q_norm"], mods["k_norm"]
+            q_w = q_norm._parameters["weight"]
+            if self.fuse_qk_norm and q_w.dtype == q.dtype:
+                # q/k normalised and rotated in place (and K/V stored with fused_arg). Without
+                # fused_arg the same kernel runs without the write and attention saves K/V, so
+                # the fused and unfused paths see the same q/k bits.
+                sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(
+                    positions.reshape(-1),  # [T]
+                    q,
+                    k,
+                    self.head_dim,
+                    rope._cache_for(q.device),
+                    q_w,
+                    k_norm._parameters["weight"],
+                    q_norm.variance_epsilon,
+                    is_neox=rope.is_neox_style,
+                    fused_set_kv_buffer_arg=fused_arg,
+                )
+                return q, k
+            q = self._norm_heads(q, q_norm)
+            k = self._norm_heads(k, k_norm)
+        return rope(positions, q, k, fused_set_kv_buffer_arg=fused_arg)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         """positions int64 [T], hidden_states [T, hidden] -> [T, hidden] (model dtype)."""
-        qkv, _ = self.qkv_proj(hidden_states)  # [T, (Hq + 2 Hkv) * D]
+        mods = self._modules  # submodules read directly: no nn.Module.__getattr__ per call
+        qkv, _ = mods["qkv_proj"](hidden_states)  # [T, (Hq + 2 Hkv) * D]
         # q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]: strided views of qkv
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = qkv.split_with_sizes(self.qkv_split, -1)
+        attn = mods["attn"]
         fused = enable_fused_set_kv_buffer(forward_batch)
-        arg = create_fused_set_kv_buffer_arg(v, self.attn, forward_batch) if fused else None
+        arg = create_fused_set_kv_buffer_arg(v, attn, forward_batch) if fused else None
         q, k = self.norm_and_rope(positions, q, k, arg)
-        out = self.attn(q, k, v, forward_batch, save_kv_cache=not fused)  # [T, Hq * D]
-        out, _ = self.o_proj(out)  # [T, hidden]
+        out = attn(q, k, v, forward_batch, save_kv_cache=not fused)  # [T, Hq * D]
+        out, _ = mods["o_proj"](out)  # [T, hidden]
         return out
 
 
@@ -232,14 +239,15 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual), both [T, hidden]."""
+        mods = self._modules  # submodules read directly: no nn.Module.__getattr__ per call
         if residual is None:
             residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states = mods["input_layernorm"](hidden_states)
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, forward_batch)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+            hidden_states, residual = mods["input_layernorm"](hidden_states, residual)
+        hidden_states = mods["self_attn"](positions, hidden_states, forward_batch)
+        hidden_states, residual = mods["post_attention_layernorm"](hidden_states, residual)
+        return mods["mlp"](hidden_states), residual
 
 
 class DecoderModel(nn.Module):

@@ -43,11 +43,23 @@ def enable_fused_set_kv_buffer(forward_batch: ForwardBatch) -> bool:
     True when the batch allows fusion (`forward_batch.enable_fused_rope_kv`), the pool is an
     MHA-style pool (get_key_buffer / get_value_buffer) whose dtype the kernel stores (bf16,
     fp16, fp32, fp8 e4m3 / e5m2), and its buffers have a supported strided layout. Looks at
-    metadata only (no device sync), so it is safe under CUDA-graph capture.
+    metadata only (no device sync), so it is safe under CUDA-graph capture. The pool's answer
+    is kept in `forward_batch.fused_kv_memo` (a pool never changes its buffers), so only the
+    first layer of a batch inspects the pool.
     """
     if not getattr(forward_batch, "enable_fused_rope_kv", False):
         return False
     pool = forward_batch.token_to_kv_pool
+    memo = getattr(forward_batch, "fused_kv_memo", None)
+    if memo is not None and memo[0] is pool:
+        return memo[1]
+    ok = _pool_supports_fusion(pool)
+    if hasattr(forward_batch, "fused_kv_memo"):
+        forward_batch.fused_kv_memo = (pool, ok)
+    return ok
+
+
+def _pool_supports_fusion(pool: object) -> bool:
     if pool is None or not hasattr(pool, "get_key_buffer") or not hasattr(pool, "get_value_buffer"):
         return False
     if getattr(pool, "dtype", None) not in FUSED_KV_DTYPES:

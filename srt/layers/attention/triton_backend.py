@@ -14,14 +14,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from sgl_ext import FP8_DTYPES
+from sgl_ext._backend import interpreting
 from sgl_ext._common import next_pow2
 from srt.layers.attention.base_attn_backend import AttentionBackend, DecodeGraphMixin
 from srt.layers.attention.kv_utils import layer_buffers, req_to_token_for_layer
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv
 from srt.layers.attention.triton_ops.decode_attention import (
-    decode_attention_fwd,
+    DecodeLaunch,
     decode_scratch_shape,
+    launch_decode,
     num_kv_splits,
+    plan_decode,
 )
 from srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from srt.layers.attention.triton_ops.kv_load import (
@@ -100,6 +103,15 @@ def kv_args(layer: RadixAttention, forward_batch: ForwardBatch) -> KVArgs:
     )
 
 
+@dataclass(frozen=True)
+class _DecodePlan:
+    """A layer's decode launch for one call shape, with its scratch (None without splits)."""
+
+    launch: DecodeLaunch
+    mid_o: torch.Tensor | None  # float32 [B, Hq, splits, BLOCK_DV]
+    mid_lse: torch.Tensor | None  # float32 [B, Hq, splits]
+
+
 @dataclass
 class _DecodeMetadata:
     req_pool_indices: torch.Tensor  # int64 [B], device
@@ -142,6 +154,9 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         # KVArgs per layer id, valid while the pool and the layer's scales are the same objects
         # (pools never reallocate their buffers): (pool, k_scale, v_scale, KVArgs).
         self._kv_args: dict[int, tuple] = {}
+        # The decode launch per layer id and call shape (_DecodeKey): (KVArgs, _DecodePlan),
+        # valid while _layer_kv returns the same KVArgs.
+        self._decode_plans: dict[int, dict[tuple, tuple[KVArgs, _DecodePlan]]] = {}
 
     def _layer_kv(self, layer: RadixAttention, forward_batch: ForwardBatch) -> KVArgs:
         pool = forward_batch.token_to_kv_pool
@@ -209,30 +224,69 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         if md is None:
             raise RuntimeError("init_forward_metadata was not called for this decode batch")
         B = q.shape[0]
-        Hq = layer.tp_q_head_num
+        Hq, Dv = layer.tp_q_head_num, layer.v_head_dim
         q3 = q.view(B, Hq, layer.qk_head_dim)  # [B, Hq, D] (no copy)
-        Dv = layer.v_head_dim
         o = q.new_empty(B, Hq, Dv)  # [B, Hq, Dv]
-        splits = self._splits(B, layer.tp_k_head_num)
-        mid_o, mid_lse = (
-            self._decode_scratch(B, Hq, Dv, splits, q.device) if splits > 1 else (None, None)
+        r2t = req_to_token_for_layer(self.req_to_token_pool, layer, forward_batch)
+        kv = self._layer_kv(layer, forward_batch)
+        # Everything the plan reads besides kv (checked by identity below): the layer's
+        # scalars, q's shape / strides / dtype, Dv (o is a fresh contiguous [B, Hq, Dv]),
+        # the table's row stride, sinks or not, the forced split count and the interpreter.
+        key = (
+            B,
+            q3.shape,
+            q3.stride(),
+            q3.dtype,
+            Dv,
+            r2t.stride(0),
+            sinks is None,
+            layer.scaling,
+            layer.sliding_window_size,
+            layer.logit_cap,
+            self.num_kv_splits,
+            interpreting(),
         )
-        decode_attention_fwd(
+        plans = self._decode_plans.get(layer.layer_id)
+        if plans is None:
+            plans = self._decode_plans[layer.layer_id] = {}
+        hit = plans.get(key)
+        if hit is None or hit[0] is not kv:
+            hit = plans[key] = (kv, self._plan_decode(q3, o, r2t, layer, kv, sinks))
+        plan = hit[1]
+        launch_decode(
+            plan.launch,
             q3,
             o,
-            req_to_token_for_layer(self.req_to_token_pool, layer, forward_batch),
+            r2t,
             md.req_pool_indices,
             md.seq_lens,
-            layer.scaling,
-            self._layer_kv(layer, forward_batch),
+            kv,
             sinks,
+            plan.mid_o,
+            plan.mid_lse,
+        )
+        return o.view(B, Hq * Dv)
+
+    def _plan_decode(self, q3, o, r2t, layer, kv: KVArgs, sinks) -> _DecodePlan:
+        """The decode launch of this call shape and the scratch it writes."""
+        B, Hq, _ = q3.shape
+        Dv = o.shape[-1]
+        splits = self._splits(B, layer.tp_k_head_num)
+        mid_o, mid_lse = (
+            self._decode_scratch(B, Hq, Dv, splits, q3.device) if splits > 1 else (None, None)
+        )
+        launch = plan_decode(
+            q3,
+            o,
+            r2t,
+            layer.scaling,
+            kv,
+            sinks is not None,
             layer.sliding_window_size,
             layer.logit_cap,
             splits,
-            mid_o,
-            mid_lse,
         )
-        return o.view(B, Hq * Dv)
+        return _DecodePlan(launch, mid_o, mid_lse)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
         if save_kv_cache:

@@ -268,6 +268,137 @@ def decode_scratch_shape(
     return batch_size, num_q_heads, splits, max(16, _pow2(v_head_dim))
 
 
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """Everything a decode launch passes besides its tensors, worked out once per call shape:
+    the grids, the kernels' scalar arguments and their constexprs / launch options (the merge
+    kernel's with NUM_SPLITS > 1). `launch_decode` adds the tensors."""
+
+    grid: tuple[int, int, int]  # (B, Hkv, splits)
+    scalars: tuple[int | float, ...]  # _decode_kernel's arguments from k_scale_f on
+    constexprs: dict[str, object]  # its constexprs and launch options
+    num_splits: int
+    merge_grid: tuple[int, int]  # (B, Hq)
+    merge_scalars: tuple[int, ...]
+    merge_constexprs: dict[str, object]
+
+
+def plan_decode(
+    q: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    sm_scale: float,
+    kv,
+    has_sinks: bool,
+    window: int = -1,
+    logit_cap: float = 0.0,
+    num_splits: int = 1,
+    config: DecodeConfig | None = None,
+) -> DecodeLaunch:
+    """The DecodeLaunch of `decode_attention_fwd`'s call with these tensors' metadata (their
+    shapes, strides and dtypes; the pointers are not read), `kv` and the scalars."""
+    B, Hq, D = q.shape
+    Hkv, DV = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
+    if num_splits < 1 or num_splits > MAX_KV_SPLITS or num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two in [1, {MAX_KV_SPLITS}]")
+    group = Hq // Hkv
+    block_dv = max(16, _pow2(DV))
+    cfg = config or decode_config(B, num_splits, D)
+    low = q.dtype in (torch.bfloat16, torch.float16) and kv.fp8 == KV_FP8_NONE
+    scalars = (
+        kv.k_scale_f,
+        kv.v_scale_f,
+        float(sm_scale),
+        float(logit_cap),
+        int(window),
+        q.stride(0),
+        q.stride(1),
+        o.stride(0),
+        o.stride(1),
+        req_to_token.stride(0),
+        Hq * num_splits,  # mid scratch strides (batch, head)
+        num_splits,
+        *kv.k_strides,
+        *kv.v_strides,
+    )
+    constexprs = dict(
+        GROUP=group,
+        D=D,
+        DV=DV,
+        BLOCK_H=max(16, _pow2(group)),
+        BLOCK_D=max(16, _pow2(D)),
+        BLOCK_DV=block_dv,
+        BLOCK_N=cfg.block_n,
+        PAGE_SIZE=kv.page_size,
+        KV_FP8=kv.fp8,
+        K_SCALE_MODE=kv.k_scale_mode,
+        V_SCALE_MODE=kv.v_scale_mode,
+        HAS_SINKS=has_sinks,
+        USE_WINDOW=window >= 0,
+        USE_CAP=logit_cap > 0,
+        # fp32 models: exact IEEE products; fp8 caches: TF32 on float32 tiles.
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # float32 tiles, except 16-bit tiles on the GPU (the interpreter's 16-bit dot is wrong:
+        # it gets float32 copies of the same values)
+        TILE_F32=not low or interpreting(),
+        P_LOW=low,
+        NUM_SPLITS=num_splits,
+        SPLIT_ALIGN=SPLIT_ALIGN,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    merge_scalars = (Hq * num_splits, num_splits, o.stride(0), o.stride(1))
+    merge_constexprs = dict(DV=DV, BLOCK_DV=block_dv, NUM_SPLITS=num_splits, HAS_SINKS=has_sinks)
+    return DecodeLaunch(
+        (B, Hkv, num_splits),
+        scalars,
+        constexprs,
+        num_splits,
+        (B, Hq),
+        merge_scalars,
+        merge_constexprs,
+    )
+
+
+def launch_decode(
+    plan: DecodeLaunch,
+    q: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kv,
+    sinks: torch.Tensor | None,
+    mid_o: torch.Tensor | None,
+    mid_lse: torch.Tensor | None,
+) -> None:
+    """Launch `plan` on tensors with the metadata it was planned for (q [B, Hq, D], o
+    [B, Hq, Dv], the scratch of `decode_scratch_shape` when it splits): no checks."""
+    s = sinks if sinks is not None else q  # never read without HAS_SINKS
+    if plan.num_splits == 1:
+        mid_o = mid_lse = o  # unused
+    cached_launcher(_decode_kernel)[plan.grid](  # direct launch once planned
+        q,
+        kv.k_buffer,
+        kv.v_buffer,
+        o,
+        mid_o,
+        mid_lse,
+        s,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        kv.k_scale_ptr,
+        kv.v_scale_ptr,
+        *plan.scalars,
+        **plan.constexprs,
+    )
+    if plan.num_splits > 1:
+        cached_launcher(_merge_kernel)[plan.merge_grid](
+            mid_o, mid_lse, o, s, *plan.merge_scalars, **plan.merge_constexprs
+        )
+
+
 def decode_attention_fwd(
     q: torch.Tensor,
     o: torch.Tensor,
@@ -302,91 +433,21 @@ def decode_attention_fwd(
     Precision: fp32 models use exact float32 products. 16-bit models with a 16-bit cache use
     16-bit tensor-core dots with float32 accumulation (the probabilities rounded to the cache
     dtype before the PV dot); with an fp8 cache the dequantised tiles are float32 (TF32 dots).
+
+    The launch is `plan_decode` + `launch_decode`; a caller that launches the same call shape
+    per layer (the Triton backend) keeps the plan and calls `launch_decode` itself.
     """
-    B, Hq, D = q.shape
-    Hkv, DV = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
-    if num_splits < 1 or num_splits > MAX_KV_SPLITS or num_splits & (num_splits - 1):
-        raise ValueError(f"num_splits must be a power of two in [1, {MAX_KV_SPLITS}]")
-    group = Hq // Hkv
-    block_dv = max(16, _pow2(DV))
+    plan = plan_decode(
+        q, o, req_to_token, sm_scale, kv, sinks is not None, window, logit_cap, num_splits, config
+    )
+    B, Hq, _ = q.shape
     if num_splits > 1:
-        shape = decode_scratch_shape(B, Hq, DV, num_splits)
+        shape = decode_scratch_shape(B, Hq, kv.v_buffer.shape[-1], num_splits)
         if mid_o is None:
             mid_o = q.new_empty(shape, dtype=torch.float32)
         if mid_lse is None:
             mid_lse = q.new_empty(shape[:3], dtype=torch.float32)
         if tuple(mid_o.shape) != shape or tuple(mid_lse.shape) != shape[:3]:
             raise ValueError(f"mid_o / mid_lse must be {shape} / {shape[:3]}")
-    else:
-        mid_o = mid_lse = o  # unused
-    cfg = config or decode_config(B, num_splits, D)
-    low = q.dtype in (torch.bfloat16, torch.float16) and kv.fp8 == KV_FP8_NONE
-    interp = interpreting()
-    cached_launcher(_decode_kernel)[(B, Hkv, num_splits)](  # direct launch once planned
-        q,
-        kv.k_buffer,
-        kv.v_buffer,
-        o,
-        mid_o,
-        mid_lse,
-        sinks if sinks is not None else q,
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        kv.k_scale_ptr,
-        kv.v_scale_ptr,
-        kv.k_scale_f,
-        kv.v_scale_f,
-        float(sm_scale),
-        float(logit_cap),
-        int(window),
-        q.stride(0),
-        q.stride(1),
-        o.stride(0),
-        o.stride(1),
-        req_to_token.stride(0),
-        Hq * num_splits,
-        num_splits,
-        *kv.k_strides,
-        *kv.v_strides,
-        GROUP=group,
-        D=D,
-        DV=DV,
-        BLOCK_H=max(16, _pow2(group)),
-        BLOCK_D=max(16, _pow2(D)),
-        BLOCK_DV=block_dv,
-        BLOCK_N=cfg.block_n,
-        PAGE_SIZE=kv.page_size,
-        KV_FP8=kv.fp8,
-        K_SCALE_MODE=kv.k_scale_mode,
-        V_SCALE_MODE=kv.v_scale_mode,
-        HAS_SINKS=sinks is not None,
-        USE_WINDOW=window >= 0,
-        USE_CAP=logit_cap > 0,
-        # fp32 models: exact IEEE products; fp8 caches: TF32 on float32 tiles.
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        # float32 tiles, except 16-bit tiles on the GPU (the interpreter's 16-bit dot is wrong:
-        # it gets float32 copies of the same values)
-        TILE_F32=not low or interp,
-        P_LOW=low,
-        NUM_SPLITS=num_splits,
-        SPLIT_ALIGN=SPLIT_ALIGN,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    if num_splits > 1:
-        cached_launcher(_merge_kernel)[(B, Hq)](
-            mid_o,
-            mid_lse,
-            o,
-            sinks if sinks is not None else q,
-            Hq * num_splits,
-            num_splits,
-            o.stride(0),
-            o.stride(1),
-            DV=DV,
-            BLOCK_DV=block_dv,
-            NUM_SPLITS=num_splits,
-            HAS_SINKS=sinks is not None,
-        )
+    launch_decode(plan, q, o, req_to_token, req_pool_indices, seq_lens, kv, sinks, mid_o, mid_lse)
     return o
