@@ -124,6 +124,7 @@ def dispatch_linear(
             cfg = _chosen.get(key, _MISS)
             if cfg is _MISS:
                 cfg = _chosen[key] = choose_config(n, k, m, x.dtype, x.device)
+            assert cfg is None or isinstance(cfg, GemmConfig)
             if cfg is not None and weight.dtype == x.dtype:
                 return linear_small_m(x, weight, bias, cfg)
     return F.linear(x, weight, bias)

@@ -40,7 +40,7 @@ class RMSNorm(nn.Module):
         eps, fp32w = self.variance_epsilon, self.weight_in_fp32
         if not self._fits(x, residual):
             return self.forward_native(x, residual)
-        w = self._parameters["weight"]  # read directly: no nn.Module.__getattr__ per call
+        w: torch.Tensor = self._parameters["weight"]  # type: ignore[assignment]  # no __getattr__
         # sgl_ext picks the kernel (CUDA, or SGL_EXT_BACKEND=triton) or the same native math.
         if residual is None:
             return rmsnorm(x, w, eps, weight_in_fp32=fp32w)
@@ -48,7 +48,8 @@ class RMSNorm(nn.Module):
 
     def _fits(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
         """Whether the sgl_ext ops take these operands as they are (else: native math)."""
-        if not self.weight_in_fp32 and x.dtype != self._parameters["weight"].dtype:
+        w: torch.Tensor = self._parameters["weight"]  # type: ignore[assignment]
+        if not self.weight_in_fp32 and x.dtype != w.dtype:
             return False
         if x.stride(-1) != 1 or not (x.ndim == 2 or x.is_contiguous()):
             return False

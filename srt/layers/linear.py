@@ -13,6 +13,8 @@ QKV replicates KV heads when tp_size exceeds their number.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -71,7 +73,7 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: [..., in] -> ([..., out_part], bias or None)."""
-        p = self._parameters  # read directly: no nn.Module.__getattr__ per call
+        p: dict[str, Any] = self._parameters  # read directly: no nn.Module.__getattr__ per call
         bias = p["bias"]
         if self.skip_bias_add:
             return dispatch_linear(x, p["weight"]), bias
@@ -126,7 +128,7 @@ class RowParallelLinear(LinearBase):
 
         With reduce_results=False the output is this rank's partial sum, bias on rank 0 only.
         """
-        p = self._parameters  # read directly: no nn.Module.__getattr__ per call
+        p: dict[str, Any] = self._parameters  # read directly: no nn.Module.__getattr__ per call
         out = dispatch_linear(x, p["weight"])  # [..., out], partial over ranks when tp > 1
         if self.tp_size > 1 and self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)

@@ -13,7 +13,7 @@ passes them to its parallel layers.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -58,7 +58,9 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden] (model dtype)."""
-        mods = self._modules  # submodules read directly: no nn.Module.__getattr__ per call
+        mods: dict[str, Any] = (
+            self._modules
+        )  # submodules read directly: no nn.Module.__getattr__ per call
         gate_up, _ = mods["gate_up_proj"](x)  # [T, 2 * I / tp]
         out, _ = mods["down_proj"](mods["act_fn"](gate_up))  # [T, I / tp] -> [T, hidden]
         return out
@@ -162,7 +164,9 @@ class RopeAttention(nn.Module):
         positions int64 [T]; q [T, Hq*D], k [T, Hkv*D] (model dtype, views of qkv) -> rotated
         q [T, Hq*D], k [T, Hkv*D].
         """
-        mods = self._modules  # submodules read directly: no nn.Module.__getattr__ per call
+        mods: dict[str, Any] = (
+            self._modules
+        )  # submodules read directly: no nn.Module.__getattr__ per call
         rope = mods["rotary_emb"]
         if self.has_qk_norm:
             q_norm, k_norm = mods["q_norm"], mods["k_norm"]
@@ -192,7 +196,9 @@ class RopeAttention(nn.Module):
         self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         """positions int64 [T], hidden_states [T, hidden] -> [T, hidden] (model dtype)."""
-        mods = self._modules  # submodules read directly: no nn.Module.__getattr__ per call
+        mods: dict[str, Any] = (
+            self._modules
+        )  # submodules read directly: no nn.Module.__getattr__ per call
         qkv, _ = mods["qkv_proj"](hidden_states)  # [T, (Hq + 2 Hkv) * D]
         # q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]: strided views of qkv
         q, k, v = qkv.split_with_sizes(self.qkv_split, -1)
@@ -239,7 +245,9 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual), both [T, hidden]."""
-        mods = self._modules  # submodules read directly: no nn.Module.__getattr__ per call
+        mods: dict[str, Any] = (
+            self._modules
+        )  # submodules read directly: no nn.Module.__getattr__ per call
         if residual is None:
             residual = hidden_states
             hidden_states = mods["input_layernorm"](hidden_states)
