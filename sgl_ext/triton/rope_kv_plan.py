@@ -115,10 +115,12 @@ QK_NORM_SUM_FP64 = False
 # between. POS_LAST (see rope_kv_kernel) where a program's latency is the time (small T): the
 # norm then overlaps the position -> cos/sin round trips instead of following them.
 QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
-    (8, LaunchConfig(1, 1, ORDER_2D, pos_last=True)),
-    (64, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # launch_config's layout
-    (256, LaunchConfig(4, 4, ORDER_TOKEN, merged=True, pos_last=True)),
-    (1023, None),
+    # H100 sweep of session 4, 2026-11-24 (benchmarks/tune_qk_norm.py, 2 rounds; worst ratio to
+    # RoPE + KV alone over Qwen3-8B / -32B at the row's T)
+    (8, LaunchConfig(1, 1, ORDER_2D, pos_last=True)),  # 1.13
+    (64, LaunchConfig(8, 4, ORDER_2D, pos_last=True)),  # 1.11
+    (256, LaunchConfig(4, 4, ORDER_TOKEN, merged=True)),  # 1.09
+    (1023, LaunchConfig(16, 4, ORDER_TOKEN, merged=True, pos_last=True)),  # 1.03
     (1 << 62, LaunchConfig(16, 4, ORDER_TOKEN, merged=True)),
 )
 # Other head sizes: one head x one warp up to 8 tokens, then launch_config's layout.
