@@ -162,6 +162,13 @@ class OpTable:
         self.launch = self.table.launch if self.table is not None else _never
         return self.launch(*args)
 
+    def available(self) -> bool:
+        """Whether calls can launch from C (makes the table on first use)."""
+        if self.launch is self._first_launch:
+            self.table = _new_table(self.expand, self.grad, self.light)
+            self.launch = self.table.launch if self.table is not None else _never
+        return self.table is not None
+
     def register(self, launcher: Any, ptr_leaves: tuple[int, ...], *args: object) -> bool:
         """Store launcher's plan under the key of args (after the Python path checked and
         launched this call). False where the plan cannot launch from C."""

@@ -25,7 +25,7 @@
 #include <ATen/dlpack.h>
 #include <cuda.h>
 
-#define MAX_LEAVES 32
+#define MAX_LEAVES 64
 #define MAX_PARAMS 64
 #define KEY_WORDS 400
 #define MAX_EXPAND 2

@@ -31,20 +31,29 @@ class RMSNorm(nn.Module):
         self.weight_in_fp32 = weight_in_fp32
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, inplace: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x: [..., hidden]. With `residual`, returns (norm(x + residual), x + residual).
 
-        Out of place: x and residual are never modified. Outputs have x's dtype.
+        Out of place by default: x and residual are never modified. With `inplace=True` and a
+        residual (SGLang's CUDA behaviour, for a caller that owns both tensors: the decoder
+        layers), x receives the normalised output and residual the sum, and both are returned:
+        no new tensors. Outputs have x's dtype.
         """
         eps, fp32w = self.variance_epsilon, self.weight_in_fp32
         if not self._fits(x, residual):
-            return self.forward_native(x, residual)
+            out = self.forward_native(x, residual)
+            if inplace and residual is not None:
+                y, s = out
+                residual.copy_(s)
+                x.copy_(y)
+                return x, residual
+            return out
         w: torch.Tensor = self._parameters["weight"]  # type: ignore[assignment]  # no __getattr__
         # sgl_ext picks the kernel (CUDA, or SGL_EXT_BACKEND=triton) or the same native math.
         if residual is None:
             return rmsnorm(x, w, eps, weight_in_fp32=fp32w)
-        return fused_add_rmsnorm(x, residual, w, eps, weight_in_fp32=fp32w, inplace=False)
+        return fused_add_rmsnorm(x, residual, w, eps, weight_in_fp32=fp32w, inplace=inplace)
 
     def _fits(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
         """Whether the sgl_ext ops take these operands as they are (else: native math)."""

@@ -58,9 +58,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden] (model dtype)."""
-        mods: dict[str, Any] = (
-            self._modules
-        )  # submodules read directly: no nn.Module.__getattr__ per call
+        # submodules read directly: no nn.Module.__getattr__ per call
+        mods: dict[str, Any] = self._modules
         gate_up, _ = mods["gate_up_proj"](x)  # [T, 2 * I / tp]
         out, _ = mods["down_proj"](mods["act_fn"](gate_up))  # [T, I / tp] -> [T, hidden]
         return out
@@ -164,9 +163,8 @@ class RopeAttention(nn.Module):
         positions int64 [T]; q [T, Hq*D], k [T, Hkv*D] (model dtype, views of qkv) -> rotated
         q [T, Hq*D], k [T, Hkv*D].
         """
-        mods: dict[str, Any] = (
-            self._modules
-        )  # submodules read directly: no nn.Module.__getattr__ per call
+        # submodules read directly: no nn.Module.__getattr__ per call
+        mods: dict[str, Any] = self._modules
         rope = mods["rotary_emb"]
         if self.has_qk_norm:
             q_norm, k_norm = mods["q_norm"], mods["k_norm"]
@@ -196,9 +194,8 @@ class RopeAttention(nn.Module):
         self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         """positions int64 [T], hidden_states [T, hidden] -> [T, hidden] (model dtype)."""
-        mods: dict[str, Any] = (
-            self._modules
-        )  # submodules read directly: no nn.Module.__getattr__ per call
+        # submodules read directly: no nn.Module.__getattr__ per call
+        mods: dict[str, Any] = self._modules
         qkv, _ = mods["qkv_proj"](hidden_states)  # [T, (Hq + 2 Hkv) * D]
         # q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]: strided views of qkv
         q, k, v = qkv.split_with_sizes(self.qkv_split, -1)
@@ -245,16 +242,19 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual), both [T, hidden]."""
-        mods: dict[str, Any] = (
-            self._modules
-        )  # submodules read directly: no nn.Module.__getattr__ per call
+        # submodules read directly: no nn.Module.__getattr__ per call
+        mods: dict[str, Any] = self._modules
+        # The norms with a residual run in place: this layer owns both tensors (the attention /
+        # MLP output and the residual stream), so no new tensors per call.
         if residual is None:
             residual = hidden_states
             hidden_states = mods["input_layernorm"](hidden_states)
         else:
-            hidden_states, residual = mods["input_layernorm"](hidden_states, residual)
+            hidden_states, residual = mods["input_layernorm"](hidden_states, residual, inplace=True)
         hidden_states = mods["self_attn"](positions, hidden_states, forward_batch)
-        hidden_states, residual = mods["post_attention_layernorm"](hidden_states, residual)
+        hidden_states, residual = mods["post_attention_layernorm"](
+            hidden_states, residual, inplace=True
+        )
         return mods["mlp"](hidden_states), residual
 
 
@@ -283,7 +283,7 @@ class DecoderModel(nn.Module):
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
-        hidden_states, _ = self.norm(hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual, inplace=True)
         return hidden_states
 
 

@@ -368,3 +368,22 @@ def test_cuda_kernel_launcher_direct_launch_from_c():
             assert (plan.launcher._c_launch is not None) == fast
     torch.cuda.synchronize()
     assert torch.equal(bits(outs[False]), bits(outs[True]))
+
+
+@needs_cuda
+def test_cuda_linear_small_m_launches_from_c():
+    from sgl_ext import gemm
+
+    x = torch.randn(3, 256, device="cuda").bfloat16()
+    w = torch.randn(96, 256, device="cuda").bfloat16()
+    cfg = gemm.GemmConfig(block_n=16, block_k=64)
+    outs = {}
+    for fast in (False, True):
+        with settings.override(fast_launch=fast):
+            for _ in range(3):
+                outs[fast] = gemm.linear_small_m(x, w, None, cfg)
+            if fast:  # (the table is dropped when the settings change back)
+                assert gemm._FAST.table.probe(x, w, None, cfg, torch.empty_like(outs[True]))
+    torch.cuda.synchronize()
+    assert torch.equal(bits(outs[False]), bits(outs[True]))
+    torch.testing.assert_close(outs[True].float(), (x.float() @ w.float().T), atol=0.5, rtol=2e-2)

@@ -58,3 +58,21 @@ def test_rmsnorm_kernel_path_matches_native(backend, fp32_weight):
     act = SiluAndMul()
     y = torch.randn(7, 2 * 9, generator=g).to(dev, torch.bfloat16)
     torch.testing.assert_close(act(y), act.forward_native(y), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["native", "triton"])
+def test_rmsnorm_inplace_writes_both_tensors(backend, name):
+    """inplace=True (what the decoder layers use): x holds the normalised output and residual
+    the sum, with the bits of the out-of-place call; both are the returned tensors."""
+    backend(name)
+    dev = "cuda" if (name == "triton" and torch.cuda.is_available()) else "cpu"
+    g = torch.Generator().manual_seed(2)
+    norm = RMSNorm(33, eps=1e-6)
+    norm.weight.copy_(torch.randn(33, generator=g))
+    norm = norm.to(dev, torch.bfloat16)
+    x = torch.randn(7, 33, generator=g).to(dev, torch.bfloat16)
+    r = torch.randn(7, 33, generator=g).to(dev, torch.bfloat16)
+    want_out, want_res = norm(x, r)
+    out, res = norm(x, r, inplace=True)
+    assert out is x and res is r
+    assert torch.equal(x, want_out) and torch.equal(r, want_res)
