@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
 from sgl_ext._plans import PlanCache, optional_key, tensor_key
+from sgl_ext.fast_launch import OpTable
 
 if TYPE_CHECKING:
     from sgl_ext.triton.launcher import KernelLauncher
@@ -38,6 +39,9 @@ class ActPlan:
 
 
 _PLANS = PlanCache()
+# The C fast path: arguments input, out (a new output is made before the call and keyed with
+# it); leaves 0 and 1 are the kernel's two pointers.
+_FAST = OpTable()
 
 
 def _plan(input: object, out: object) -> ActPlan:
@@ -84,6 +88,18 @@ def silu_and_mul(
     out : [..., d], input's dtype.
     """
     key = plan = None
+    fast = -1
+    given = out
+    if not _is_compiling() and _FAST.available():
+        try:  # (a new output is 16-byte aligned, as the plans assume)
+            d = input.shape[-1] // 2
+            o = out if out is not None else input.new_empty((*input.shape[:-1], d))
+        except (AttributeError, IndexError, TypeError):  # the checks below will say
+            o = None
+        if o is not None:
+            fast = _FAST.launch(input, o)
+            if fast == 1:
+                return o
     if not _is_compiling():
         try:
             key = (tensor_key(input), optional_key(out))
@@ -112,6 +128,8 @@ def silu_and_mul(
     op = out.data_ptr()
     if lau.compiled is not None and not (new and op & 15):  # a new out is 16-byte aligned
         lau.direct(input.data_ptr(), op)
+        if fast == 0 and (given is not None or not op & 15):
+            _FAST.register(lau, (0, 1), input, out)  # the next such call launches from C
     else:
         lau.launch(input, out)
     return out

@@ -22,6 +22,7 @@ import torch
 from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
 from sgl_ext._plans import PlanCache, optional_key, tensor_key
+from sgl_ext.fast_launch import OpTable
 
 if TYPE_CHECKING:
     from sgl_ext.triton.launcher import KernelLauncher
@@ -124,6 +125,10 @@ class NormPlan:
 
 
 _PLANS = PlanCache()
+# The C fast path of fused_add_rmsnorm in place (the decoder layers' call): arguments input,
+# residual, weight, eps, weight_in_fp32, inplace, out, residual_out (leaves 0-7); the kernel
+# reads and writes input and residual.
+_FAST_ADD = OpTable()
 
 
 def _plan(
@@ -274,7 +279,14 @@ def fused_add_rmsnorm(
     """
     key: tuple | None = None
     plan = None
-    if not _is_compiling():
+    compiling = _is_compiling()
+    fast = -1
+    if inplace and not compiling:
+        fast_args = (input, residual, weight, eps, weight_in_fp32, inplace, out, residual_out)
+        fast = _FAST_ADD.launch(*fast_args)
+        if fast == 1:
+            return input, residual
+    if not compiling:
         try:
             key = (tensor_key(input), tensor_key(residual), tensor_key(weight))
             key = (key, optional_key(out), optional_key(residual_out), eps.__class__, eps)
@@ -288,7 +300,12 @@ def fused_add_rmsnorm(
     if inplace:
         out, residual_out = input, residual
     if plan.backend == "triton":
-        return _launch(plan, input, residual, weight, out, residual_out)
+        res = _launch(plan, input, residual, weight, out, residual_out)
+        lau = plan.launcher
+        if fast == 0 and lau is not None and lau.compiled is not None:
+            # the next in-place call with this metadata launches from C: (x, r, w, x, r)
+            _FAST_ADD.register(lau, (0, 1, 2, 0, 1), *fast_args)
+        return res
     y, s = fused_add_rmsnorm_native(input, residual, weight, eps, weight_in_fp32)
     if residual_out is not None:  # the sum first: residual_out may alias input
         residual_out.copy_(s)

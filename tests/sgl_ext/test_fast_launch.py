@@ -387,3 +387,29 @@ def test_cuda_linear_small_m_launches_from_c():
     torch.cuda.synchronize()
     assert torch.equal(bits(outs[False]), bits(outs[True]))
     torch.testing.assert_close(outs[True].float(), (x.float() @ w.float().T), atol=0.5, rtol=2e-2)
+
+
+@needs_cuda
+def test_cuda_add_rmsnorm_and_silu_launch_from_c():
+    from sgl_ext import activation, norm
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x0 = torch.randn(5, 257, device="cuda", generator=g).bfloat16()
+    r0 = torch.randn(5, 257, device="cuda", generator=g).bfloat16()
+    w = torch.randn(257, device="cuda", generator=g).bfloat16()
+    gu = torch.randn(5, 2 * 129, device="cuda", generator=g).bfloat16()
+    outs = {}
+    for fast in (False, True):
+        with settings.override(fast_launch=fast):
+            for _ in range(3):
+                x, r = x0.clone(), r0.clone()
+                sgl_ext.fused_add_rmsnorm(x, r, w, 1e-6)
+                y = sgl_ext.silu_and_mul(gu)
+            outs[fast] = (x, r, y)
+            if fast:
+                args = (x, r, w, 1e-6, False, True, None, None)
+                assert norm._FAST_ADD.table.probe(*args)
+                assert activation._FAST.table.probe(gu, torch.empty_like(y))
+    torch.cuda.synchronize()
+    for a, b in zip(outs[False], outs[True], strict=True):
+        assert torch.equal(bits(a), bits(b))
