@@ -154,19 +154,23 @@ class OpTable:
     def __init__(self, expand: tuple = (), grad: tuple[int, ...] = (), light: bool = False) -> None:
         self.expand, self.grad, self.light = expand, grad, light
         self.table: Any = None
+        self.made = False  # whether the table was looked for since the last reset
         self.launch: Any = self._first_launch
         _tables.append(self)
 
-    def _first_launch(self, *args: object) -> int:
+    def _make(self) -> None:
         self.table = _new_table(self.expand, self.grad, self.light)
         self.launch = self.table.launch if self.table is not None else _never
+        self.made = True
+
+    def _first_launch(self, *args: object) -> int:
+        self._make()
         return self.launch(*args)
 
     def available(self) -> bool:
         """Whether calls can launch from C (makes the table on first use)."""
-        if self.launch is self._first_launch:
-            self.table = _new_table(self.expand, self.grad, self.light)
-            self.launch = self.table.launch if self.table is not None else _never
+        if not self.made:
+            self._make()
         return self.table is not None
 
     def register(self, launcher: Any, ptr_leaves: tuple[int, ...], *args: object) -> bool:
@@ -184,6 +188,7 @@ class OpTable:
         if self.table is not None:
             self.table.clear()
         self.table = None
+        self.made = False
         self.launch = self._first_launch
 
 

@@ -413,3 +413,13 @@ def test_cuda_add_rmsnorm_and_silu_launch_from_c():
     torch.cuda.synchronize()
     for a, b in zip(outs[False], outs[True], strict=True):
         assert torch.equal(bits(a), bits(b))
+
+
+def test_available_makes_the_table_once():
+    """available() decides once per settings (a table where CUDA and the module allow it)."""
+    t = fast_launch.OpTable()
+    got = t.available()
+    assert got == (t.table is not None) and t.made
+    assert got == (HAS_CUDA and bool(fast_launch._load()) and fast_launch._can_launch)
+    with settings.override(fast_launch=False):
+        assert not t.available() and t.launch(torch.zeros(1)) == -1
