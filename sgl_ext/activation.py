@@ -88,9 +88,10 @@ def silu_and_mul(
     out : [..., d], input's dtype.
     """
     key = plan = None
+    compiling = _is_compiling()
     fast = -1
-    given = out
-    if not _is_compiling() and _FAST.available():
+    made = None  # a new output made for the C fast path: the call below reuses it on a miss
+    if not compiling and _FAST.available():
         try:  # (a new output is 16-byte aligned, as the plans assume)
             d = input.shape[-1] // 2
             o = out if out is not None else input.new_empty((*input.shape[:-1], d))
@@ -100,7 +101,9 @@ def silu_and_mul(
             fast = _FAST.launch(input, o)
             if fast == 1:
                 return o
-    if not _is_compiling():
+            if out is None:
+                made = o
+    if not compiling:
         try:
             key = (tensor_key(input), optional_key(out))
             plan = _PLANS.get(key)
@@ -116,19 +119,21 @@ def silu_and_mul(
         return out
     new = out is None
     if out is None:
+        out = made
+    if out is None:
         out = torch.empty(
             (*input.shape[:-1], input.shape[-1] // 2), dtype=input.dtype, device=input.device
         )
     lau = plan.launcher
     if lau is None:  # nothing to do
         return out
-    if _is_compiling():
+    if compiling:
         lau.launch_jit(input, out)
         return out
     op = out.data_ptr()
     if lau.compiled is not None and not (new and op & 15):  # a new out is 16-byte aligned
         lau.direct(input.data_ptr(), op)
-        if fast == 0 and (given is not None or not op & 15):
+        if fast == 0:
             _FAST.register(lau, (0, 1), input, out)  # the next such call launches from C
     else:
         lau.launch(input, out)
