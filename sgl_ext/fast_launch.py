@@ -215,11 +215,10 @@ def plan_launch(launcher: KernelLauncher) -> Any:
     mod = _launch_module()
     if mod is None:
         return None
-    src = getattr(launcher.compiled, "src", None)
-    n = len(getattr(src, "signature", {})) - len(launcher.tail)
-    spec = launch_spec(launcher, tuple(range(n)))
+    spec = launch_spec(launcher, None)
     if spec is None:
         return None
+    n = sum(leaf >= 0 for leaf, _, _ in spec[-1])  # the per-call pointers
     try:
         return mod.Plan(spec, n).launch
     except ValueError:  # a parameter list the kernel does not have
@@ -234,12 +233,12 @@ def _reset_tables() -> None:
 settings.on_change(_reset_tables)
 
 
-def launch_spec(launcher: KernelLauncher, ptr_leaves: tuple[int, ...]) -> tuple | None:
+def launch_spec(launcher: KernelLauncher, ptr_leaves: tuple[int, ...] | None) -> tuple | None:
     """The C plan of a launcher whose kernel has been compiled: (compiled kernel, function,
     grid, threads, shared, pdl, device, params), with ptr_leaves[i] the leaf whose data
-    pointer is the i-th per-call pointer. None where the kernel's parameters cannot be
-    described (a scratch buffer, clusters, cooperative launch, a scalar type without a fixed
-    size)."""
+    pointer is the i-th per-call pointer (None: leaf i, as `Plan.launch(*ptrs)` takes them).
+    None where the kernel's parameters cannot be described (a scratch buffer, clusters,
+    cooperative launch, a scalar type without a fixed size)."""
     k = launcher.compiled
     src = getattr(k, "src", None)
     if k is None or not isinstance(getattr(k, "function", None), int) or src is None:
@@ -255,6 +254,8 @@ def launch_spec(launcher: KernelLauncher, ptr_leaves: tuple[int, ...]) -> tuple 
     sig = list(getattr(src, "signature", {}).values())
     tail = launcher.tail
     n_ptr = len(sig) - len(tail)
+    if ptr_leaves is None:
+        ptr_leaves = tuple(range(max(n_ptr, 0)))
     if n_ptr != len(ptr_leaves) or n_ptr < 0:
         return None
     params: list[tuple[int, int, int]] = []

@@ -190,17 +190,12 @@ static int key_leaf(Table *t, Call *c, PyObject *o) {
       grad = rg == Py_True;
       Py_DECREF(rg);
     }
-    if (t->light) {
-      PUSH(TAG_TENSOR | ((int64_t)dl.dtype.code << 16) | ((int64_t)dl.dtype.bits << 24) |
-           ((int64_t)dl.dtype.lanes << 32));
-      PUSH((int64_t)dl.device.device_type | ((int64_t)dl.device.device_id << 32));
-    } else {
-      PUSH(TAG_TENSOR | ((int64_t)dl.ndim << 8) | ((int64_t)dl.dtype.code << 16) |
-           ((int64_t)dl.dtype.bits << 24) | ((int64_t)dl.dtype.lanes << 32));
-      PUSH((int64_t)dl.device.device_type | ((int64_t)dl.device.device_id << 32));
-      for (int d = 0; d < dl.ndim; d++) PUSH(dl.shape[d]);
-      for (int d = 0; d < dl.ndim; d++) PUSH(dl.strides[d]);
-    }
+    int64_t ndim = t->light ? 0 : dl.ndim; /* a light key holds no shape */
+    PUSH(TAG_TENSOR | (ndim << 8) | ((int64_t)dl.dtype.code << 16) |
+         ((int64_t)dl.dtype.bits << 24) | ((int64_t)dl.dtype.lanes << 32));
+    PUSH((int64_t)dl.device.device_type | ((int64_t)dl.device.device_id << 32));
+    for (int d = 0; d < ndim; d++) PUSH(dl.shape[d]);
+    for (int d = 0; d < ndim; d++) PUSH(dl.strides[d]);
     PUSH((int64_t)(p & 15) | (grad << 8));
     c->ptr[i] = p;
     c->is_tensor[i] = 1;
