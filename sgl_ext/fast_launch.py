@@ -253,23 +253,33 @@ def launch_spec(launcher: KernelLauncher, ptr_leaves: tuple[int, ...] | None) ->
         return None
     sig = list(getattr(src, "signature", {}).values())
     tail = launcher.tail
-    n_ptr = len(sig) - len(tail)
+    # each parameter's index in (*per-call pointers, *tail); a launcher with an `order` takes
+    # its runtime parameters from (*pointers, *fixed) in that order, the constexprs from tail
+    order = getattr(launcher, "order", None)
+    if order is None:
+        n_ptr = len(sig) - len(tail)
+        values, source = tail, list(range(len(sig)))
+    else:
+        n_ptr = len(order) - len(launcher.fixed)
+        values = (*launcher.fixed, *tail)
+        source = [*order, *range(len(order), len(sig))]
     if ptr_leaves is None:
         ptr_leaves = tuple(range(max(n_ptr, 0)))
-    if n_ptr != len(ptr_leaves) or n_ptr < 0:
+    if n_ptr != len(ptr_leaves) or n_ptr < 0 or len(source) != len(sig):
         return None
     params: list[tuple[int, int, int]] = []
     for i, ty in enumerate(sig):
         if not isinstance(ty, str):
             return None
-        if i < n_ptr:
+        j = source[i]
+        if j < n_ptr:
             if not ty.startswith("*"):
                 return None
-            params.append((ptr_leaves[i], 8, 0))
+            params.append((ptr_leaves[j], 8, 0))
             continue
         if ty == "constexpr":
             continue
-        value = tail[i - n_ptr]
+        value = values[j - n_ptr]
         size = _SCALAR_SIZE.get(ty)
         if size is None or isinstance(value, torch.Tensor):
             return None

@@ -17,7 +17,10 @@ holds every dtype, every shape and stride the integers come from, and every poin
 
 Kernel convention: the parameters are the per-call pointers first, then the plan's fixed
 runtime arguments (ints, floats), then the constexprs (the launcher appends the constexpr
-values in parameter order, as the JIT passes them).
+values in parameter order, as the JIT passes them). A kernel whose runtime parameters come in
+another order (ptxas schedules some kernels better with pointers and their strides side by
+side: rope_kv_kernel) still takes them in that call order: `call_names` names them, and the
+launcher passes each where the kernel declares it.
 
 Never used under `TRITON_INTERPRET`, without `torch._C._cuda_getCurrentRawStream`, or with
 `SGL_EXT_DIRECT_LAUNCH=0`; launch hooks (profilers) get their launch metadata as from the JIT.
@@ -79,6 +82,8 @@ class KernelLauncher:
         "_pre",
         "tail",
         "_c_launch",
+        "call_names",
+        "order",
     )
 
     def __init__(
@@ -90,7 +95,11 @@ class KernelLauncher:
         options: Mapping[str, object],
         device_index: int,
         allow_direct: bool,
+        call_names: tuple[str, ...] | None = None,
     ) -> None:
+        """call_names: the runtime parameters' names in call order (the per-call tensors of
+        `launch`, then `fixed`) where the kernel declares them in another order; None: the
+        kernel's own order."""
         self.fn, self.grid, self.fixed = fn, grid, fixed
         self.constexprs, self.options = constexprs, options
         self.device_index = device_index
@@ -101,17 +110,24 @@ class KernelLauncher:
         self._pre: tuple = ()
         self.tail: tuple = ()
         self._c_launch: Any = None  # the C fast path's launch of the compiled kernel
+        self.call_names = call_names
+        # each runtime parameter's index in (*ptrs, *fixed), in the kernel's order (set with
+        # the compiled kernel where call_names differ from it); None: the same order
+        self.order: tuple[int, ...] | None = None
 
     def launch(self, *tensors: object) -> None:
         """Launch through the JIT with the per-call arguments (tensors); keep the compiled
         kernel for direct launches."""
-        kernel = self.fn[self.grid](*tensors, *self.fixed, **self.constexprs, **self.options)
+        kernel = self.launch_jit(*tensors)
         if self.compiled is None and self.allow_direct and kernel is not None:
             self._keep(kernel)
 
-    def launch_jit(self, *tensors: object) -> None:
-        """Launch through the JIT and keep nothing (under torch.compile tracing)."""
-        self.fn[self.grid](*tensors, *self.fixed, **self.constexprs, **self.options)
+    def launch_jit(self, *tensors: object) -> Any:
+        """Launch through the JIT (alone under torch.compile tracing: nothing kept)."""
+        if self.call_names is None:
+            return self.fn[self.grid](*tensors, *self.fixed, **self.constexprs, **self.options)
+        named = dict(zip(self.call_names, (*tensors, *self.fixed), strict=True))
+        return self.fn[self.grid](**named, **self.constexprs, **self.options)
 
     def _keep(self, kernel: Any) -> None:
         if hasattr(kernel, "result"):  # an asynchronous compile's future
@@ -125,7 +141,15 @@ class KernelLauncher:
         if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
             return  # the launcher would allocate scratch memory per call
         names = [p.name for p in params[len(params) - n_const :]]
-        self.tail = (*self.fixed, *(self.constexprs[n] for n in names))
+        consts = tuple(self.constexprs[n] for n in names)
+        self.tail = (*self.fixed, *consts)
+        if self.call_names is not None:
+            runtime = [p.name for p in params[: len(params) - n_const]]
+            if sorted(runtime) != sorted(self.call_names):
+                return  # names that are not the kernel's: the JIT's binding decides
+            if runtime != list(self.call_names):
+                self.order = tuple(self.call_names.index(n) for n in runtime)
+                self.tail = consts
         run = kernel.run  # the launcher (loads the module: here, outside any capture)
         # _pre: what follows the stream, up to the kernel's arguments, without hooks (launch
         # metadata, enter hook, exit hook: None).
@@ -157,14 +181,24 @@ class KernelLauncher:
             and not _ENTER_CALLS
             and not _EXIT_CALLS
         ) or _no_hooks():
-            self._run(*self.grid3, stream, *self._pre, *ptrs, *self.tail)
+            if self.order is None:
+                self._run(*self.grid3, stream, *self._pre, *ptrs, *self.tail)
+            else:
+                self._run(*self.grid3, stream, *self._pre, *self.args(ptrs))
             return
         k = self.compiled
-        args = (*ptrs, *self.tail)
+        args = self.args(ptrs)
         meta = k.launch_metadata(self.grid, stream, *args)
         enter, leave = _RT.launch_enter_hook, _RT.launch_exit_hook
         pre = (k.function, k.packed_metadata)
         k.run(*self.grid3, stream, *pre, meta, enter, leave, *args)
+
+    def args(self, ptrs: tuple[int, ...]) -> tuple:
+        """Every kernel argument in the kernel's parameter order (constexpr values last)."""
+        if self.order is None:
+            return (*ptrs, *self.tail)
+        call = (*ptrs, *self.fixed)
+        return (*(call[i] for i in self.order), *self.tail)
 
 
 def make_launcher(
@@ -174,16 +208,17 @@ def make_launcher(
     constexprs: Mapping[str, object],
     options: Mapping[str, object],
     device: torch.device,
+    call_names: tuple[str, ...] | None = None,
 ) -> KernelLauncher:
     """A KernelLauncher for tensors on `device` (a tensor's device: CUDA ones carry their
     index): direct launches on CUDA unless the settings turn them off
-    (`SGL_EXT_DIRECT_LAUNCH=0`) or Triton interprets."""
+    (`SGL_EXT_DIRECT_LAUNCH=0`) or Triton interprets. call_names: see KernelLauncher."""
     s = settings.get()
     is_cuda = device.type == "cuda"
     index = device.index if is_cuda else -1
     direct = is_cuda and s.direct_launch and not s.interpret
     constexprs, options = with_pdl(fn, constexprs, options, device)
-    return KernelLauncher(fn, grid, fixed, constexprs, options, index, direct)
+    return KernelLauncher(fn, grid, fixed, constexprs, options, index, direct, call_names)
 
 
 def pdl_on(device: torch.device) -> bool:

@@ -12,7 +12,7 @@ import torch
 from sgl_ext import settings
 from sgl_ext._common import KVLayout, QKNormCall, RopeCall, fp8_max, next_pow2
 from sgl_ext.triton.launcher import KernelLauncher, make_launcher, pdl_on
-from sgl_ext.triton.rope_kv import rope_kv_kernel
+from sgl_ext.triton.rope_kv import ROPE_KV_CALL_NAMES, rope_kv_kernel
 
 
 def _pow2_floor(n: int) -> int:
@@ -267,7 +267,9 @@ def plan_rope_kv(
         SS_FP64=norm is not None and QK_NORM_SUM_FP64,
         POS_LAST=cfg.pos_last and rotate,
     )
-    return make_launcher(rope_kv_kernel, grid, fixed, constexprs, options, call.device)
+    return make_launcher(
+        rope_kv_kernel, grid, fixed, constexprs, options, call.device, ROPE_KV_CALL_NAMES
+    )
 
 
 def _strides(v) -> tuple[int, int]:

@@ -193,6 +193,34 @@ def test_launch_spec_packs_scalars():
     assert fast_launch.launch_spec(lau, (5, 2)) is None  # scratch memory: Triton's launcher
 
 
+def test_launch_spec_follows_the_launcher_order():
+    """A launcher whose kernel declares its runtime parameters in another order (a pointer
+    beside its stride): each parameter taken from the pointers or the fixed values by `order`,
+    an int specialised to 1 left out, the constexprs after them."""
+    sig = {"a": "*bf16", "n": "i32", "b": "*i32", "one": "constexpr", "f": "fp32"}
+    sig |= {"BLOCK": "constexpr"}
+    compiled = types.SimpleNamespace(
+        function=99,
+        metadata=types.SimpleNamespace(shared=0, num_warps=1, num_ctas=1),
+        src=types.SimpleNamespace(signature=sig),
+    )
+    # call order: a, b, then fixed (n, one, f); kernel order a, n, b, one, f
+    lau = types.SimpleNamespace(
+        compiled=compiled,
+        fixed=(-3, 1, 0.5),
+        order=(0, 2, 1, 3, 4),
+        tail=(64,),
+        grid3=(2, 1, 1),
+        device_index=0,
+    )
+    spec = fast_launch.launch_spec(lau, (5, 2))
+    assert spec is not None
+    assert spec[-1] == ((5, 8, 0), (-1, 4, 2**32 - 3), (2, 8, 0), (-1, 4, 0x3F000000))
+    assert fast_launch.launch_spec(lau, (5,)) is None
+    lau.order = (0, 2, 3, 1, 4)  # a fixed value where the kernel declares a pointer
+    assert fast_launch.launch_spec(lau, (5, 2)) is None
+
+
 def test_off_without_cuda_or_by_setting():
     t = fast_launch.OpTable()
     with settings.override(fast_launch=False):

@@ -66,6 +66,30 @@ def test_first_launch_through_jit_then_direct(direct_on):
     assert fn.runs == [(7, 2, 1, 1001, "FN", "META", None, None, None, 11, 22, 5, 2, 3)]
 
 
+def test_call_names_pass_each_argument_where_the_kernel_declares_it(direct_on, monkeypatch):
+    """A kernel declaring its runtime parameters in another order than the call (n between the
+    pointers): the JIT gets them by name, direct launches (Python and hooks) in the kernel's
+    order, and a name the kernel lacks keeps the launcher on the JIT."""
+    fn = _FakeJit()
+    fn.params = [fn.params[0], fn.params[2], fn.params[1], *fn.params[3:]]  # a_ptr, n, b_ptr
+    names = ("a_ptr", "b_ptr", "n")
+    lau = L.KernelLauncher(fn, (3,), (5,), {"Y": 3, "X": 2}, {}, 0, True, names)
+    lau.launch("A", "B")
+    assert fn.jit_calls == [((3,), (), {"a_ptr": "A", "b_ptr": "B", "n": 5, "Y": 3, "X": 2})]
+    assert lau.order == (0, 2, 1) and lau.args((11, 22)) == (11, 5, 22, 2, 3)
+    lau.direct(11, 22)
+    assert fn.runs[-1][-5:] == (11, 5, 22, 2, 3)
+    monkeypatch.setattr(L._RT, "launch_enter_hook", lambda meta: None)
+    lau.direct(11, 22)
+    assert fn.runs[-1][6] == ("LM", (3,), 1000, (11, 5, 22, 2, 3))
+    same = L.KernelLauncher(_FakeJit(), (3,), (5,), {"Y": 3, "X": 2}, {}, 0, True, names)
+    same.launch("A", "B")
+    assert same.order is None and same.args((11, 22)) == (11, 22, 5, 2, 3)
+    wrong = L.KernelLauncher(fn, (3,), (5,), {"Y": 3, "X": 2}, {}, 0, True, ("a_ptr", "b", "n"))
+    wrong.launch("A", "B")
+    assert wrong.compiled is None and wrong.order is None
+
+
 def test_launch_hooks_get_launch_metadata(direct_on, monkeypatch):
     fn = _FakeJit()
     lau = L.KernelLauncher(fn, (4,), (), {"X": 1, "Y": 0}, {}, 0, True)
