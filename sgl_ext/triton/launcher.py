@@ -30,6 +30,7 @@ JIT) and no synchronisation.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,6 +85,7 @@ class KernelLauncher:
         "_c_launch",
         "call_names",
         "order",
+        "_pick",
     )
 
     def __init__(
@@ -111,9 +113,18 @@ class KernelLauncher:
         self.tail: tuple = ()
         self._c_launch: Any = None  # the C fast path's launch of the compiled kernel
         self.call_names = call_names
-        # each runtime parameter's index in (*ptrs, *fixed), in the kernel's order (set with
-        # the compiled kernel where call_names differ from it); None: the same order
+        # each runtime parameter's index in (*ptrs, *fixed), in the kernel's order, where
+        # call_names differ from it (None: the same order), and its C-speed picker
         self.order: tuple[int, ...] | None = None
+        self._pick: Any = None
+        params = getattr(fn, "params", None)  # (the interpreter's functions have none)
+        if call_names is not None and params:
+            runtime = [p.name for p in params if not p.is_constexpr]
+            if sorted(runtime) != sorted(call_names):
+                raise ValueError(f"call_names {call_names} are not the kernel's {runtime}")
+            if runtime != list(call_names) and len(runtime) > 1:
+                self.order = tuple(call_names.index(n) for n in runtime)
+                self._pick = operator.itemgetter(*self.order)
 
     def launch(self, *tensors: object) -> None:
         """Launch through the JIT with the per-call arguments (tensors); keep the compiled
@@ -124,10 +135,13 @@ class KernelLauncher:
 
     def launch_jit(self, *tensors: object) -> Any:
         """Launch through the JIT (alone under torch.compile tracing: nothing kept)."""
-        if self.call_names is None:
-            return self.fn[self.grid](*tensors, *self.fixed, **self.constexprs, **self.options)
-        named = dict(zip(self.call_names, (*tensors, *self.fixed), strict=True))
-        return self.fn[self.grid](**named, **self.constexprs, **self.options)
+        if self._pick is not None:  # the kernel's order
+            args = self._pick((*tensors, *self.fixed))
+            return self.fn[self.grid](*args, **self.constexprs, **self.options)
+        if self.call_names is not None and not getattr(self.fn, "params", None):
+            named = dict(zip(self.call_names, (*tensors, *self.fixed), strict=True))
+            return self.fn[self.grid](**named, **self.constexprs, **self.options)
+        return self.fn[self.grid](*tensors, *self.fixed, **self.constexprs, **self.options)
 
     def _keep(self, kernel: Any) -> None:
         if hasattr(kernel, "result"):  # an asynchronous compile's future
@@ -142,14 +156,7 @@ class KernelLauncher:
             return  # the launcher would allocate scratch memory per call
         names = [p.name for p in params[len(params) - n_const :]]
         consts = tuple(self.constexprs[n] for n in names)
-        self.tail = (*self.fixed, *consts)
-        if self.call_names is not None:
-            runtime = [p.name for p in params[: len(params) - n_const]]
-            if sorted(runtime) != sorted(self.call_names):
-                return  # names that are not the kernel's: the JIT's binding decides
-            if runtime != list(self.call_names):
-                self.order = tuple(self.call_names.index(n) for n in runtime)
-                self.tail = consts
+        self.tail = consts if self.order is not None else (*self.fixed, *consts)
         run = kernel.run  # the launcher (loads the module: here, outside any capture)
         # _pre: what follows the stream, up to the kernel's arguments, without hooks (launch
         # metadata, enter hook, exit hook: None).
@@ -181,10 +188,11 @@ class KernelLauncher:
             and not _ENTER_CALLS
             and not _EXIT_CALLS
         ) or _no_hooks():
-            if self.order is None:
+            if self._pick is None:
                 self._run(*self.grid3, stream, *self._pre, *ptrs, *self.tail)
             else:
-                self._run(*self.grid3, stream, *self._pre, *self.args(ptrs))
+                call = self._pick((*ptrs, *self.fixed))
+                self._run(*self.grid3, stream, *self._pre, *call, *self.tail)
             return
         k = self.compiled
         args = self.args(ptrs)
@@ -195,10 +203,9 @@ class KernelLauncher:
 
     def args(self, ptrs: tuple[int, ...]) -> tuple:
         """Every kernel argument in the kernel's parameter order (constexpr values last)."""
-        if self.order is None:
+        if self._pick is None:
             return (*ptrs, *self.tail)
-        call = (*ptrs, *self.fixed)
-        return (*(call[i] for i in self.order), *self.tail)
+        return (*self._pick((*ptrs, *self.fixed)), *self.tail)
 
 
 def make_launcher(

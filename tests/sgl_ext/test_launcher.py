@@ -68,14 +68,15 @@ def test_first_launch_through_jit_then_direct(direct_on):
 
 def test_call_names_pass_each_argument_where_the_kernel_declares_it(direct_on, monkeypatch):
     """A kernel declaring its runtime parameters in another order than the call (n between the
-    pointers): the JIT gets them by name, direct launches (Python and hooks) in the kernel's
-    order, and a name the kernel lacks keeps the launcher on the JIT."""
+    pointers): the JIT and direct launches (Python and hooks) get them in the kernel's order;
+    names that are not the kernel's are refused; a function without params (the interpreter's)
+    gets them by name."""
     fn = _FakeJit()
     fn.params = [fn.params[0], fn.params[2], fn.params[1], *fn.params[3:]]  # a_ptr, n, b_ptr
     names = ("a_ptr", "b_ptr", "n")
     lau = L.KernelLauncher(fn, (3,), (5,), {"Y": 3, "X": 2}, {}, 0, True, names)
     lau.launch("A", "B")
-    assert fn.jit_calls == [((3,), (), {"a_ptr": "A", "b_ptr": "B", "n": 5, "Y": 3, "X": 2})]
+    assert fn.jit_calls == [((3,), ("A", 5, "B"), {"Y": 3, "X": 2})]
     assert lau.order == (0, 2, 1) and lau.args((11, 22)) == (11, 5, 22, 2, 3)
     lau.direct(11, 22)
     assert fn.runs[-1][-5:] == (11, 5, 22, 2, 3)
@@ -85,9 +86,13 @@ def test_call_names_pass_each_argument_where_the_kernel_declares_it(direct_on, m
     same = L.KernelLauncher(_FakeJit(), (3,), (5,), {"Y": 3, "X": 2}, {}, 0, True, names)
     same.launch("A", "B")
     assert same.order is None and same.args((11, 22)) == (11, 22, 5, 2, 3)
-    wrong = L.KernelLauncher(fn, (3,), (5,), {"Y": 3, "X": 2}, {}, 0, True, ("a_ptr", "b", "n"))
-    wrong.launch("A", "B")
-    assert wrong.compiled is None and wrong.order is None
+    with pytest.raises(ValueError, match="call_names"):
+        L.KernelLauncher(fn, (3,), (5,), {}, {}, 0, True, ("a_ptr", "b", "n"))
+    interp = _FakeJit()
+    interp.params = None
+    lau = L.KernelLauncher(interp, (3,), (5,), {"X": 2}, {}, -1, False, names)
+    lau.launch("A", "B")
+    assert interp.jit_calls == [((3,), (), {"a_ptr": "A", "b_ptr": "B", "n": 5, "X": 2})]
 
 
 def test_launch_hooks_get_launch_metadata(direct_on, monkeypatch):
