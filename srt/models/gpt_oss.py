@@ -54,8 +54,9 @@ class GptOssMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits, _ = self.router(x)  # [T, E]
-        weights, ids = select_experts(logits, self.top_k, softmax_after_topk=True)  # [T, k]
-        return self.experts(x, weights.to(x.dtype), ids)
+        # [T, k] weights in x's dtype, expert ids
+        weights, ids = select_experts(logits, self.top_k, weights_dtype=x.dtype)
+        return self.experts(x, weights, ids)
 
 
 class GptOssAttention(RopeAttention):
