@@ -76,7 +76,11 @@ LINEARS = {  # preset -> (name, N, K, bias); qkv = (Hq + 2 Hkv) D
         ("down", 4096, 12288, False),
         ("gate_up", 24576, 4096, False),
     ],
-    "gpt-oss-20b": [("o_proj", 2880, 4096, True), ("qkv", 5120, 2880, True)],
+    "gpt-oss-20b": [
+        ("o_proj", 2880, 4096, True),
+        ("qkv", 5120, 2880, True),
+        ("router", 32, 2880, True),
+    ],
 }
 MS = [1, 2, 4, 8, 16, 32, 64]
 DT = torch.bfloat16

@@ -28,9 +28,13 @@ def _topk_softmax_kernel(
     TOP_K: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """Token t's TOP_K largest logits (ties: the lowest expert id first) in descending order,
     their softmax (float32, stored in the weights' dtype) and their expert ids (int64)."""
+    if USE_PDL:  # programmatic dependent launch (set by the launcher on Hopper+)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     valid = e < num_experts

@@ -14,6 +14,7 @@ from srt.layers.moe.fused_moe_triton.fused_moe import (
     SHARED_MEMORY_BUDGET,
     fused_experts,
     get_config,
+    moe_sum,
 )
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import (
     max_num_blocks,
@@ -439,3 +440,22 @@ def test_gpu_mxfp4_graph_replay_equals_eager():
         eager = run()
         torch.cuda.synchronize()
         assert torch.equal(static_out, eager), f"step {step}: replay != eager"
+
+
+@pytest.mark.parametrize(
+    "T, k, H, dtype", [(1, 4, 2880, torch.bfloat16), (7, 2, 33, torch.float32)]
+)
+def test_moe_sum_adds_each_tokens_pairs_in_order(T, k, H, dtype):
+    """The top-k combine: float32 sum of a token's k rows in pair order, one rounding (bit-exact
+    against the same float32 order on CUDA); odd H and H over one 1024-wide block."""
+    g = torch.Generator().manual_seed(T * H + k)
+    pairs = torch.randn(T * k, H, generator=g).to(dtype).to(DEV)
+    out = moe_sum(pairs, T, k)
+    ref = torch.zeros(T, H, dtype=torch.float32)
+    for j in range(k):
+        ref += pairs.view(T, k, H)[:, j].float().cpu()
+    assert out.dtype == dtype and out.shape == (T, H)
+    if DEV == "cuda" or dtype == torch.float32:
+        assert torch.equal(out.cpu(), ref.to(dtype))
+    else:  # the CPU interpreter's float32 -> bf16 cast truncates: within one bf16 step
+        torch.testing.assert_close(out.float(), ref, atol=0, rtol=2**-7)

@@ -14,6 +14,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
+from sgl_ext.triton.launcher import cached_launcher
 from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
     INTERPRETER_CONFIG,
     MOE_CONFIGS,
@@ -28,6 +29,7 @@ from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import (
     moe_down_kernel,
     moe_gate_up_kernel,
+    moe_sum_kernel,
 )
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block_size
 
@@ -217,7 +219,19 @@ def _run_gemms(
         num_warps=d.num_warps,
         num_stages=d.num_stages,
     )
-    return out.view(T, k, H).sum(dim=1)  # top-k combine -> [T, H]
+    return moe_sum(out, T, k)  # top-k combine -> [T, H]
+
+
+def moe_sum(pairs: torch.Tensor, T: int, k: int) -> torch.Tensor:
+    """[T * k, H] (pair order, contiguous) -> [T, H]: each token's k rows summed in float32 in
+    pair order, rounded once (one launch; torch's strided reduction took ~5 µs a layer at T = 1)."""
+    H = pairs.shape[1]
+    out = torch.empty(T, H, dtype=pairs.dtype, device=pairs.device)
+    block_h = min(1024, triton.next_power_of_2(H))
+    cached_launcher(moe_sum_kernel)[(T, triton.cdiv(H, block_h))](
+        pairs, out, H, TOP_K=k, BLOCK_H=block_h, num_warps=4
+    )
+    return out
 
 
 def _check_mxfp4(x, w13, w13_scale, w2, w2_scale) -> None:
