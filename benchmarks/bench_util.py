@@ -70,19 +70,21 @@ def eager_us(
     sync; medians of `repeats` loops after min(n, warmup) warm-up calls."""
     for i in range(min(n, warmup)):
         fn(i)
+    loops = [loop_us(fn, n) for _ in range(repeats)]
+    return statistics.median(t for t, _ in loops), statistics.median(h for _, h in loops)
+
+
+def loop_us(fn: Callable[[int], object], n: int) -> tuple[float, float]:
+    """(host + device, host only) µs per call of one loop of n calls fn(0..n-1): synchronised
+    before, timed to the end of the loop (host) and to the sync after it (total)."""
     torch.cuda.synchronize()
-    total, host = [], []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i in range(n):
-            fn(i)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        total.append((t2 - t0) / n * 1e6)
-        host.append((t1 - t0) / n * 1e6)
-    return statistics.median(total), statistics.median(host)
+    t0 = time.perf_counter()
+    for i in range(n):
+        fn(i)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t2 - t0) / n * 1e6, (t1 - t0) / n * 1e6
 
 
 if __name__ == "__main__":

@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from bench_util import loop_us  # (benchmarks/)
 
 Fn = Callable[[int], object]
 
@@ -68,14 +68,7 @@ def _loop(fn: Fn, n: int, untimed: int = 3) -> tuple[float, float]:
     first call would make its plan again)."""
     for i in range(untimed):
         fn(i)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(n):
-        fn(i)
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return (t2 - t0) / n * 1e6, (t1 - t0) / n * 1e6
+    return loop_us(fn, n)
 
 
 def time_points(

@@ -188,11 +188,10 @@ class KernelLauncher:
             and not _ENTER_CALLS
             and not _EXIT_CALLS
         ) or _no_hooks():
-            if self._pick is None:
+            if self._pick is None:  # (the common case without building args)
                 self._run(*self.grid3, stream, *self._pre, *ptrs, *self.tail)
             else:
-                call = self._pick((*ptrs, *self.fixed))
-                self._run(*self.grid3, stream, *self._pre, *call, *self.tail)
+                self._run(*self.grid3, stream, *self._pre, *self.args(ptrs))
             return
         k = self.compiled
         args = self.args(ptrs)
