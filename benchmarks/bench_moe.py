@@ -26,6 +26,8 @@ either GEMM, and the default with it off in both: the kernel before the prefetch
 the floor, and prints the best, as MOE_CONFIGS / MXFP4_CONFIGS lines for
 srt/layers/moe/fused_moe_triton/config.py.
 
+--sweep-gemv times only the per-pair GEMV kernels (MoeConfig.gemv, T <= 16).
+
 Usage: python benchmarks/bench_moe.py [--tokens 1 8 32 64 512 4096] [--layers 4] [--sweep]
            [--mxfp4 [--mxfp4-modes dot_scaled split]] [--json-out F]
 """
@@ -304,6 +306,19 @@ def candidates(T: int, mx: bool) -> tuple[list[int], list[GemmConfig], list[Gemm
     return bms, gu, dn
 
 
+def gemv_candidates(mx: bool) -> list[GemmConfig]:
+    """Per-pair GEMV kernel options (block_n, block_k, num_warps, num_stages) for either GEMM."""
+    if mx:  # BLOCK_K / 2 bytes a row per iteration
+        opts = ((16, 256, 4, 1), (32, 256, 4, 1), (16, 512, 4, 1), (32, 512, 4, 1))
+        opts += ((8, 512, 2, 1), (64, 256, 8, 1), (32, 256, 4, 3), (16, 1024, 8, 1))
+        opts += ((32, 128, 4, 1), (16, 256, 2, 1), (8, 256, 1, 1))
+    else:
+        opts = ((16, 256, 4, 1), (32, 256, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1))
+        opts += ((32, 128, 4, 1), (64, 128, 4, 1), (16, 256, 4, 3), (8, 1024, 8, 1))
+        opts += ((32, 512, 8, 1), (8, 256, 2, 1))
+    return [GemmConfig(bn, bk, w, st) for bn, bk, w, st in opts]
+
+
 def config_line(T: int, t: float, c: MoeConfig, mx: bool, floor: float | None = None) -> str:
     """A MOE_CONFIGS / MXFP4_CONFIGS entry (upper bound T -> c), its time in a comment."""
     g, d = c.gate_up, c.down
@@ -315,6 +330,7 @@ def config_line(T: int, t: float, c: MoeConfig, mx: bool, floor: float | None = 
         )
 
     mode = f', "{c.mxfp4_mode}"' if mx else ""
+    mode += ", gemv=True" if c.gemv else ""
     note = f"{t:.1f} µs" + (f", floor {floor:.1f} µs, x{t / floor:.2f}" if floor else "")
     return f"    ({T}, MoeConfig({c.block_m}, {gemm(g)}, {gemm(d)}{mode})),  # {note}"
 
@@ -327,9 +343,13 @@ def with_prefetch(cfg: MoeConfig, gate_up: int, down: int) -> MoeConfig:
     )
 
 
-def sweep(layers, tokens, bw: float, tflops: float, modes: tuple[str, ...]) -> None:
+def sweep(
+    layers, tokens, bw: float, tflops: float, modes: tuple[str, ...], gemv_only: bool = False
+) -> None:
     """Gate/up options with the default down config, then down options with the best gate/up
-    (MXFP4: for each of `modes`, then the best with the scale prefetch off in either GEMM)."""
+    (MXFP4: for each of `modes`, then the best with the scale prefetch off in either GEMM);
+    for T <= 16 the same two-step search over the per-pair GEMV kernels (only those with
+    gemv_only)."""
     n = len(layers)
     mx = is_mxfp4(layers)
     print(f"\nsweep ({'MXFP4' if mx else 'bf16'} experts, µs per layer call, CUDA graph)")
@@ -358,13 +378,26 @@ def sweep(layers, tokens, bw: float, tflops: float, modes: tuple[str, ...]) -> N
         t_base = t_of(base)
         print(f"T={T} ({n_exp} experts, floor {fl:.1f} µs): default {t_base:.1f}  {base}")
         results = [(t_base, base)]
-        if mx:  # the default with the scales loaded in the K block that uses them (before)
+        if T <= 16:  # the per-pair GEMV kernels
+            opts = gemv_candidates(mx)
+            dflt = base if base.gemv else MoeConfig(16, opts[0], opts[0], gemv=True)
+            mine = [(t_of(MoeConfig(16, gu, dflt.down, gemv=True)), gu) for gu in opts]
+            gu = min(mine, key=lambda p: p[0])[1]
+            mine = [(t, MoeConfig(16, g, dflt.down, gemv=True)) for t, g in mine]
+            downs = (MoeConfig(16, gu, dn, gemv=True) for dn in opts if dn != dflt.down)
+            mine += [(t_of(c), c) for c in downs]
+            tm, cm = min(mine, key=lambda p: p[0])
+            print(f"  best gemv: {tm:.1f} (x{tm / fl:.2f} floor)  {cm}", flush=True)
+            results += mine
+        if gemv_only:
+            modes = ()
+        elif mx:  # the default with the scales loaded in the K block that uses them (before)
             old = with_prefetch(base, 0, 0)
             t_old = t_of(old)
             results.append((t_old, old))
             print(f"  default, scale prefetch off: {t_old:.1f} (x{t_old / t_base:.2f})", flush=True)
         bms, gus, dns = candidates(T, mx)
-        for mode in modes if mx else ("dot_scaled",):
+        for mode in modes if mx or gemv_only else ("dot_scaled",):
             mine = []
             for bm in bms:
                 for gu in gus:
@@ -405,6 +438,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tflops", type=float, default=800.0)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep-gemv", action="store_true", help="sweep the GEMV kernels only")
     p.add_argument("--mxfp4", action="store_true", help="MXFP4 expert weights")
     p.add_argument(
         "--mxfp4-modes",
@@ -427,8 +461,9 @@ def main() -> None:
     bw = copy_bandwidth()
     layers = make_layers(args.layers, args.mxfp4)
     rows = table(layers, args.tokens, bw, args.tflops)
-    if args.sweep:
-        sweep(layers, args.tokens, bw, args.tflops, tuple(args.mxfp4_modes))
+    if args.sweep or args.sweep_gemv:
+        modes = tuple(args.mxfp4_modes)
+        sweep(layers, args.tokens, bw, args.tflops, modes, gemv_only=args.sweep_gemv)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"bandwidth_gbs": bw, "rows": rows}, f, indent=1)

@@ -31,6 +31,8 @@
 #   moe_sweep_mxfp4  bench_moe --mxfp4 --sweep at decode sizes (T 1 8 32 64; dot_scaled, the
 #              scale prefetch on / off), floor per T, best printed as MXFP4_CONFIGS lines
 #              (MXFP4_SWEEP_ARGS="--mxfp4-modes dot_scaled split" adds the split mode)
+#   moe_gemv   the per-pair GEMV MoE kernels: tests + bench_moe --sweep-gemv (MXFP4, bf16) at
+#              T in GEMV_TOKENS (default 1 2 4 8)
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   cli        bench_one_batch / gpqa CLI GPU tests, --correctness-test with graphs, floor + --profile
 #   layerbench bench_layers: add+RMSNorm / RMSNorm / SiLU-and-mul kernels vs torch-native and
@@ -164,6 +166,13 @@ t_moe_sweep() {
 t_moe_sweep_mxfp4() {
   timeout 540 python benchmarks/bench_moe.py --mxfp4 --tokens ${MXFP4_SWEEP_TOKENS:-1 8 32 64} \
     --sweep ${MXFP4_SWEEP_ARGS:-}
+}
+t_moe_gemv() {
+  # the per-pair GEMV kernels (MoeConfig.gemv): their tests, then the GEMV-only sweep at decode
+  # sizes, MXFP4 then bf16 experts (GEMV_TOKENS), floor per T, best as *_CONFIGS lines
+  timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests/srt/layers/test_moe_gemv.py
+  timeout 300 python benchmarks/bench_moe.py --mxfp4 --tokens ${GEMV_TOKENS:-1 2 4 8} --sweep-gemv
+  timeout 300 python benchmarks/bench_moe.py --tokens ${GEMV_TOKENS:-1 2 4 8} --sweep-gemv
 }
 t_e2e() {
   for m in $E2E_PRESETS; do

@@ -38,12 +38,15 @@ class MoeConfig:
     mxfp4_mode (MXFP4 weights only): "dot_scaled" (Triton's scaled dot, bf16/fp16 activations)
     or "split" (even/odd K halves, bit-arithmetic dequantisation; any dtype); see
     fused_moe_triton_kernels.py.
+    gemv: True runs the per-pair CUDA-core kernels of moe_gemv.py instead (no alignment; only
+    each GEMM's block_n, block_k, num_warps and num_stages apply).
     """
 
     block_m: int
     gate_up: GemmConfig
     down: GemmConfig
     mxfp4_mode: str = "dot_scaled"
+    gemv: bool = False
 
 
 # Upper bound on T -> config, measured on the H100 (bf16 activations and experts, gpt-oss-20b
@@ -62,12 +65,23 @@ MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 # modes). A weight tile is BLOCK_K / 2 bytes a row, so decode takes long K blocks (128-byte
 # row segments per load) and deep pipelines to keep enough bytes in flight.
 MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    # T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
-    # loaded one K step ahead; µs per layer call, the read floor in brackets).
+    # T <= 4: the per-pair GEMV kernels (moe_gemv.py; bench_moe --mxfp4 --sweep-gemv, H100,
+    # session 6; µs per layer call, the read floor in brackets; the grouped kernels in the
+    # comment took 65.5 / 92.6 / 141.8 µs).
     (
         1,
-        MoeConfig(16, GemmConfig(32, 128, 4, 6, 1, 1), GemmConfig(64, 128, 4, 4, 1, 1)),
-    ),  # 67.7 (18)
+        MoeConfig(16, GemmConfig(16, 256, 4, 1), GemmConfig(8, 512, 2, 1), gemv=True),
+    ),  # 43.5 (17.7)
+    (
+        2,
+        MoeConfig(16, GemmConfig(8, 512, 2, 1), GemmConfig(8, 512, 2, 1), gemv=True),
+    ),  # 71.9 (30.9)
+    (
+        4,
+        MoeConfig(16, GemmConfig(16, 256, 4, 1), GemmConfig(8, 256, 1, 1), gemv=True),
+    ),  # 126.2 (57.4)
+    # 4 < T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
+    # loaded one K step ahead; µs per layer call, the read floor in brackets).
     (
         8,
         MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 5, 1, 1)),
@@ -103,6 +117,8 @@ def get_config(
     cfg = next(cfg for bound, cfg in table if num_tokens <= bound)
     if mxfp4 and dtype not in (torch.bfloat16, torch.float16):
         cfg = replace(cfg, mxfp4_mode="split")
+    if cfg.gemv:  # no shared-memory tiles
+        return cfg
     act_size = torch.empty((), dtype=dtype).element_size()
     return fit_shared_memory(cfg, act_size, 0.5 if mxfp4 else act_size)
 

@@ -32,6 +32,7 @@ from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import (
     moe_sum_kernel,
 )
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block_size
+from srt.layers.moe.fused_moe_triton.moe_gemv import run_gemv
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ def fused_experts(
     w13_bias : [E, 2I] or None; w2_bias : [E, H] or None (pass None on TP ranks > 0).
     activation : "swiglu_oai" (gate = min(gate, limit), up = clamp(up, +-limit),
         (up + 1) * gate * sigmoid(alpha * gate)) or "silu" (silu(gate) * up).
-    config : launch configuration (default: get_config(T, device, dtype, MXFP4 or not)).
+    config : launch configuration (default: get_config(T, device, dtype, MXFP4 or not));
+        config.gemv selects the per-pair kernels of moe_gemv.py (decode).
     w13_scale, w2_scale : MXFP4 weights only: w13 is then uint8 [E, 2I, H/2] and w2 uint8
         [E, H, I/2] (E2M1 pairs along the input dim, low nibble first) and these are their uint8
         E8M0 scales [E, 2I, H/32] and [E, H, I/32]; dequantised inside the kernels, in
@@ -92,6 +94,14 @@ def fused_experts(
             raise ValueError(f"config.{name}.scale_prefetch must be 0 or 1, got {g.scale_prefetch}")
     if T == 0:
         return torch.zeros_like(hidden_states)
+    kw = dict(activation=activation, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
+    if cfg.gemv:  # a pair per program, no alignment (decode)
+        cfg = fit_mxfp4(cfg) if mxfp4 else cfg
+        pairs = run_gemv(
+            hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale,
+            w2_scale, cfg, **kw,
+        )  # fmt: skip
+        return moe_sum(pairs, T, topk_ids.shape[1])
     mode = 0
     if mxfp4:
         cfg = fit_mxfp4(cfg)  # whole scale groups per K block
@@ -99,7 +109,6 @@ def fused_experts(
         mode = 2 if scaled and (cfg, dtype) not in _DOT_SCALED_FAILED else 1
     align = moe_align_block_size(topk_ids, w13.shape[0], cfg.block_m)
     args = (hidden_states, w13, w2, topk_weights, w13_bias, w2_bias, w13_scale, w2_scale)
-    kw = dict(activation=activation, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
     if mode == 2:
         try:
             return _run_gemms(*args, align, cfg, 2, **kw)

@@ -1,0 +1,335 @@
+"""Routed experts for a handful of tokens: one program per (token-expert pair, N tile), CUDA-core
+dot products, no alignment by expert.
+
+At decode batch sizes every pair reads its own expert's rows anyway (T*k pairs over E experts
+rarely share one), so grouping pairs by expert buys nothing and the tensor-core path pays for a
+BLOCK_M of 16 rows holding one real token, for the weight tile's detour through shared memory and
+for `moe_align_block_size` (one more launch). Here each program streams BLOCK_N rows of its
+pair's expert along K and multiplies them with the pair's activation row in registers:
+
+  gate/up: act[pair] = swiglu(x[token] @ w13[e, gate rows].T + b, x[token] @ w13[e, up rows].T + b)
+  down:    out[pair] = (act[pair] @ w2[e].T + b2[e]) * topk_weight[pair]
+
+then `moe_sum` adds each token's k rows. Same arithmetic as the grouped kernels (float32
+accumulation, act rounded to the activations' dtype), different summation order.
+
+MXFP4 weights (uint8 E2M1 pairs [E, N, K/2], E8M0 scales [E, N, K/32]) are read as [BLOCK_N,
+BLOCK_K/32, 16] byte tiles: each scale group's 16 bytes are dequantised by bit arithmetic (the
+nibble as an fp16 / 2**14, exact, as in the grouped "split" mode), multiplied with the even and
+odd K elements and summed inside the thread, and the group's sum is scaled once by
+2**14 * 2**(scale - 127) (scales up to 240). Unquantised weights: [BLOCK_N, BLOCK_K] tiles.
+
+Expert ids outside [0, E) contribute zero (their pairs' rows are written as zeros).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_ext.triton.launcher import cached_launcher
+from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import _swiglu
+
+
+@triton.jit
+def _x_by_nibble(xx):
+    """x [G, 4, 8] (group, word, nibble) -> its 8 nibble slices, [G, 4] each, in nibble order."""
+    G: tl.constexpr = xx.shape[0]
+    x5 = tl.reshape(xx, [G, 4, 2, 2, 2])  # nibble c = 4 * c2 + 2 * c1 + c0
+    e, o = tl.split(x5)  # c0
+    ee, eo = tl.split(e)  # c1
+    oe, oo = tl.split(o)
+    x0, x4 = tl.split(ee)  # c2
+    x2, x6 = tl.split(eo)
+    x1, x5_ = tl.split(oe)
+    x3, x7 = tl.split(oo)
+    return x0, x1, x2, x3, x4, x5_, x6, x7
+
+
+@triton.jit
+def _group_sums(w, xs):
+    """Packed E2M1 words w [BN, G, 4] (8 nibbles each, nibble c of word j = K 8j + c) dotted
+    with xs, summed per scale group -> float32 [BN, G], in units of 2**-14.
+
+    Nibbles c and c + 4 of a word sit 16 bits apart, so one shift and two masks turn both into
+    an fp16 pair (sign to bits 15 / 31, exponent and mantissa to 9..11 / 25..27: the value /
+    2**14, E2M1's subnormal 0.5 an fp16 subnormal), each half widened to float32 exactly."""
+    part = tl.zeros(w.shape, dtype=tl.float32)
+    for c in tl.static_range(4):
+        t = w >> (4 * c)
+        h = ((t << 9) & 0x0E000E00) | ((t << 12) & 0x80008000)  # fp16 pair (c, c + 4)
+        lo = (h & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = ((h >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        part += lo * xs[c][None, :, :]  # two fused multiply-adds
+        part += hi * xs[c + 4][None, :, :]
+    return tl.sum(part, axis=2)
+
+
+@triton.jit
+def _scale_2e14(s):
+    """E8M0 scales (uint8) -> float32 2**14 * 2**(s - 127) (exact for s <= 240)."""
+    return ((s.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rows_dot(
+    x_row,  # pointer to the activation row (K elements, contiguous)
+    w_ptr,
+    s_ptr,
+    w_rows,  # [BN] offsets of the weight rows (bytes for MXFP4, elements otherwise)
+    s_rows,  # [BN] offsets of their scale rows (MXFP4)
+    w_off1,  # offset of the second matrix's rows (TWO)
+    s_off1,
+    n_ok,  # [BN]
+    K,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MXFP4: tl.constexpr,
+    TWO: tl.constexpr,
+):
+    """float32 [BN] dot products of the rows w_rows (and, with TWO, w_rows + w_off1) with x."""
+    if MXFP4:
+        g = tl.arange(0, BLOCK_K // 32)  # scale groups of the K block
+        j = tl.arange(0, 4)  # a group's 16 bytes as 4 words, word j holding K 8j .. 8j+7
+        i = tl.arange(0, 8)
+        acc0 = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
+        words = w_ptr.to(tl.pointer_type(tl.uint32))  # rows are 16-byte multiples (K % 32 == 0)
+        q_ptrs = words + (w_rows // 4)[:, None, None] + (g * 4)[None, :, None] + j[None, None, :]
+        s_ptrs = s_ptr + s_rows[:, None] + g[None, :]  # [BN, G]
+        x_ptrs = x_row + g[:, None, None] * 32 + j[None, :, None] * 8 + i[None, None, :]
+        for k0 in range(0, K, BLOCK_K):
+            g_ok = g < (K - k0) // 32  # K is a multiple of 32
+            s_ok = n_ok[:, None] & g_ok[None, :]
+            xx = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0).to(tl.float32)
+            xs = _x_by_nibble(xx)  # 8 x [G, 4]: K 8j + c for c = 0..7
+            w = tl.load(q_ptrs, mask=s_ok[:, :, None], other=0)  # uint32 [BN, G, 4]
+            s = tl.load(s_ptrs, mask=s_ok, other=0)
+            acc0 += _group_sums(w, xs) * _scale_2e14(s)
+            if TWO:
+                w = tl.load(q_ptrs + w_off1 // 4, mask=s_ok[:, :, None], other=0)
+                s = tl.load(s_ptrs + s_off1, mask=s_ok, other=0)
+                acc1 += _group_sums(w, xs) * _scale_2e14(s)
+            q_ptrs += BLOCK_K // 8
+            s_ptrs += BLOCK_K // 32
+            x_ptrs += BLOCK_K
+    else:
+        kk = tl.arange(0, BLOCK_K)
+        acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        w_ptrs = w_ptr + w_rows[:, None] + kk[None, :]  # [BN, BK]
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = kk < K - k0
+            w_ok = n_ok[:, None] & k_ok[None, :]
+            x = tl.load(x_row + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            acc0 += tl.load(w_ptrs, mask=w_ok, other=0.0).to(tl.float32) * x
+            if TWO:
+                acc1 += tl.load(w_ptrs + w_off1, mask=w_ok, other=0.0).to(tl.float32) * x
+            w_ptrs += BLOCK_K
+    return tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)
+
+
+@triton.jit
+def _pair_expert(topk_ids_ptr, pair, num_experts):
+    """(expert id as int64, clamped to 0 when out of range; whether it was in range)."""
+    e = tl.load(topk_ids_ptr + pair).to(tl.int64)
+    ok = (e >= 0) & (e < num_experts)
+    return tl.where(ok, e, 0), ok
+
+
+@triton.jit
+def moe_gemv_gate_up_kernel(
+    x_ptr,  # [T, K]
+    w_ptr,  # [E, 2N, K] (MXFP4: uint8 [E, 2N, K/2]); gate rows 0..N-1, up rows N..2N-1
+    ws_ptr,  # MXFP4: uint8 E8M0 scales [E, 2N, K/32]; else a dummy
+    b_ptr,  # [E, 2N] or a dummy
+    act_ptr,  # [T*k, N]
+    topk_ids_ptr,  # [T*k]
+    num_experts,
+    N,
+    K,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_be,
+    stride_am,
+    alpha,
+    limit,
+    TOP_K: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MXFP4: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pair = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    expert, e_ok = _pair_expert(topk_ids_ptr, pair, num_experts)
+    n_ok = cols < tl.where(e_ok, N, 0)  # no rows of an out-of-range expert
+    gate, up = _rows_dot(
+        x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm,
+        w_ptr,
+        ws_ptr,
+        expert * stride_we + cols * stride_wn,
+        expert * stride_se + cols * stride_sn,
+        N * stride_wn,
+        N * stride_sn,
+        n_ok,
+        K,
+        BLOCK_N,
+        BLOCK_K,
+        MXFP4,
+        True,
+    )
+    if HAS_BIAS:
+        b_row = b_ptr + expert * stride_be
+        gate += tl.load(b_row + cols, mask=n_ok, other=0.0).to(tl.float32)
+        up += tl.load(b_row + N + cols, mask=n_ok, other=0.0).to(tl.float32)
+    act = tl.where(e_ok, _swiglu(gate, up, alpha, limit, ACTIVATION), 0.0)
+    out = act_ptr + pair.to(tl.int64) * stride_am + cols
+    tl.store(out, act.to(act_ptr.dtype.element_ty), mask=cols < N)
+
+
+@triton.jit
+def moe_gemv_down_kernel(
+    act_ptr,  # [T*k, K]
+    w_ptr,  # [E, N, K] (MXFP4: uint8 [E, N, K/2])
+    ws_ptr,  # MXFP4: uint8 E8M0 scales [E, N, K/32]; else a dummy
+    b_ptr,  # [E, N] or a dummy
+    topk_weights_ptr,  # [T*k]
+    out_ptr,  # [T*k, N]
+    topk_ids_ptr,  # [T*k]
+    num_experts,
+    N,
+    K,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_be,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MXFP4: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pair = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    expert, e_ok = _pair_expert(topk_ids_ptr, pair, num_experts)
+    n_ok = cols < tl.where(e_ok, N, 0)  # no rows of an out-of-range expert
+    acc, _ = _rows_dot(
+        act_ptr + pair.to(tl.int64) * stride_am,
+        w_ptr,
+        ws_ptr,
+        expert * stride_we + cols * stride_wn,
+        expert * stride_se + cols * stride_sn,
+        0,
+        0,
+        n_ok,
+        K,
+        BLOCK_N,
+        BLOCK_K,
+        MXFP4,
+        False,
+    )
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + expert * stride_be + cols, mask=n_ok, other=0.0).to(tl.float32)
+    acc *= tl.load(topk_weights_ptr + pair).to(tl.float32)
+    out = out_ptr + pair.to(tl.int64) * stride_om + cols
+    tl.store(out, tl.where(e_ok, acc, 0.0).to(out_ptr.dtype.element_ty), mask=cols < N)
+
+
+def run_gemv(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    cfg,
+    activation: str,
+    alpha: float,
+    limit: float,
+) -> torch.Tensor:
+    """The per-pair path of `fused_experts` (arguments checked there): [T*k, H] pair rows in
+    pair order (the caller adds each token's k rows). cfg: a MoeConfig with gemv=True (its
+    gate_up / down block_n, block_k, num_warps, num_stages)."""
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    E, inter = w13.shape[0], w13.shape[1] // 2
+    mxfp4 = w13.dtype == torch.uint8
+    s13 = w13_scale if mxfp4 else w13  # (a dummy pointer when not MXFP4)
+    s2 = w2_scale if mxfp4 else w2
+    ids = topk_ids.reshape(-1)  # [T*k]
+    act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
+    g, d = cfg.gate_up, cfg.down
+    cached_launcher(moe_gemv_gate_up_kernel)[(T * k, triton.cdiv(inter, g.block_n))](
+        x,
+        w13,
+        s13,
+        w13_bias if w13_bias is not None else w13,
+        act,
+        ids,
+        E,
+        inter,
+        H,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        s13.stride(0),
+        s13.stride(1),
+        w13_bias.stride(0) if w13_bias is not None else 0,
+        act.stride(0),
+        alpha,
+        limit,
+        TOP_K=k,
+        ACTIVATION=activation,
+        HAS_BIAS=w13_bias is not None,
+        BLOCK_N=g.block_n,
+        BLOCK_K=g.block_k,
+        MXFP4=mxfp4,
+        num_warps=g.num_warps,
+        num_stages=g.num_stages,
+    )
+    out = torch.empty(T * k, H, dtype=x.dtype, device=x.device)  # [T*k, H], pair order
+    cached_launcher(moe_gemv_down_kernel)[(T * k, triton.cdiv(H, d.block_n))](
+        act,
+        w2,
+        s2,
+        w2_bias if w2_bias is not None else w2,
+        topk_weights.reshape(-1),
+        out,
+        ids,
+        E,
+        H,
+        inter,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        s2.stride(0),
+        s2.stride(1),
+        w2_bias.stride(0) if w2_bias is not None else 0,
+        out.stride(0),
+        HAS_BIAS=w2_bias is not None,
+        BLOCK_N=d.block_n,
+        BLOCK_K=d.block_k,
+        MXFP4=mxfp4,
+        num_warps=d.num_warps,
+        num_stages=d.num_stages,
+    )
+    return out
