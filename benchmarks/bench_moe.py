@@ -308,14 +308,16 @@ def candidates(T: int, mx: bool) -> tuple[list[int], list[GemmConfig], list[Gemm
 
 def gemv_candidates(mx: bool) -> list[GemmConfig]:
     """Per-pair GEMV kernel options (block_n, block_k, num_warps, num_stages) for either GEMM."""
+    # num_stages 2: the next K block's loads issued before this block's arithmetic
     if mx:  # BLOCK_K / 2 bytes a row per iteration
-        opts = ((16, 256, 4, 1), (32, 256, 4, 1), (16, 512, 4, 1), (32, 512, 4, 1))
-        opts += ((8, 512, 2, 1), (64, 256, 8, 1), (32, 256, 4, 3), (16, 1024, 8, 1))
-        opts += ((32, 128, 4, 1), (16, 256, 2, 1), (8, 256, 1, 1))
+        opts = ((16, 256, 4, 1), (8, 512, 2, 1), (8, 256, 1, 2), (8, 512, 2, 2))
+        opts += ((16, 256, 2, 2), (16, 256, 4, 2), (16, 512, 4, 2), (32, 256, 4, 2))
+        opts += ((4, 256, 1, 2), (4, 512, 1, 2), (16, 512, 2, 2), (32, 256, 8, 2))
+        opts += ((64, 256, 8, 2), (4, 1024, 2, 2))
     else:
         opts = ((16, 256, 4, 1), (32, 256, 4, 1), (16, 512, 4, 1), (8, 512, 4, 1))
-        opts += ((32, 128, 4, 1), (64, 128, 4, 1), (16, 256, 4, 3), (8, 1024, 8, 1))
-        opts += ((32, 512, 8, 1), (8, 256, 2, 1))
+        opts += ((16, 256, 4, 2), (32, 256, 4, 2), (8, 512, 4, 2), (8, 1024, 8, 2))
+        opts += ((32, 512, 8, 2), (8, 256, 2, 2))
     return [GemmConfig(bn, bk, w, st) for bn, bk, w, st in opts]
 
 

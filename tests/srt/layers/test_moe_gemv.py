@@ -28,8 +28,11 @@ from tests.srt.layers.test_moe_triton import (
 )
 
 
-def _gemv(block_n: int, block_k: int, down_k: int | None = None, warps: int = 1) -> MoeConfig:
-    g = GemmConfig(block_n, block_k, warps, 1)
+def _gemv(
+    block_n: int, block_k: int, down_k: int | None = None, warps: int = 1, stages: int = 1
+) -> MoeConfig:
+    """A GEMV config; stages 2 prefetches each next K block (a second code path)."""
+    g = GemmConfig(block_n, block_k, warps, stages)
     return MoeConfig(16, g, dataclasses.replace(g, block_k=down_k or block_k), gemv=True)
 
 
@@ -52,13 +55,13 @@ def _run(x, w13, w2, wts, ids, b13, b2, cfg, scales=(None, None), **kw):
 
 
 @pytest.mark.parametrize(
-    "T, E, H, inter, k, block_n, block_k",
-    [(1, 5, 40, 24, 2, 16, 16), (7, 4, 33, 17, 3, 8, 32), (33, 9, 48, 16, 2, 16, 64)],
+    "T, E, H, inter, k, block_n, block_k, stages",
+    [(1, 5, 40, 24, 2, 16, 16, 1), (7, 4, 33, 17, 3, 8, 32, 2), (33, 9, 48, 16, 2, 16, 64, 1)],
 )
-def test_gemv_matches_float64_reference_fp32(T, E, H, inter, k, block_n, block_k):
+def test_gemv_matches_float64_reference_fp32(T, E, H, inter, k, block_n, block_k, stages):
     """bs 1, odd H / I (masked K and N tails), idle experts."""
     x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, device=DEV, seed=T + 11)
-    out = _run(x, w13, w2, wts, ids, b13, b2, _gemv(block_n, block_k))
+    out = _run(x, w13, w2, wts, ids, b13, b2, _gemv(block_n, block_k, stages=stages))
     assert out.dtype == torch.float32 and out.shape == (T, H)
     ref = _ref(x, w13, b13, w2, b2, wts, ids)
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-5)
@@ -93,20 +96,22 @@ def test_gemv_agrees_with_grouped_kernels():
 
 
 @pytest.mark.parametrize(
-    "T, E, H, inter, k, block_k, dtype, scales",
+    "T, E, H, inter, k, block_k, dtype, scales, stages",
     [
-        (1, 4, 64, 32, 2, 32, torch.float32, (120, 126)),
-        (9, 5, 96, 96, 3, 64, torch.float32, (100, 160)),  # uneven K blocks, wide scales
-        (7, 4, 64, 96, 2, 128, torch.bfloat16, (118, 130)),  # one K block past I = 96
+        (1, 4, 64, 32, 2, 32, torch.float32, (120, 126), 2),
+        (9, 5, 96, 96, 3, 64, torch.float32, (100, 160), 2),  # uneven K blocks, wide scales
+        (7, 4, 64, 96, 2, 128, torch.bfloat16, (118, 130), 1),  # one K block past I = 96
     ],
 )
-def test_gemv_mxfp4_matches_dequantised_reference(T, E, H, inter, k, block_k, dtype, scales):
+def test_gemv_mxfp4_matches_dequantised_reference(
+    T, E, H, inter, k, block_k, dtype, scales, stages
+):
     hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
         T, E, H, inter, k, T, DEV, scales
     )
     x = x.to(dtype)
     w13, w2 = _dequantised(hf, DEV)
-    cfg = _gemv(16, block_k)
+    cfg = _gemv(16, block_k, stages=stages)
     out = _run(x, w13_q, w2_q, wts, ids, b13, b2, cfg, scales=(w13_s, w2_s))
     assert out.dtype == dtype
     ref = _ref(x, w13, b13, w2, b2, wts, ids)
@@ -125,7 +130,8 @@ def _table_gemv_configs() -> list[tuple[str, int, MoeConfig]]:
     rows = [("bf16", b, c) for b, c in MOE_CONFIGS if c.gemv]
     rows += [("mxfp4", b, c) for b, c in MXFP4_CONFIGS if c.gemv]
     default = MoeConfig(16, GemmConfig(16, 256, 4, 1), GemmConfig(16, 256, 4, 1), gemv=True)
-    return rows + [("bf16", 1, default), ("mxfp4", 1, default)]
+    prefetch = MoeConfig(16, GemmConfig(8, 256, 1, 2), GemmConfig(16, 512, 2, 2), gemv=True)
+    return rows + [(f, 1, c) for c in (prefetch, default) for f in ("bf16", "mxfp4")]
 
 
 @gpu

@@ -66,20 +66,20 @@ MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 # row segments per load) and deep pipelines to keep enough bytes in flight.
 MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     # T <= 4: the per-pair GEMV kernels (moe_gemv.py; bench_moe --mxfp4 --sweep-gemv, H100,
-    # session 6; µs per layer call, the read floor in brackets; the grouped kernels in the
-    # comment took 65.5 / 92.6 / 141.8 µs).
+    # session 6; µs per layer call, the read floor in brackets; the grouped kernels took 65.5 /
+    # 92.6 / 141.8 µs).
     (
         1,
-        MoeConfig(16, GemmConfig(16, 256, 4, 1), GemmConfig(8, 512, 2, 1), gemv=True),
-    ),  # 43.5 (17.7)
+        MoeConfig(16, GemmConfig(8, 512, 2, 2), GemmConfig(16, 512, 2, 2), gemv=True),
+    ),  # 38.3 (17.6)
     (
         2,
-        MoeConfig(16, GemmConfig(8, 512, 2, 1), GemmConfig(8, 512, 2, 1), gemv=True),
-    ),  # 71.9 (30.9)
+        MoeConfig(16, GemmConfig(8, 512, 2, 1), GemmConfig(16, 512, 2, 2), gemv=True),
+    ),  # 63.1 (30.8)
     (
         4,
-        MoeConfig(16, GemmConfig(16, 256, 4, 1), GemmConfig(8, 256, 1, 1), gemv=True),
-    ),  # 126.2 (57.4)
+        MoeConfig(16, GemmConfig(16, 256, 4, 2), GemmConfig(16, 512, 2, 2), gemv=True),
+    ),  # 106.8 (57.3)
     # 4 < T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
     # loaded one K step ahead; µs per layer call, the read floor in brackets).
     (

@@ -73,6 +73,38 @@ def _scale_2e14(s):
 
 
 @triton.jit
+def _mx_load(q_ptrs, s_ptrs, x_ptrs, w_off1, s_off1, n_ok, g, k_left, TWO: tl.constexpr):
+    """One K block's operands (MXFP4): x [G, 4, 8] as loaded, packed words [BN, G, 4] and
+    scales [BN, G] of the rows (and of the second matrix's rows with TWO; else the first's
+    again). Groups at or past k_left are masked off (no memory access)."""
+    g_ok = g < k_left // 32  # K is a multiple of 32
+    s_ok = n_ok[:, None] & g_ok[None, :]
+    xx = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0)
+    w0 = tl.load(q_ptrs, mask=s_ok[:, :, None], other=0)
+    s0 = tl.load(s_ptrs, mask=s_ok, other=0)
+    w1 = w0
+    s1 = s0
+    if TWO:
+        w1 = tl.load(q_ptrs + w_off1 // 4, mask=s_ok[:, :, None], other=0)
+        s1 = tl.load(s_ptrs + s_off1, mask=s_ok, other=0)
+    return xx, w0, s0, w1, s1
+
+
+@triton.jit
+def _dense_load(w_ptrs, x_ptrs, w_off1, n_ok, kk, k_left, TWO: tl.constexpr):
+    """One K block's operands (unquantised): x [BK] and the rows' tiles [BN, BK] (and the
+    second matrix's with TWO; else the first's again), masked past k_left."""
+    k_ok = kk < k_left
+    w_ok = n_ok[:, None] & k_ok[None, :]
+    x = tl.load(x_ptrs, mask=k_ok, other=0.0)
+    w0 = tl.load(w_ptrs, mask=w_ok, other=0.0)
+    w1 = w0
+    if TWO:
+        w1 = tl.load(w_ptrs + w_off1, mask=w_ok, other=0.0)
+    return x, w0, w1
+
+
+@triton.jit
 def _rows_dot(
     x_row,  # pointer to the activation row (K elements, contiguous)
     w_ptr,
@@ -87,8 +119,12 @@ def _rows_dot(
     BLOCK_K: tl.constexpr,
     MXFP4: tl.constexpr,
     TWO: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    """float32 [BN] dot products of the rows w_rows (and, with TWO, w_rows + w_off1) with x."""
+    """float32 [BN] dot products of the rows w_rows (and, with TWO, w_rows + w_off1) with x.
+
+    PREFETCH issues the next K block's loads before this block's arithmetic (operands double
+    buffered in registers), so each program keeps a load in flight while it computes."""
     if MXFP4:
         g = tl.arange(0, BLOCK_K // 32)  # scale groups of the K block
         j = tl.arange(0, 4)  # a group's 16 bytes as 4 words, word j holding K 8j .. 8j+7
@@ -99,34 +135,47 @@ def _rows_dot(
         q_ptrs = words + (w_rows // 4)[:, None, None] + (g * 4)[None, :, None] + j[None, None, :]
         s_ptrs = s_ptr + s_rows[:, None] + g[None, :]  # [BN, G]
         x_ptrs = x_row + g[:, None, None] * 32 + j[None, :, None] * 8 + i[None, None, :]
+        xx, w0, s0, w1, s1 = _mx_load(q_ptrs, s_ptrs, x_ptrs, w_off1, s_off1, n_ok, g, K, TWO)
         for k0 in range(0, K, BLOCK_K):
-            g_ok = g < (K - k0) // 32  # K is a multiple of 32
-            s_ok = n_ok[:, None] & g_ok[None, :]
-            xx = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0).to(tl.float32)
-            xs = _x_by_nibble(xx)  # 8 x [G, 4]: K 8j + c for c = 0..7
-            w = tl.load(q_ptrs, mask=s_ok[:, :, None], other=0)  # uint32 [BN, G, 4]
-            s = tl.load(s_ptrs, mask=s_ok, other=0)
-            acc0 += _group_sums(w, xs) * _scale_2e14(s)
-            if TWO:
-                w = tl.load(q_ptrs + w_off1 // 4, mask=s_ok[:, :, None], other=0)
-                s = tl.load(s_ptrs + s_off1, mask=s_ok, other=0)
-                acc1 += _group_sums(w, xs) * _scale_2e14(s)
             q_ptrs += BLOCK_K // 8
             s_ptrs += BLOCK_K // 32
             x_ptrs += BLOCK_K
+            k_next = K - k0 - BLOCK_K
+            if PREFETCH:
+                nx, nw0, ns0, nw1, ns1 = _mx_load(
+                    q_ptrs, s_ptrs, x_ptrs, w_off1, s_off1, n_ok, g, k_next, TWO
+                )
+            xs = _x_by_nibble(xx.to(tl.float32))  # 8 x [G, 4]: K 8j + c for c = 0..7
+            acc0 += _group_sums(w0, xs) * _scale_2e14(s0)
+            if TWO:
+                acc1 += _group_sums(w1, xs) * _scale_2e14(s1)
+            if PREFETCH:
+                xx, w0, s0, w1, s1 = nx, nw0, ns0, nw1, ns1
+            else:
+                xx, w0, s0, w1, s1 = _mx_load(
+                    q_ptrs, s_ptrs, x_ptrs, w_off1, s_off1, n_ok, g, k_next, TWO
+                )
     else:
         kk = tl.arange(0, BLOCK_K)
         acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         w_ptrs = w_ptr + w_rows[:, None] + kk[None, :]  # [BN, BK]
+        x_ptrs = x_row + kk
+        x, w0, w1 = _dense_load(w_ptrs, x_ptrs, w_off1, n_ok, kk, K, TWO)
         for k0 in range(0, K, BLOCK_K):
-            k_ok = kk < K - k0
-            w_ok = n_ok[:, None] & k_ok[None, :]
-            x = tl.load(x_row + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            acc0 += tl.load(w_ptrs, mask=w_ok, other=0.0).to(tl.float32) * x
-            if TWO:
-                acc1 += tl.load(w_ptrs + w_off1, mask=w_ok, other=0.0).to(tl.float32) * x
             w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+            k_next = K - k0 - BLOCK_K
+            if PREFETCH:
+                nx, nw0, nw1 = _dense_load(w_ptrs, x_ptrs, w_off1, n_ok, kk, k_next, TWO)
+            xf = x.to(tl.float32)[None, :]
+            acc0 += w0.to(tl.float32) * xf
+            if TWO:
+                acc1 += w1.to(tl.float32) * xf
+            if PREFETCH:
+                x, w0, w1 = nx, nw0, nw1
+            else:
+                x, w0, w1 = _dense_load(w_ptrs, x_ptrs, w_off1, n_ok, kk, k_next, TWO)
     return tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)
 
 
@@ -164,6 +213,7 @@ def moe_gemv_gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     MXFP4: tl.constexpr,
+    PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:
@@ -187,6 +237,7 @@ def moe_gemv_gate_up_kernel(
         BLOCK_K,
         MXFP4,
         True,
+        PREFETCH,
     )
     if HAS_BIAS:
         b_row = b_ptr + expert * stride_be
@@ -220,6 +271,7 @@ def moe_gemv_down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     MXFP4: tl.constexpr,
+    PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:
@@ -243,6 +295,7 @@ def moe_gemv_down_kernel(
         BLOCK_K,
         MXFP4,
         False,
+        PREFETCH,
     )
     if HAS_BIAS:
         acc += tl.load(b_ptr + expert * stride_be + cols, mask=n_ok, other=0.0).to(tl.float32)
@@ -268,7 +321,8 @@ def run_gemv(
 ) -> torch.Tensor:
     """The per-pair path of `fused_experts` (arguments checked there): [T*k, H] pair rows in
     pair order (the caller adds each token's k rows). cfg: a MoeConfig with gemv=True (its
-    gate_up / down block_n, block_k, num_warps, num_stages)."""
+    gate_up / down block_n, block_k, num_warps; num_stages > 1 prefetches the next K block
+    into registers)."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, inter = w13.shape[0], w13.shape[1] // 2
@@ -303,8 +357,9 @@ def run_gemv(
         BLOCK_N=g.block_n,
         BLOCK_K=g.block_k,
         MXFP4=mxfp4,
+        PREFETCH=g.num_stages > 1,
         num_warps=g.num_warps,
-        num_stages=g.num_stages,
+        num_stages=1,
     )
     out = torch.empty(T * k, H, dtype=x.dtype, device=x.device)  # [T*k, H], pair order
     cached_launcher(moe_gemv_down_kernel)[(T * k, triton.cdiv(H, d.block_n))](
@@ -329,7 +384,8 @@ def run_gemv(
         BLOCK_N=d.block_n,
         BLOCK_K=d.block_k,
         MXFP4=mxfp4,
+        PREFETCH=d.num_stages > 1,
         num_warps=d.num_warps,
-        num_stages=d.num_stages,
+        num_stages=1,
     )
     return out
