@@ -54,7 +54,11 @@ class MoeConfig:
 # bound: BLOCK_M 16, narrow N tiles so enough programs stream weights, long K blocks; prefill
 # grows BLOCK_M and the N tiles.
 MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    (1, MoeConfig(16, GemmConfig(32, 64, 4, 5, 1), GemmConfig(32, 256, 4, 3, 1))),  # 85.3 µs
+    # T <= 4: the per-pair GEMV kernels (bench_moe --sweep-gemv, session 6: 76.5 / 130.2 / 233.9
+    # µs, floors 66.1 / 115.6 / 214.7; the grouped kernels 83.7 / 136.5 / 238.6 in that run)
+    (1, MoeConfig(16, GemmConfig(8, 256, 2, 2), GemmConfig(8, 512, 4, 1), gemv=True)),
+    (2, MoeConfig(16, GemmConfig(8, 256, 2, 2), GemmConfig(8, 512, 4, 1), gemv=True)),
+    (4, MoeConfig(16, GemmConfig(16, 512, 4, 1), GemmConfig(8, 512, 4, 1), gemv=True)),
     (8, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 128, 4, 4, 1))),  # 325.0 µs
     (32, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),  # 535.7 µs
     (64, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),  # 551.8 µs
