@@ -23,7 +23,7 @@
 #              alone vs the q/k-norm op under each candidate layout / POS_LAST of its row of
 #              rope_kv_plan.QK_NORM_LAYOUTS, both Qwen3 shapes, 2 rounds; QKNORM_ROW winners and
 #              the table as rope_kv_plan.py takes it; then the POS_LAST GPU bit tests (< 8 min)
-#   moe        MoE tests (test_moe*.py, gpt-oss MXFP4 model tests, GPU ones included) + bench_moe
+#   moe        MoE tests (test_moe*.py incl. the GEMV kernels, gpt-oss MXFP4 model tests, GPU ones included) + bench_moe
 #              (gpt-oss-20b shape): routed-expert kernel vs torch, read floor; bf16 experts, then
 #              MXFP4 experts (ours = table mode, alt = the other MXFP4 mode)
 #   moe_sweep  bench_moe --sweep: launch configurations per T, best printed as MOE_CONFIGS lines
@@ -154,7 +154,7 @@ t_qknorm_sweep() {
 t_moe() {
   # MXFP4 tests in their own process: a compiler crash there cannot hide the bf16 results
   timeout 300 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe.py \
-    tests/srt/layers/test_moe_triton.py -k "not mxfp4" -rfE
+    tests/srt/layers/test_moe_triton.py tests/srt/layers/test_moe_gemv.py -k "not mxfp4" -rfE
   timeout 400 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe_triton.py \
     tests/srt/models/test_gpt_oss_mxfp4.py -k "mxfp4" -rfE
   timeout 240 python benchmarks/bench_moe.py
