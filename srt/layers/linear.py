@@ -129,10 +129,12 @@ class RowParallelLinear(LinearBase):
         With reduce_results=False the output is this rank's partial sum, bias on rank 0 only.
         """
         p: dict[str, Any] = self._parameters  # read directly: no nn.Module.__getattr__ per call
+        bias = p["bias"]
+        if self.tp_size == 1 and not self.skip_bias_add:  # bias inside the GEMM: one launch
+            return dispatch_linear(x, p["weight"], bias), None
         out = dispatch_linear(x, p["weight"])  # [..., out], partial over ranks when tp > 1
         if self.tp_size > 1 and self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
-        bias = p["bias"]
         if self.skip_bias_add:
             return out, bias
         if bias is not None and (self.reduce_results or self.tp_rank == 0):
