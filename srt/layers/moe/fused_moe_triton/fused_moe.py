@@ -99,7 +99,7 @@ def fused_experts(
         cfg = fit_mxfp4(cfg) if mxfp4 else cfg
         pairs = run_gemv(
             hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale,
-            w2_scale, cfg, **kw,
+            w2_scale, cfg, activation, float(swiglu_alpha), float(swiglu_limit),
         )  # fmt: skip
         return moe_sum(pairs, T, topk_ids.shape[1])
     mode = 0

@@ -327,8 +327,9 @@ def run_gemv(
     k = topk_ids.shape[1]
     E, inter = w13.shape[0], w13.shape[1] // 2
     mxfp4 = w13.dtype == torch.uint8
-    s13 = w13_scale if mxfp4 else w13  # (a dummy pointer when not MXFP4)
-    s2 = w2_scale if mxfp4 else w2
+    # (the weights as dummy pointers when not MXFP4)
+    s13 = w13_scale if mxfp4 and w13_scale is not None else w13
+    s2 = w2_scale if mxfp4 and w2_scale is not None else w2
     ids = topk_ids.reshape(-1)  # [T*k]
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     g, d = cfg.gate_up, cfg.down
