@@ -32,7 +32,7 @@ from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import (
     moe_sum_kernel,
 )
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block_size
-from srt.layers.moe.fused_moe_triton.moe_gemv import run_gemv
+from srt.layers.moe.fused_moe_triton.moe_gemv import ExpertWeightArgs, run_gemv
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +142,8 @@ def _run_gemms(
     T, H = x.shape
     inter = w13.shape[1] // 2
     k = align.num_pairs // T
-    s13 = w13_scale if mode else w13  # (a dummy pointer when not MXFP4)
-    s2 = w2_scale if mode else w2
+    a13 = ExpertWeightArgs.of(w13, w13_scale if mode else None, w13_bias)
+    a2 = ExpertWeightArgs.of(w2, w2_scale if mode else None, w2_bias)
     dtype, dev = x.dtype, x.device
     rows = align.max_blocks * cfg.block_m
     act = torch.empty(rows, inter, dtype=dtype, device=dev)  # [padded rows, I]
@@ -154,9 +154,7 @@ def _run_gemms(
     grid = (align.max_blocks * triton.cdiv(inter, g.block_n),)
     moe_gate_up_kernel[grid](
         x,
-        w13,
-        s13,
-        w13_bias if w13_bias is not None else w13,
+        *a13.ptrs,
         act,
         align.sorted_token_ids,
         align.expert_ids,
@@ -166,11 +164,7 @@ def _run_gemms(
         H,
         align.max_blocks,
         x.stride(0),
-        w13.stride(0),
-        w13.stride(1),
-        s13.stride(0),
-        s13.stride(1),
-        w13_bias.stride(0) if w13_bias is not None else 0,
+        *a13.strides,
         act.stride(0),
         kw["alpha"],
         kw["limit"],
@@ -195,9 +189,7 @@ def _run_gemms(
     grid = (align.max_blocks * triton.cdiv(H, d.block_n),)
     moe_down_kernel[grid](
         act,
-        w2,
-        s2,
-        w2_bias if w2_bias is not None else w2,
+        *a2.ptrs,
         topk_weights.contiguous(),
         out,
         align.sorted_token_ids,
@@ -208,11 +200,7 @@ def _run_gemms(
         inter,
         align.max_blocks,
         act.stride(0),
-        w2.stride(0),
-        w2.stride(1),
-        s2.stride(0),
-        s2.stride(1),
-        w2_bias.stride(0) if w2_bias is not None else 0,
+        *a2.strides,
         out.stride(0),
         HAS_BIAS=w2_bias is not None,
         DOT_PRECISION=prec,

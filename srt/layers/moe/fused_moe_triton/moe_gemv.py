@@ -24,6 +24,8 @@ Expert ids outside [0, E) contribute zero (their pairs' rows are written as zero
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -180,11 +182,16 @@ def _rows_dot(
 
 
 @triton.jit
-def _pair_expert(topk_ids_ptr, pair, num_experts):
-    """(expert id as int64, clamped to 0 when out of range; whether it was in range)."""
+def _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N: tl.constexpr):
+    """This program's pair and N tile: (pair, cols [BN], the pair's expert id as int64 (0 when
+    out of range), whether it is in range, n_ok [BN]: the columns whose rows it reads, none for
+    an out-of-range expert)."""
+    pair = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     e = tl.load(topk_ids_ptr + pair).to(tl.int64)
-    ok = (e >= 0) & (e < num_experts)
-    return tl.where(ok, e, 0), ok
+    e_ok = (e >= 0) & (e < num_experts)
+    n_ok = cols < tl.where(e_ok, N, 0)  # (a scalar bool & a block trips the interpreter)
+    return pair, cols, tl.where(e_ok, e, 0), e_ok, n_ok
 
 
 @triton.jit
@@ -219,10 +226,7 @@ def moe_gemv_gate_up_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    pair = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    expert, e_ok = _pair_expert(topk_ids_ptr, pair, num_experts)
-    n_ok = cols < tl.where(e_ok, N, 0)  # no rows of an out-of-range expert
+    pair, cols, expert, e_ok, n_ok = _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N)
     gate, up = _rows_dot(
         x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm,
         w_ptr,
@@ -277,10 +281,7 @@ def moe_gemv_down_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    pair = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    expert, e_ok = _pair_expert(topk_ids_ptr, pair, num_experts)
-    n_ok = cols < tl.where(e_ok, N, 0)  # no rows of an out-of-range expert
+    pair, cols, expert, e_ok, n_ok = _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N)
     acc, _ = _rows_dot(
         act_ptr + pair.to(tl.int64) * stride_am,
         w_ptr,
@@ -302,6 +303,26 @@ def moe_gemv_down_kernel(
     acc *= tl.load(topk_weights_ptr + pair).to(tl.float32)
     out = out_ptr + pair.to(tl.int64) * stride_om + cols
     tl.store(out, tl.where(e_ok, acc, 0.0).to(out_ptr.dtype.element_ty), mask=cols < N)
+
+
+class ExpertWeightArgs(NamedTuple):
+    """One expert weight's kernel arguments as both MoE paths' kernels take them: ptrs = (the
+    weight [E, N, K] (MXFP4: uint8 [E, N, K/2]), its E8M0 scales [E, N, K/32], its bias [E, N]),
+    the weight standing in for a missing scale / bias; strides = (weight e, n, scales e, n, bias
+    e; 0 without a bias)."""
+
+    ptrs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    strides: tuple[int, int, int, int, int]
+
+    @classmethod
+    def of(
+        cls, w: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> ExpertWeightArgs:
+        """scale None: unquantised weights."""
+        s = scale if scale is not None else w
+        b = bias if bias is not None else w
+        be = bias.stride(0) if bias is not None else 0
+        return cls((w, s, b), (w.stride(0), w.stride(1), s.stride(0), s.stride(1), be))
 
 
 def run_gemv(
@@ -327,28 +348,21 @@ def run_gemv(
     k = topk_ids.shape[1]
     E, inter = w13.shape[0], w13.shape[1] // 2
     mxfp4 = w13.dtype == torch.uint8
-    # (the weights as dummy pointers when not MXFP4)
-    s13 = w13_scale if mxfp4 and w13_scale is not None else w13
-    s2 = w2_scale if mxfp4 and w2_scale is not None else w2
+    a13 = ExpertWeightArgs.of(w13, w13_scale if mxfp4 else None, w13_bias)
+    a2 = ExpertWeightArgs.of(w2, w2_scale if mxfp4 else None, w2_bias)
     ids = topk_ids.reshape(-1)  # [T*k]
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     g, d = cfg.gate_up, cfg.down
     cached_launcher(moe_gemv_gate_up_kernel)[(T * k, triton.cdiv(inter, g.block_n))](
         x,
-        w13,
-        s13,
-        w13_bias if w13_bias is not None else w13,
+        *a13.ptrs,
         act,
         ids,
         E,
         inter,
         H,
         x.stride(0),
-        w13.stride(0),
-        w13.stride(1),
-        s13.stride(0),
-        s13.stride(1),
-        w13_bias.stride(0) if w13_bias is not None else 0,
+        *a13.strides,
         act.stride(0),
         alpha,
         limit,
@@ -365,9 +379,7 @@ def run_gemv(
     out = torch.empty(T * k, H, dtype=x.dtype, device=x.device)  # [T*k, H], pair order
     cached_launcher(moe_gemv_down_kernel)[(T * k, triton.cdiv(H, d.block_n))](
         act,
-        w2,
-        s2,
-        w2_bias if w2_bias is not None else w2,
+        *a2.ptrs,
         topk_weights.reshape(-1),
         out,
         ids,
@@ -375,11 +387,7 @@ def run_gemv(
         H,
         inter,
         act.stride(0),
-        w2.stride(0),
-        w2.stride(1),
-        s2.stride(0),
-        s2.stride(1),
-        w2_bias.stride(0) if w2_bias is not None else 0,
+        *a2.strides,
         out.stride(0),
         HAS_BIAS=w2_bias is not None,
         BLOCK_N=d.block_n,
