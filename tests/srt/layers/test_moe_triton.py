@@ -214,33 +214,46 @@ def test_gpu_matches_reference(T, dtype):
     assert _rel(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2), (T, dtype)
 
 
-@gpu
-@pytest.mark.parametrize("T", [1, 8, 64])
-def test_gpu_graph_replay_with_new_routings(T):
-    E, H, inter, k = 32, 384, 256, 4
-    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, torch.bfloat16, "cuda", seed=1)
-    run = lambda: fused_experts(
-        x, w13, w2, wts, ids, b13, b2, swiglu_alpha=ALPHA, swiglu_limit=LIMIT
-    )
-    eager = run()  # compiles outside the capture
+def graph_replay_equals_eager(run, x, wts, ids, num_experts, steps, seed, check=None) -> None:
+    """Captures run() (fused_experts over x, wts, ids) in a CUDA graph, then for each step: a
+    new routing (random experts, some idle, expert `step` shared by every token), new weights
+    and x; the replay (output poisoned first) must equal an eager run bit for bit; check(out)
+    after, if given."""
+    T, k = ids.shape
+    run()  # compiles outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = run()
-    g = torch.Generator().manual_seed(T)
-    for step in range(4):
-        if step:  # new routing, some experts idle, one expert shared by every token
-            new_ids = torch.rand(T, E, generator=g).argsort(-1)[:, :k]
-            new_ids[:, 0] = step
-            ids.copy_(new_ids)
-            wts.copy_(torch.softmax(torch.randn(T, k, generator=g), -1))
-            x.copy_(torch.randn(T, H, generator=g))
+    g = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        new_ids = torch.rand(T, num_experts, generator=g).argsort(-1)[:, :k]
+        new_ids[:, 0] = step
+        ids.copy_(new_ids)
+        wts.copy_(torch.softmax(torch.randn(T, k, generator=g), -1))
+        x.copy_(torch.randn(x.shape, generator=g))
         static_out.fill_(float("nan"))
         graph.replay()
         eager = run()
         torch.cuda.synchronize()
         assert torch.equal(static_out, eager), f"step {step}: replay != eager"
-        assert _rel(static_out, _ref(x, w13, b13, w2, b2, wts, ids)) < 1e-2
+        if check is not None:
+            check(static_out)
+
+
+@gpu
+@pytest.mark.parametrize("T", [1, 8, 64])
+def test_gpu_graph_replay_with_new_routings(T):
+    E, H, inter, k = 32, 384, 256, 4
+    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, torch.bfloat16, "cuda", seed=1)
+
+    def run():
+        return fused_experts(x, w13, w2, wts, ids, b13, b2, swiglu_alpha=ALPHA, swiglu_limit=LIMIT)
+
+    def check(out):
+        assert _rel(out, _ref(x, w13, b13, w2, b2, wts, ids)) < 1e-2
+
+    graph_replay_equals_eager(run, x, wts, ids, E, steps=4, seed=T, check=check)
 
 
 @gpu
@@ -426,20 +439,7 @@ def test_gpu_mxfp4_graph_replay_equals_eager():
     )
     x, b13, b2 = x.bfloat16(), b13.bfloat16(), b2.bfloat16()
     run = lambda: fused_experts(x, w13_q, w2_q, wts, ids, b13, b2, w13_scale=w13_s, w2_scale=w2_s)
-    run()  # compiles outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = run()
-    g = torch.Generator().manual_seed(0)
-    for step in range(3):
-        ids.copy_(torch.rand(T, E, generator=g).argsort(-1)[:, :k])
-        x.copy_(torch.randn(T, H, generator=g))
-        static_out.fill_(float("nan"))
-        graph.replay()
-        eager = run()
-        torch.cuda.synchronize()
-        assert torch.equal(static_out, eager), f"step {step}: replay != eager"
+    graph_replay_equals_eager(run, x, wts, ids, E, steps=3, seed=0)
 
 
 @pytest.mark.parametrize(
