@@ -27,9 +27,6 @@ the floor, and prints the best, as MOE_CONFIGS / MXFP4_CONFIGS lines for
 srt/layers/moe/fused_moe_triton/config.py.
 
 --sweep-gemv times only the per-pair GEMV kernels (MoeConfig.gemv, T <= 16).
---sweep-mma (with --mxfp4) times only the "mma" kernels (mxfp4_mma.py): per pair (T <= 8) and
-grouped, as MXFP4_MMA_CONFIGS lines. With --mxfp4 the table's `ours` is the layer's default (the
-"mma" kernels where MXFP4_MMA_CONFIGS has a row) and `alt` the MXFP4_CONFIGS row it replaces.
 
 Usage: python benchmarks/bench_moe.py [--tokens 1 8 32 64 512 4096] [--layers 4] [--sweep]
            [--mxfp4 [--mxfp4-modes dot_scaled split]] [--json-out F]
@@ -104,7 +101,6 @@ def make_layers(n: int, mxfp4: bool) -> list[TopKExperts]:
                 p.data.copy_(dummy_mxfp4(tuple(p.shape), g, is_scale=name.endswith("_scale")))
             else:
                 p.data.normal_(0, p.shape[-1] ** -0.5, generator=g)
-        m.process_weights_after_loading()  # the largest MXFP4 scale: selects the kernels
         layers.append(m)
     return layers
 
@@ -128,7 +124,6 @@ def call_ours(m: TopKExperts, x, w, ids, config=None) -> torch.Tensor:
         config=config,
         w13_scale=m.w13_weight_scale,
         w2_scale=m.w2_weight_scale,
-        mxfp4_max_scale=m.mxfp4_max_scale,
     )
 
 
@@ -168,14 +163,10 @@ def measure(layers, T: int, bw: float, tflops: float) -> dict:
         return layers[i % n](x, w, ids)
 
     r["ours"] = graph_time_us(ours, reps=2 * n, warmup=None)
-    if mx:  # no torch column (dequantises every expert); alt: the other MXFP4 kernels
-        cfg = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=True, mma=True)
-        if cfg.mxfp4_mode == "mma":  # the MXFP4_CONFIGS row it replaces
-            alt_cfg = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=True)
-            other = "table" if alt_cfg.gemv else alt_cfg.mxfp4_mode
-        else:  # the other mode, same tiles
-            other = "split" if cfg.mxfp4_mode == "dot_scaled" else "dot_scaled"
-            alt_cfg = replace(cfg, mxfp4_mode=other)
+    if mx:  # the other MXFP4 mode, same tiles; no torch column (dequantises every expert)
+        cfg = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=True)
+        other = "split" if cfg.mxfp4_mode == "dot_scaled" else "dot_scaled"
+        alt_cfg = replace(cfg, mxfp4_mode=other)
         try:
             r["alt"] = graph_time_us(
                 lambda i: call_ours(layers[i % n], x, w, ids, alt_cfg), 2 * n, warmup=None
@@ -222,7 +213,7 @@ def table(layers, tokens, bw, tflops) -> list[dict]:
             rows.append(r)
             continue
         rows.append(r)
-        cfg = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=mx, mma=mx)
+        cfg = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=mx)
         fl = max(r["floor"], r["mma"])
         if "alt" in r:
             torch_s = f"{r['alt']:.1f}"
@@ -328,65 +319,6 @@ def gemv_candidates(mx: bool) -> list[GemmConfig]:
         opts += ((16, 256, 4, 2), (32, 256, 4, 2), (8, 512, 4, 2), (8, 1024, 8, 2))
         opts += ((32, 512, 8, 2), (8, 256, 2, 2))
     return [GemmConfig(bn, bk, w, st) for bn, bk, w, st in opts]
-
-
-def mma_candidates() -> list[GemmConfig]:
-    """ "mma" kernel options (block_n, block_k, num_warps, num_stages) for either GEMM."""
-    opts = ((64, 256, 4, 1), (64, 128, 4, 1), (64, 512, 4, 1), (128, 128, 4, 1), (128, 256, 4, 1))
-    opts += ((64, 256, 4, 2), (64, 128, 4, 3), (128, 128, 8, 1), (128, 256, 8, 1), (64, 256, 4, 3))
-    return [GemmConfig(bn, bk, w, st) for bn, bk, w, st in opts]
-
-
-def sweep_mma(layers, tokens, bw: float, tflops: float) -> None:
-    """The "mma" kernels per T (per pair for T <= 8, then grouped with BLOCK_M 16): gate/up
-    options with the default down, then down options with the best gate/up, against the
-    MXFP4_CONFIGS default; prints MXFP4_MMA_CONFIGS lines."""
-    n = len(layers)
-    print("\nsweep of the mma kernels (MXFP4 experts, µs per layer call, CUDA graph)")
-    best = {}
-    for T in tokens:
-        x, w, ids = routing(T, seed=T)
-        n_exp, fl, mma = floors(T, ids, bw, tflops, True)
-        fl = max(fl, mma)
-
-        def t_of(cfg, x=x, w=w, ids=ids, T=T):
-            def call(i):
-                call_ours(layers[i % n], x, w, ids, config=cfg)
-
-            try:
-                return graph_time_us(call, reps=2 * n, warmup=None)
-            except Exception as e:
-                print(f"  T={T} {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
-                return float("inf")
-
-        old = get_config(T, torch.device("cuda"), torch.bfloat16, mxfp4=True)
-        t_old = t_of(old)
-        print(f"T={T} ({n_exp} experts, floor {fl:.1f} µs): MXFP4_CONFIGS {t_old:.1f}  {old}")
-        opts = mma_candidates()
-        results = []
-        for per_pair in (True, False) if T <= 8 else (False,):
-            base = MoeConfig(16, opts[0], opts[0], "mma", gemv=per_pair)
-            mine = [(t_of(replace(base, gate_up=gu)), gu) for gu in opts]
-            gu = min(mine, key=lambda p: p[0])[1]
-            mine = [(t, replace(base, gate_up=g)) for t, g in mine]
-            mine += [
-                (t_of(replace(base, gate_up=gu, down=dn)), replace(base, gate_up=gu, down=dn))
-                for dn in opts[1:]
-            ]
-            tm, cm = min(mine, key=lambda p: p[0])
-            kind = "per pair" if per_pair else "grouped"
-            print(f"  best {kind}: {tm:.1f} (x{tm / fl:.2f} floor)  {cm}", flush=True)
-            results += mine
-        t2, cfg2 = min(results, key=lambda p: p[0])
-        best[T] = (t2, cfg2, fl)
-        print(
-            f"T={T}: mma best {t2:.1f} µs vs MXFP4_CONFIGS {t_old:.1f} µs "
-            f"(x{t_old / t2:.2f}); floor {fl:.1f} µs, best x{t2 / fl:.2f} floor",
-            flush=True,
-        )
-    print("\nsuggested MXFP4_MMA_CONFIGS entries (upper bound T -> best config measured):")
-    for T, (t, c, fl) in best.items():
-        print(config_line(T, t, c, True, fl))
 
 
 def config_line(T: int, t: float, c: MoeConfig, mx: bool, floor: float | None = None) -> str:
@@ -509,7 +441,6 @@ def main() -> None:
     p.add_argument("--tflops", type=float, default=800.0)
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--sweep-gemv", action="store_true", help="sweep the GEMV kernels only")
-    p.add_argument("--sweep-mma", action="store_true", help="sweep the mma kernels (--mxfp4)")
     p.add_argument("--mxfp4", action="store_true", help="MXFP4 expert weights")
     p.add_argument(
         "--mxfp4-modes",
@@ -521,9 +452,6 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("error: bench_moe needs CUDA", file=sys.stderr)
-        sys.exit(2)
-    if args.sweep_mma and not args.mxfp4:
-        print("error: --sweep-mma needs --mxfp4", file=sys.stderr)
         sys.exit(2)
     if args.layers < 1 or any(t < 1 for t in args.tokens):
         print("error: --layers and --tokens must be >= 1", file=sys.stderr)
@@ -538,8 +466,6 @@ def main() -> None:
     if args.sweep or args.sweep_gemv:
         modes = tuple(args.mxfp4_modes)
         sweep(layers, args.tokens, bw, args.tflops, modes, gemv_only=args.sweep_gemv)
-    if args.sweep_mma:
-        sweep_mma(layers, args.tokens, bw, args.tflops)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"bandwidth_gbs": bw, "rows": rows}, f, indent=1)

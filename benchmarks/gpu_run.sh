@@ -33,8 +33,6 @@
 #              (MXFP4_SWEEP_ARGS="--mxfp4-modes dot_scaled split" adds the split mode)
 #   moe_gemv   the per-pair GEMV MoE kernels: tests + bench_moe --sweep-gemv (MXFP4, bf16) at
 #              T in GEMV_TOKENS (default 1 2 4 8)
-#   moe_mma    the "mma" MXFP4 kernels (weights as the tensor cores' register operand): tests,
-#              bench_moe --mxfp4 (mma vs the kernels it replaces), --sweep-mma at MMA_TOKENS
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
 #   cli        bench_one_batch / gpqa CLI GPU tests, --correctness-test with graphs, floor + --profile
 #   layerbench bench_layers: add+RMSNorm / RMSNorm / SiLU-and-mul kernels vs torch-native and
@@ -175,16 +173,6 @@ t_moe_gemv() {
   timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests/srt/layers/test_moe_gemv.py
   timeout 300 python benchmarks/bench_moe.py --mxfp4 --tokens ${GEMV_TOKENS:-1 2 4 8} --sweep-gemv
   timeout 300 python benchmarks/bench_moe.py --tokens ${GEMV_TOKENS:-1 2 4 8} --sweep-gemv
-}
-t_moe_mma() {
-  # the "mma" MXFP4 kernels (mxfp4_mma.py): their tests and the gpt-oss MXFP4 model tests that
-  # now run them, the MXFP4 table (ours = the mma default, alt = the MXFP4_CONFIGS row it
-  # replaces), then the mma-only sweep (MMA_TOKENS), best as MXFP4_MMA_CONFIGS lines
-  timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests/srt/layers/test_moe_mxfp4_mma.py \
-    tests/srt/models/test_gpt_oss.py tests/srt/models/test_gpt_oss_mxfp4.py
-  timeout 200 python benchmarks/bench_moe.py --mxfp4 --tokens 1 2 4 8 32 64
-  timeout ${MMA_SWEEP_TIMEOUT:-400} python benchmarks/bench_moe.py --mxfp4 --sweep-mma \
-    --tokens ${MMA_TOKENS:-1 8 32}
 }
 t_e2e() {
   for m in $E2E_PRESETS; do

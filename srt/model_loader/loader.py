@@ -197,10 +197,6 @@ def get_model(
     post_load = getattr(model, "post_load_weights", None)
     if post_load is not None:
         post_load()
-    for m in model.modules():  # layers that derive state from their weights (SGLang's name)
-        hook = getattr(m, "process_weights_after_loading", None)
-        if hook is not None:
-            hook()
     return model.eval()
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-MXFP4_MODES = ("dot_scaled", "split", "mma")
+MXFP4_MODES = ("dot_scaled", "split")
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,9 @@ class MoeConfig:
 
     mxfp4_mode (MXFP4 weights only): "dot_scaled" (Triton's scaled dot, bf16/fp16 activations)
     or "split" (even/odd K halves, bit-arithmetic dequantisation; any dtype); see
-    fused_moe_triton_kernels.py. "mma": the weights as the tensor-core MMA's register operand
-    (mxfp4_mma.py; bf16 activations and scales <= mxfp4_mma.MAX_SCALE only).
-    gemv: True runs one token-expert pair per program without the alignment: the per-pair
-    CUDA-core kernels of moe_gemv.py, or with "mma" its per-pair kernels (only each GEMM's
-    block_n, block_k, num_warps and num_stages apply).
+    fused_moe_triton_kernels.py.
+    gemv: True runs the per-pair CUDA-core kernels of moe_gemv.py instead (no alignment; only
+    each GEMM's block_n, block_k, num_warps and num_stages apply).
     """
 
     block_m: int
@@ -103,13 +101,6 @@ MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (512, MoeConfig(64, GemmConfig(64, 128, 4, 4, 8), GemmConfig(128, 128, 4, 3, 8))),
     (1 << 62, MoeConfig(128, GemmConfig(64, 128, 8, 3, 8), GemmConfig(128, 128, 8, 3, 8))),
 )
-# MXFP4 experts on the "mma" kernels (mxfp4_mma.py), used where every E8M0 scale is at most
-# mxfp4_mma.MAX_SCALE and the activations are bf16 (fused_experts' mxfp4_max_scale); past the
-# last bound, MXFP4_CONFIGS. Starting points (bench_moe.py --mxfp4 --sweep-mma times others).
-MXFP4_MMA_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    (4, MoeConfig(16, GemmConfig(64, 256, 4, 1), GemmConfig(64, 256, 4, 1), "mma", gemv=True)),
-    (64, MoeConfig(16, GemmConfig(64, 256, 4, 1), GemmConfig(64, 256, 4, 1), "mma")),
-)
 # Shared memory the pipelined operand tiles of one GEMM may take (H100: 227 KiB per block).
 SHARED_MEMORY_BUDGET = 192 * 1024
 # Tiny tiles for the CPU interpreter (tests): same code paths, fewer wasted lanes.
@@ -121,15 +112,11 @@ def get_config(
     device: torch.device,
     dtype: torch.dtype = torch.bfloat16,
     mxfp4: bool = False,
-    mma: bool = False,
 ) -> MoeConfig:
     """The launch configuration for num_tokens tokens of `dtype` on `device` (MXFP4 experts:
-    mxfp4=True; fp32 activations then take the "split" mode; mma=True: the "mma" kernels may
-    run, see MXFP4_MMA_CONFIGS)."""
+    mxfp4=True; fp32 activations then take the "split" mode)."""
     if device.type != "cuda":
         return fit_mxfp4(INTERPRETER_CONFIG) if mxfp4 else INTERPRETER_CONFIG
-    if mxfp4 and mma and num_tokens <= MXFP4_MMA_CONFIGS[-1][0]:
-        return next(cfg for bound, cfg in MXFP4_MMA_CONFIGS if num_tokens <= bound)
     table = MXFP4_CONFIGS if mxfp4 else MOE_CONFIGS
     cfg = next(cfg for bound, cfg in table if num_tokens <= bound)
     if mxfp4 and dtype not in (torch.bfloat16, torch.float16):

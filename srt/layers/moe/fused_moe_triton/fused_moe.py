@@ -15,12 +15,10 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 from sgl_ext.triton.launcher import cached_launcher
-from srt.layers.moe.fused_moe_triton import mxfp4_mma
 from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
     INTERPRETER_CONFIG,
     MOE_CONFIGS,
     MXFP4_CONFIGS,
-    MXFP4_MMA_CONFIGS,
     MXFP4_MODES,
     SHARED_MEMORY_BUDGET,
     GemmConfig,
@@ -57,7 +55,6 @@ def fused_experts(
     config: MoeConfig | None = None,
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
-    mxfp4_max_scale: int | None = None,
 ) -> torch.Tensor:
     """Each token's top-k experts, weighted and summed, reading only the routed experts.
 
@@ -78,10 +75,6 @@ def fused_experts(
         E8M0 scales [E, 2I, H/32] and [E, H, I/32]; dequantised inside the kernels, in
         config.mxfp4_mode ("dot_scaled" for bf16/fp16 activations, else "split"; should the
         scaled-dot kernels fail to compile, a warning is logged and "split" is used).
-    mxfp4_max_scale : MXFP4 weights only: the largest E8M0 scale in w13_scale and w2_scale, if
-        known (TopKExperts.process_weights_after_loading computes it). With bf16 activations and
-        a value <= mxfp4_mma.MAX_SCALE the default config is the "mma" kernels' (weights as the
-        tensor cores' register operand, MXFP4_MMA_CONFIGS), where the table has a row for T.
 
     Returns
     -------
@@ -93,32 +86,15 @@ def fused_experts(
         _check_mxfp4(hidden_states, w13, w13_scale, w2, w2_scale)
     dtype, dev = hidden_states.dtype, hidden_states.device
     T = hidden_states.shape[0]
-    mma = (
-        mxfp4
-        and dtype == torch.bfloat16
-        and mxfp4_max_scale is not None
-        and mxfp4_max_scale <= mxfp4_mma.MAX_SCALE
-    )
-    cfg = config or get_config(T, dev, dtype, mxfp4, mma)
+    cfg = config or get_config(T, dev, dtype, mxfp4)
     if cfg.mxfp4_mode not in MXFP4_MODES:
         raise ValueError(f"config.mxfp4_mode must be one of {MXFP4_MODES}, got {cfg.mxfp4_mode!r}")
-    if mxfp4 and cfg.mxfp4_mode == "mma" and not mma:
-        raise ValueError(
-            "config.mxfp4_mode 'mma' needs bf16 hidden_states and mxfp4_max_scale <= "
-            f"{mxfp4_mma.MAX_SCALE}, got {dtype} and {mxfp4_max_scale}"
-        )
     for name, g in (("gate_up", cfg.gate_up), ("down", cfg.down)):
         if g.scale_prefetch not in (0, 1):
             raise ValueError(f"config.{name}.scale_prefetch must be 0 or 1, got {g.scale_prefetch}")
     if T == 0:
         return torch.zeros_like(hidden_states)
     kw = dict(activation=activation, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
-    if mxfp4 and cfg.mxfp4_mode == "mma":  # weights as the MMA's register operand
-        pairs = mxfp4_mma.run_mma(
-            hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale,
-            w2_scale, fit_mxfp4(cfg), activation, float(swiglu_alpha), float(swiglu_limit),
-        )  # fmt: skip
-        return moe_sum(pairs, T, topk_ids.shape[1])
     if cfg.gemv:  # a pair per program, no alignment (decode)
         cfg = fit_mxfp4(cfg) if mxfp4 else cfg
         pairs = run_gemv(

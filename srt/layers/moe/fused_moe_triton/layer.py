@@ -126,8 +126,6 @@ class TopKExperts(nn.Module):
             self.w13_weight_scale = self.w2_weight_scale = None
         self.w13_bias = p(E, 2 * I2) if bias else None
         self.w2_bias = p(E, H) if bias else None
-        # the largest packed E8M0 scale, set by process_weights_after_loading (None: unknown)
-        self.mxfp4_max_scale: int | None = None
         for prm in (self.w13_weight, self.w2_weight, self.w13_bias, self.w2_bias):
             if prm is not None:
                 prm.weight_loader = self.weight_loader  # type: ignore[attr-defined]
@@ -213,15 +211,6 @@ class TopKExperts(nn.Module):
             raise ValueError(f"MXFP4 {proj} shape {tuple(t.shape)} != {tuple(param.shape)}")
         param.data.copy_(t)
 
-    def process_weights_after_loading(self) -> None:
-        """After the weights are in place (the model loader calls it): record the largest packed
-        MXFP4 scale, which selects the kernels (fused_experts' mxfp4_max_scale). One device sync;
-        call it again after changing the weights in place."""
-        if self.mxfp4:
-            assert self.w13_weight_scale is not None and self.w2_weight_scale is not None
-            top = torch.maximum(self.w13_weight_scale.max(), self.w2_weight_scale.max())
-            self.mxfp4_max_scale = int(top)
-
     def _dense_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [E, 2I, H], w2 [E, H, I]) for the torch paths: packed MXFP4 dequantised."""
         if not self.mxfp4:
@@ -304,7 +293,6 @@ class TopKExperts(nn.Module):
             swiglu_limit=self.limit,
             w13_scale=self.w13_weight_scale,
             w2_scale=self.w2_weight_scale,
-            mxfp4_max_scale=self.mxfp4_max_scale,
         )
 
     def forward(
