@@ -17,10 +17,12 @@ is skipped with a loud "SKIP" line):
             --budget-s the sweep stops (rows then time the cuBLAS candidates and --configs only);
             past --budget-s + --hard-extra-s no more rows are measured.
 
-floor = weight (+ bias) bytes / the device-copy bandwidth measured here (1 GiB copy, read +
-write); ratio = time / floor. The winner per (shape, M) is printed beside each row; at the end,
-"GEMM_CHOICES" lines for srt/layers/gemm_choice.py (Triton configurations that beat F.linear by
-more than --min-gain) and the per-layer sums F.linear vs the table.
+table = today's GEMM_CHOICES row for the (N, K, M bucket), timed like the other Triton configs
+(empty where the table has none). floor = weight (+ bias) bytes / the device-copy bandwidth
+measured here (1 GiB copy, read + write); ratio = time / floor. The winner per (shape, M) is
+printed beside each row; at the end, "GEMM_CHOICES" lines for srt/layers/gemm_choice.py (Triton
+configurations that beat F.linear by more than --min-gain) and the per-layer sums: F.linear,
+today's table, those lines.
 
 Usage: python benchmarks/bench_gemm.py [--presets llama3-8b qwen3-8b gpt-oss-20b]
            [--m 1 2 4 8 16 32 64] [--sweep full|quick|none] [--configs "fma n16 k512 w4 s3 x1"]
@@ -48,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_util
 from bench_util import eager_us, graph_time_us  # noqa: E402  (benchmarks/)
 
 from sgl_ext.gemm import GemmConfig, linear_small_m  # noqa: E402
+from srt.layers.gemm_choice import GEMM_CHOICES, m_bucket  # noqa: E402
 from srt.utils.decode_floor import measure_copy_bandwidth  # noqa: E402
 
 
@@ -116,10 +119,14 @@ def phase1(m: int, sweep: str) -> list[GemmConfig]:
     bm = 1 << (m - 1).bit_length()
     out = []
     if m <= 8:  # broadcast multiply + sum: the [BM, BN, BK] product within ~128 regs/thread
-        for bn in (4, 8, 16, 32):
-            for bk in (128, 256, 512, 1024):
-                if 1024 <= bm * bn * bk <= 16384 and (sweep == "full" or bk in (256, 512)):
-                    out.append(GemmConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=3))
+        # (its loads are not pipelined: one or two long K blocks a program, few rows, avoid a
+        # round trip per block; measured best at M <= 2 on the H100 and H200, session 7)
+        for bn in (1, 2, 4, 8, 16, 32):
+            for bk in (128, 256, 512, 1024, 2048, 4096, 8192):
+                quick = bk in (256, 512) or (bn <= 4 and bk in (2048, 4096))
+                if 1024 <= bm * bn * bk <= 16384 and (sweep == "full" or quick):
+                    stages = 3 if bk <= 1024 else 1
+                    out.append(GemmConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=stages))
     for bn in (16, 32, 64, 128):  # tensor-core dots (swap AB), BLOCK_M >= 16 (padded at small M)
         for bk in (64, 128, 256):
             if bn * bk <= 16384 and (sweep == "full" or (bn >= 32 and bk >= 128)):
@@ -256,8 +263,11 @@ class Runner:
                     tri[cfg] = t
 
         a = self.args
+        table_cfg = GEMM_CHOICES.get((sh.n, sh.k, m_bucket(m)))  # today's choice for this row
         fixed = [parse_tag(t) for t in a.configs]
-        sweep(fixed)
+        sweep(([table_cfg] if table_cfg is not None else []) + fixed)
+        if table_cfg in tri:
+            res["table"] = tri[table_cfg]
         if a.sweep != "none":
             sweep(phase1(m, a.sweep))
             if tri and time.monotonic() < self.deadline - a.phase2_reserve_s:
@@ -265,21 +275,22 @@ class Runner:
         best_cfg = min(tri, key=tri.__getitem__) if tri else None
         if best_cfg is not None:
             res["triton"] = tri[best_cfg]
-        self.report(prob, m, res, best_cfg, len(tri))
+        self.report(prob, m, res, best_cfg, tri)
 
-    def report(self, prob: Problem, m: int, res: dict, cfg: GemmConfig | None, n_cfg: int):
+    def report(self, prob: Problem, m: int, res: dict, cfg: GemmConfig | None, tri: dict):
         sh, fl = prob.shape, prob.floor_us
 
         def col(name: str) -> str:
             return f"{res[name]:8.2f}" if name in res else f"{'-':>8}"
 
-        win = min(res, key=res.__getitem__) if res else "-"
-        ratio = f"{res[win] / fl:5.2f}" if res else "  -  "
+        cand = {k: v for k, v in res.items() if k != "table"}  # the table's config is a triton one
+        win = min(cand, key=cand.__getitem__) if cand else "-"
+        ratio = f"{cand[win] / fl:5.2f}" if cand else "  -  "
         tag = cfg.tag if cfg else "-"
         label = f"{sh.name} {sh.n}x{sh.k}{'+b' if sh.bias else ''}"
         print(
             f"| {label:<22} | {m:3d} | {fl:7.2f} | {col('F.linear')} | {col('mv')} | "
-            f"{col('x@w_t')} | {col('triton')} | {tag:<24} | {ratio} | {win} |",
+            f"{col('x@w_t')} | {col('table')} | {col('triton')} | {tag:<24} | {ratio} | {win} |",
             flush=True,
         )
         self.rows.append(
@@ -294,15 +305,16 @@ class Runner:
                 times_us=res,
                 winner=win,
                 triton_config=cfg.tag if cfg else None,
-                triton_configs_timed=n_cfg,
+                triton_configs_timed=len(tri),
+                triton_times_us={c.tag: t for c, t in tri.items()},
                 triton_repr=repr(cfg) if cfg else None,
             )
         )
 
 
 HEADER = (
-    "| linear N x K | M | floor | F.linear | mv | x@w_t | triton | triton config | "
-    "best/floor | winner |\n|---|---:|---:|---:|---:|---:|---:|---|---:|---|"
+    "| linear N x K | M | floor | F.linear | mv | x@w_t | table | triton | triton config | "
+    "best/floor | winner |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"
 )
 
 
@@ -325,7 +337,10 @@ def summary(rows: list[dict], min_gain: float) -> None:
             )
     if not chosen:
         print("    (none)")
-    print("\n# per decoder layer (sum of its linears), µs: F.linear vs with the table; per step")
+    print(
+        "\n# per decoder layer (sum of its linears), µs: F.linear, today's GEMM_CHOICES, the "
+        "lines above; per step"
+    )
     presets = sorted({u[0] for r in rows for u in r["users"]})
     for p in presets:
         for m in sorted({r["m"] for r in rows}):
@@ -333,13 +348,15 @@ def summary(rows: list[dict], min_gain: float) -> None:
             if len(mine) != len(LINEARS[p]) or any("F.linear" not in r["times_us"] for r in mine):
                 continue
             base = sum(r["times_us"]["F.linear"] for r in mine)
+            today = sum(r["times_us"].get("table", r["times_us"]["F.linear"]) for r in mine)
             new = sum(chosen.get((r["n"], r["k"], r["m"]), r["times_us"]["F.linear"]) for r in mine)
             floor = sum(r["floor_us"] for r in mine)
             nl = LAYERS[p]
             print(
-                f"{p:12s} M={m:3d}: F.linear {base:7.1f} -> table {new:7.1f} (floor {floor:6.1f}) "
-                f"per layer; x{nl} layers: {base * nl / 1e3:.3f} -> {new * nl / 1e3:.3f} ms/step "
-                f"(floor {floor * nl / 1e3:.3f})"
+                f"{p:12s} M={m:3d}: F.linear {base:7.1f} / today {today:7.1f} -> {new:7.1f} "
+                f"(floor {floor:6.1f}) per layer; x{nl} layers: {base * nl / 1e3:.3f} / "
+                f"{today * nl / 1e3:.3f} -> {new * nl / 1e3:.3f} ms/step (floor "
+                f"{floor * nl / 1e3:.3f})"
             )
 
 

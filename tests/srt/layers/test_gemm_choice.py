@@ -38,6 +38,23 @@ def test_table_empty_by_default_and_keys():
     assert gc.choose_config(32, 16, 4, torch.bfloat16, cuda) is gc.GEMM_CHOICES.get((32, 16, 4))
 
 
+@pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_device_overrides_apply_by_gpu_name(monkeypatch, name):
+    """DEVICE_OVERRIDES rows replace the shipped table's on a GPU whose name holds their key,
+    nowhere else, and never over a table a caller installed."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
+    monkeypatch.setattr(gc, "_device_rows", {})
+    cuda = torch.device("cuda", 0)
+    sub = next(iter(gc.DEVICE_OVERRIDES))
+    key, row = next(iter(gc.DEVICE_OVERRIDES[sub].items()))
+    want = row if sub in name else gc.GEMM_CHOICES.get(key)
+    assert gc.choose_config(key[0], key[1], key[2], torch.bfloat16, cuda) == want
+    assert gc.DEVICE_OVERRIDES[sub][key] != gc.GEMM_CHOICES.get(key)  # an exception, not a copy
+    with gc.use_gemm_choices({key: CFG}):
+        assert gc.choose_config(key[0], key[1], key[2], torch.bfloat16, cuda) is CFG
+
+
 @pytest.mark.parametrize("table", [{(32, 16, 3): CFG}, {(32, 16): CFG}, {(32, 16, 4): "fma"}])
 def test_bad_table_raises(table):
     with pytest.raises(ValueError, match="table entry"):
