@@ -3,8 +3,9 @@
 One table, `GEMM_CHOICES`, maps (N, K, M bucket) of a linear - its local weight [N, K] and the
 token count rounded up to a power of two (1, 2, 4, ..., 64) - to the Triton launch configuration
 that `benchmarks/bench_gemm.py` measured faster than F.linear on the H100 (it prints the lines to
-paste here). A call whose key is absent, or that is not on CUDA, not bf16/fp16, has more than 64
-rows, or is traced by torch.compile, runs F.linear (an empty table: F.linear everywhere).
+paste here). `DEVICE_OVERRIDES` replaces rows on a GPU (by name) where another choice measured
+better end to end. A call whose key is absent, or that is not on CUDA, not bf16/fp16, has more
+than 64 rows, or is traced by torch.compile, runs F.linear (an empty table: F.linear everywhere).
 
 Graph and eager agree bit for bit: the key depends only on the weight's shape and the M bucket,
 and a CUDA-graph bucket of the runner (1, 2, 4, 8, then multiples of 8) has the same power-of-two
@@ -73,7 +74,7 @@ GEMM_CHOICES: dict[tuple[int, int, int], GemmConfig] = {
     (24576, 4096, 8): _dot(64, 128, 4, 3),  # gate_up 69.0 vs 73.2 (session 7; was n32 77.8)
     (28672, 4096, 8): _dot(64, 256, 4, 4),  # gate_up 80.4 vs 86.5 (session 7)
     (32, 2880, 4): _fma(1, 4096, 8, 1),  # gpt-oss router 2.4 vs 6.9 (session 7)
-    (32, 2880, 8): GemmConfig(1, 2048, 4, 1, split_k=2, dot=False),  # router 3.3 vs 6.9
+    (32, 2880, 8): GemmConfig(1, 2048, 4, 1, split_k=2, dot=False),  # gpt-oss router 3.3 vs 6.9
     (2880, 4096, 8): _dot(64, 256, 4, 4),  # o_proj 11.5 vs 14.2
     (4096, 4096, 16): _dot(64, 256, 4, 4),  # o_proj 14.0 vs 16.6
     (6144, 4096, 16): _dot(64, 256, 4, 3),  # qkv 19.9 vs 21.1
