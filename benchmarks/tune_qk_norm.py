@@ -39,7 +39,7 @@ from sgl_ext.triton.rope_kv_plan import LaunchConfig  # noqa: E402
 # Candidates per row bound of QK_NORM_LAYOUTS (D = 128). The first after "default" is the
 # layout before POS_LAST (the 2026-11-24 table).
 CANDIDATES: dict[int, tuple[str, ...]] = {
-    8: (
+    32: (
         "1,1,0,0,0,0",
         "1,1,0,0,0,1",
         "1,2,0,0,0,1",

@@ -46,12 +46,13 @@ def _cos_sin(
     """The token's cos and sin rows as [1, BLOCK_HALF] fp32 (zeros without rotation).
 
     cs_row: the token's cos/sin row, from the position loaded at the start of the program; with
-    POS_LAST the table itself, and the position is loaded here from pos_at, behind a barrier
-    (see rope_kv_kernel). Called after every other load of the program.
+    POS_LAST the table itself, and the position is loaded here from pos_at (POS_LAST 2: behind a
+    barrier; see rope_kv_kernel). Called after every other load of the program.
     """
     if ROTATE:
         if POS_LAST:
-            tl.debug_barrier()  # ptxas moves no load across it
+            if POS_LAST == 2:
+                tl.debug_barrier()  # ptxas moves no load across it
             cs_row += _clamp(tl.load(pos_at), max_pos) * cs_stride
         cos = tl.load(cs_row + c, mask=c_ok, other=0.0).to(tl.float32)
         sin = tl.load(cs_row + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
@@ -59,6 +60,32 @@ def _cos_sin(
         cos = tl.zeros([1, BLOCK_HALF], tl.float32)
         sin = cos
     return cos, sin
+
+
+@triton.jit
+def _slot_rows(
+    loc,
+    num_slots,
+    kh,
+    kbuf_ptr,
+    kb_page_stride,
+    kb_off_stride,
+    kb_head_stride,
+    vbuf_ptr,
+    vb_page_stride,
+    vb_off_stride,
+    vb_head_stride,
+    PAGE_SIZE: tl.constexpr,
+):
+    """(whether the slot is written, the K and V cache rows [BHKV, 1] of slot loc's heads kh):
+    slots outside [0, num_slots) are skipped, never written (their rows point at slot 0)."""
+    ok = (loc >= 0) & (loc < num_slots)
+    loc = tl.where(ok, loc, 0)
+    page = loc // PAGE_SIZE
+    off = loc - page * PAGE_SIZE
+    kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
+    vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
+    return ok, kdst, vdst
 
 
 @triton.jit
@@ -160,6 +187,24 @@ def _key_value(
         ROTATE,
         POS_LAST,
     )
+    if WRITE_KV and QK_NORM and POS_LAST:
+        # The slot's cache rows now, under the cos/sin load: after the rotation (as without the
+        # norm), ptxas leaves this arithmetic behind the branch of the in-place K store, on the
+        # program's critical path (~60 dependent instructions at T = 1).
+        ok, kdst, vdst = _slot_rows(
+            loc,
+            num_slots,
+            kh,
+            kbuf_ptr,
+            kb_page_stride,
+            kb_off_stride,
+            kb_head_stride,
+            vbuf_ptr,
+            vb_page_stride,
+            vb_off_stride,
+            vb_head_stride,
+            PAGE_SIZE,
+        )
     if ROTATE:
         KT: tl.constexpr = k_ptr.dtype.element_ty
         if QK_NORM:  # RMSNorm of the whole head, rounded to the key dtype as torch does
@@ -185,12 +230,21 @@ def _key_value(
         )
         store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
     if WRITE_KV:
-        ok = (loc >= 0) & (loc < num_slots)  # other slots are skipped, never written
-        loc = tl.where(ok, loc, 0)
-        page = loc // PAGE_SIZE
-        off = loc - page * PAGE_SIZE
-        kdst = kbuf_ptr + page * kb_page_stride + off * kb_off_stride + kh * kb_head_stride
-        vdst = vbuf_ptr + page * vb_page_stride + off * vb_off_stride + kh * vb_head_stride
+        if not (QK_NORM and POS_LAST):
+            ok, kdst, vdst = _slot_rows(
+                loc,
+                num_slots,
+                kh,
+                kbuf_ptr,
+                kb_page_stride,
+                kb_off_stride,
+                kb_head_stride,
+                vbuf_ptr,
+                vb_page_stride,
+                vb_off_stride,
+                vb_head_stride,
+                PAGE_SIZE,
+            )
         KS: tl.constexpr = K_SCALE_MODE > 0
         KDT: tl.constexpr = kbuf_ptr.dtype.element_ty
         VDT: tl.constexpr = vbuf_ptr.dtype.element_ty
@@ -308,11 +362,14 @@ def rope_kv_kernel(
     USE_PDL: tl.constexpr,
     QK_NORM: tl.constexpr = False,  # RMSNorm each q and k head (whole head) before RoPE
     SS_FP64: tl.constexpr = False,  # QK_NORM: the sum of squares in fp64 (see rms_norm_head)
-    # Load the position after every other load, behind a barrier: ptxas otherwise hoists its
-    # first use (the clamp) above the data loads, which then start only once the position has
-    # arrived, and a q/k-norm program normalises only after the cos/sin row has come too. With
-    # it, the norm overlaps the position -> cos/sin round trips (rope_kv_plan.LaunchConfig).
-    POS_LAST: tl.constexpr = False,
+    # POS_LAST: load the position in each program kind's own path, after its data loads (0:
+    # at the start of the program). ptxas otherwise issues the first use of the position (its
+    # clamp) before the branch to the program kinds, so their data loads start only once the
+    # position has arrived, and a q/k-norm program normalises only after the cos/sin row has
+    # come too. 1: no barrier (separate programs; a barrier waits for the loads in flight, one
+    # more round trip: +0.12-0.15 µs at T = 1 on the H100); 2: behind a barrier, which ptxas
+    # moves no load across (merged programs, where it measured faster at T ~ 512).
+    POS_LAST: tl.constexpr = 0,
 ):
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS

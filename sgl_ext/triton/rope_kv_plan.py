@@ -52,7 +52,7 @@ class LaunchConfig(NamedTuple):
     merged: bool = False  # program j does query block j and key/value block j
     spread: bool = False  # merged: key/value heads spread over all query blocks (GQA groups)
     maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
-    pos_last: bool = False  # load the position after every other load (the kernel's POS_LAST)
+    pos_last: bool = False  # load the position after the data loads (the kernel's POS_LAST)
 
 
 def launch_config(
@@ -115,11 +115,12 @@ QK_NORM_SUM_FP64 = False
 # between. POS_LAST (see rope_kv_kernel) where a program's latency is the time (small T): the
 # norm then overlaps the position -> cos/sin round trips instead of following them.
 QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
-    # H100 sweep of session 4, 2026-11-24 (benchmarks/tune_qk_norm.py, 2 rounds; worst ratio to
-    # RoPE + KV alone over Qwen3-8B / -32B at the row's T)
-    (8, LaunchConfig(1, 1, ORDER_2D, pos_last=True)),  # 1.13
-    (64, LaunchConfig(8, 4, ORDER_2D, pos_last=True)),  # 1.11
-    (256, LaunchConfig(4, 4, ORDER_TOKEN, merged=True)),  # 1.09
+    # H100 sweep of session 8, 2026-11-26 (tune_qk_norm.py, T 1..512, POS_LAST without its
+    # barrier in separate programs; worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the
+    # row's T). T 65..1023: the session 4 sweep (merged programs keep the barrier).
+    (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.055 (1 x 1 with POS_LAST: 1.094)
+    (64, LaunchConfig(4, 4, ORDER_2D)),  # 1.058 (with POS_LAST: 1.111)
+    (256, LaunchConfig(4, 4, ORDER_TOKEN, merged=True)),  # 1.09 / 1.17
     (1023, LaunchConfig(16, 4, ORDER_TOKEN, merged=True, pos_last=True)),  # 1.03
     (1 << 62, LaunchConfig(16, 4, ORDER_TOKEN, merged=True)),
 )
@@ -265,7 +266,7 @@ def plan_rope_kv(
         USE_PDL=use_pdl,
         QK_NORM=norm is not None,
         SS_FP64=norm is not None and QK_NORM_SUM_FP64,
-        POS_LAST=cfg.pos_last and rotate,
+        POS_LAST=(2 if cfg.merged else 1) if cfg.pos_last and rotate else 0,
     )
     return make_launcher(
         rope_kv_kernel, grid, fixed, constexprs, options, call.device, ROPE_KV_CALL_NAMES

@@ -85,14 +85,15 @@ def test_triton_pos_last_keeps_the_bits(backend, layout, idx):
         assert f0 == f1 and torch.equal(q0, q1) and torch.equal(k0, k1)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 8, 9, 64, 65, 513, 1024, 4096])
+@pytest.mark.parametrize("num_tokens", [1, 8, 32, 33, 64, 65, 513, 1024, 4096])
 def test_plan_pos_last_follows_the_table(num_tokens):
     """The plan's POS_LAST is the table's choice for T, with and without the KV write; RoPE
     alone (no norm) never loads the position last."""
     from sgl_ext.triton.rope_kv_plan import QK_NORM_LAYOUTS, qk_norm_launch_config
 
     assert [hi for hi, _ in QK_NORM_LAYOUTS] == sorted(hi for hi, _ in QK_NORM_LAYOUTS)
-    want = qk_norm_launch_config(num_tokens, 32, 128).pos_last
+    cfg = qk_norm_launch_config(num_tokens, 32, 128)
+    want = (2 if cfg.merged else 1) if cfg.pos_last else 0  # 2: behind a barrier (merged)
     for kv_dtype in (None, torch.bfloat16, torch.float8_e4m3fn):
         assert _plan(num_tokens, kv_dtype).constexprs["POS_LAST"] == want
 
