@@ -139,7 +139,7 @@ def sweep(args, tables: Tables) -> list[dict]:
     for t in args.tokens:  # T outer: a run cut short still has the small T of both shapes
         cands = ("default", *CANDIDATES.get(tables.row(t), ("lc", "lc+pl")))
         for shape in args.shapes:
-            c = bqn.NormCase(shape, t, torch.bfloat16)
+            c = bqn.NormCase(shape, t, bqn.brk.KV_DTYPES[args.kv_dtype])
             reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
             base, us = [], {k: [] for k in cands}
             for _ in range(args.rounds):
@@ -217,6 +217,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 512])
     p.add_argument("--shapes", nargs="+", default=list(bqn.SHAPES), choices=bqn.SHAPES)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--kv-dtype", default="bf16", choices=bqn.brk.KV_DTYPES)
     p.add_argument("--json-out")
     args = p.parse_args()
     if not torch.cuda.is_available():

@@ -187,7 +187,7 @@ def _key_value(
         ROTATE,
         POS_LAST,
     )
-    if WRITE_KV and QK_NORM and POS_LAST:
+    if WRITE_KV and QK_NORM and POS_LAST == 1:
         # The slot's cache rows now, under the cos/sin load: after the rotation (as without the
         # norm), ptxas leaves this arithmetic behind the branch of the in-place K store, on the
         # program's critical path (~60 dependent instructions at T = 1).
@@ -230,7 +230,7 @@ def _key_value(
         )
         store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
     if WRITE_KV:
-        if not (QK_NORM and POS_LAST):
+        if not (QK_NORM and POS_LAST == 1):
             ok, kdst, vdst = _slot_rows(
                 loc,
                 num_slots,
