@@ -45,21 +45,15 @@ def _rmsnorm_kernel(
     cols = tl.arange(0, BLOCK_N)
     cm = cols < N
     mask = (rows < n_rows)[:, None] & cm[None, :]
-    # Every load before a barrier (ptxas moves no load across it): otherwise it issues the
-    # weight's load after the residual add, i.e. once x has arrived, and the row reduction's
-    # barrier (which waits for every load in flight) then waits a second memory round trip.
-    w = tl.load(W + cols, mask=cm, other=0.0)
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
-    tl.debug_barrier()
-    w = w.to(tl.float32)
-    if HAS_RESIDUAL:
         x = cast_rne(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty, EMULATE)
         tl.store(ROut + rows[:, None] * stride_ro + cols[None, :], x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=1) / N  # [BLOCK_M]
     xn = xf * tl.rsqrt(var + eps)[:, None]
+    w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
     if WEIGHT_FP32:
         y = xn * w[None, :]
     else:
