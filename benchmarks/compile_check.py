@@ -129,18 +129,38 @@ def _sass(kernel) -> list[str]:
     return [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
 
 
-def pos_last_barriers() -> list[str]:
-    """POS_LAST (the q/k-norm layouts that load the position in each program kind's own path,
-    after its data loads in program order) must not order those loads with a barrier: a
-    BAR.SYNC waits for the loads in flight, one more memory round trip (+0.12-0.15 µs a call
-    at T = 1 on the H100, RoPE + KV alone with and without it). Returns the one-warp layouts
-    (where no reduction needs shared memory) whose SASS has a BAR.SYNC (empty: none)."""
+def pos_last_misplaced() -> list[str]:
+    """POS_LAST in the SASS. Separate programs (POS_LAST 1: the position loaded in each program
+    kind's own path, after its data loads in program order) must not order the loads with a
+    barrier: a BAR.SYNC waits for the loads in flight, one more memory round trip (+0.12-0.15 µs
+    a call at T = 1 on the H100, RoPE + KV alone with and without it); their layouts reduce each
+    head inside a warp, so no barrier at all. Merged programs (POS_LAST 2) keep the barrier: each
+    must be followed by exactly three loads on its path (the position, then cos and sin) and the
+    data loads must come before the first one. Returns the layouts where that fails (empty: all
+    hold)."""
+    import re
+
     bad = []
-    for kv, ks in (("bf16", 0), ("e4m3", 2)):
-        args = ("bf16", kv, True, True, 0, 0, ks, 0, True, 1, False)
-        kernel = compile_one(*args, qk_norm=True, num_warps=1, pos_last=True)
-        if any("BAR.SYNC" in ln for ln in _sass(kernel)):
-            bad.append(f"1 head x 1 warp, {kv}")
+    for bh, merged, warps, mode in ((1, False, 1, 1), (4, False, 4, 1), (4, True, 4, 2)):
+        for kv, ks in (("bf16", 0), ("e4m3", 2)):
+            args = ("bf16", kv, True, True, 0, 0, ks, 0, True, bh, merged)
+            ops = _sass(compile_one(*args, qk_norm=True, num_warps=warps, pos_last=mode))
+            bars = [i for i, ln in enumerate(ops) if "BAR.SYNC" in ln]
+            name = f"{bh} heads x {warps} warps{' merged' if merged else ''}, {kv}"
+            if mode == 1:
+                if bars:
+                    bad.append(f"{name}: {len(bars)} barriers")
+                continue
+            after = []
+            for b in bars:
+                end = next(
+                    (i for i in range(b, len(ops)) if re.search(r"\*/\s+(BRA|EXIT)\b", ops[i])),
+                    len(ops),
+                )
+                after.append(sum(" LDG" in ln for ln in ops[b:end]))
+            before = sum(" LDG" in ln for ln in ops[: bars[0]]) if bars else 0
+            if not bars or before < 4 or any(n != 3 for n in after):
+                bad.append(f"{name}: {before} loads first, {after}")
     return bad
 
 
@@ -217,8 +237,10 @@ def main() -> int:
     print(f"fp8 tensor-scale SASS: {before} loads before the first reciprocal, {after} after it")
     bad = norm_reduce_layouts_differ()
     print(f"q/k-norm reductions: same layout with and without the KV write: {not bad} {bad}")
-    misplaced = pos_last_barriers()
-    print(f"POS_LAST: no barrier in the one-warp programs: {not misplaced} {misplaced}")
+    misplaced = pos_last_misplaced()
+    print(f"POS_LAST: separate programs barrier-free, merged loads first: {not misplaced}")
+    for line in misplaced:
+        print(f"  {line}")
     return 0 if after == 0 and before > 0 and not bad and not misplaced else 1
 
 

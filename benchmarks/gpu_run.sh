@@ -142,7 +142,7 @@ t_qknorm() {
   # layout / sum-dtype tuning: the qknorm_sweep target
 }
 t_qknorm_sweep() {
-  # the SASS checks (the POS_LAST line must say True: no barrier in the one-warp programs)
+  # the SASS checks (the POS_LAST line must say True)
   timeout 45 python benchmarks/compile_check.py 2>&1 | grep -v -i warn | tail -12
   # QKNORM_SWEEP lines per (T, shape) as they finish (T outer: a cut run keeps the small T),
   # then QKNORM_ROW (worst ratio to RoPE + KV alone over the row's points; goal <= 1.05)

@@ -108,12 +108,12 @@ QK_NORM_SUM_FP64 = False
 # Its layout by token count, D = 128 (Qwen3): the first row whose bound is >= T; None:
 # launch_config's bf16-cache layout. `benchmarks/tune_qk_norm.py` times candidates per row
 # against RoPE + KV alone and prints this table with the winners (`gpu_run.sh qknorm_sweep`).
-# H100 sweep of 2026-11-24 (before POS_LAST): one head x one warp up to 8 tokens (the head's
-# reduction stays inside the warp, no shared-memory round trip); merged programs of 4 query
-# heads at T ~ 128 (1.08 / 1.07x RoPE + KV alone, against 1.38 / 1.31x with launch_config's 8)
-# and of 16 heads from ~1K tokens (0.97-1.03x, against 1.01-1.04x); launch_config's layout in
-# between. POS_LAST (see rope_kv_kernel) where a program's latency is the time (small T): the
-# norm then overlaps the position -> cos/sin round trips instead of following them.
+# Separate programs of 4 query heads (or a key/value block) x 4 warps at small T (the session 8
+# sweep; one head x one warp was the 2026-11-24 choice up to 8 tokens, 1.06-1.09x now); merged
+# programs of 4 query heads at T ~ 128 (1.08 / 1.07x RoPE + KV alone, against 1.38 / 1.31x with
+# launch_config's 8) and of 16 heads from ~1K tokens (0.97-1.03x, against 1.01-1.04x). POS_LAST
+# (see rope_kv_kernel) where a program's latency is the time (small T): the norm then overlaps
+# the position -> cos/sin round trips instead of following them.
 QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # H100 sweep of session 8, 2026-11-26 (tune_qk_norm.py, T 1..512, POS_LAST without its
     # barrier in separate programs; worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the
