@@ -33,6 +33,7 @@ from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import (
 )
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block_size
 from srt.layers.moe.fused_moe_triton.moe_gemv import ExpertWeightArgs, run_gemv
+from srt.layers.moe.fused_moe_triton.moe_gemv_f16 import f16_products_apply, run_gemv_f16
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,10 @@ def fused_experts(
     kw = dict(activation=activation, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
     if cfg.gemv:  # a pair per program, no alignment (decode)
         cfg = fit_mxfp4(cfg) if mxfp4 else cfg
-        pairs = run_gemv(
+        run = run_gemv
+        if cfg.fp16_products and f16_products_apply(hidden_states, mxfp4, **kw):
+            run = run_gemv_f16  # fp16 products: fewer instructions a weight byte
+        pairs = run(
             hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale,
             w2_scale, cfg, activation, float(swiglu_alpha), float(swiglu_limit),
         )  # fmt: skip
