@@ -26,9 +26,11 @@ from tests.srt.layers.test_moe_triton import (
 )
 
 
-def _cfg(block_n: int, block_k: int, stages: int, fp16: bool = True) -> MoeConfig:
+def _cfg(
+    block_n: int, block_k: int, stages: int, fp16: bool = True, sums: bool = True
+) -> MoeConfig:
     g = GemmConfig(block_n, block_k, 1, stages)
-    return MoeConfig(16, g, g, gemv=True, fp16_products=fp16)
+    return MoeConfig(16, g, g, gemv=True, fp16_products=fp16, down_sums_topk=sums)
 
 
 @pytest.mark.parametrize("K", [32, 288])
@@ -61,16 +63,17 @@ def test_x_to_f16_exact_scaled_and_in_pair_order(K):
 
 
 @pytest.mark.parametrize(
-    "T, E, H, inter, k, block_n, block_k, stages, dtype",
+    "T, E, H, inter, k, block_n, block_k, stages, sums",
     [
-        (1, 4, 64, 32, 2, 16, 32, 2, torch.bfloat16),
-        (5, 5, 96, 64, 3, 16, 64, 2, torch.bfloat16),  # uneven K blocks (96 = 64 + 32)
-        (3, 5, 64, 96, 2, 16, 64, 1, torch.bfloat16),  # uneven down K blocks
+        (1, 4, 64, 32, 2, 16, 32, 2, True),
+        (5, 5, 96, 64, 3, 16, 64, 2, True),  # uneven K blocks (96 = 64 + 32)
+        (3, 5, 64, 96, 2, 16, 64, 1, False),  # uneven down K blocks; a program per pair
     ],
 )
 def test_f16_products_within_float32_paths_error(
-    T, E, H, inter, k, block_n, block_k, stages, dtype
+    T, E, H, inter, k, block_n, block_k, stages, sums
 ):
+    dtype = torch.bfloat16
     hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
         T, E, H, inter, k, T + 3, DEV
     )
@@ -85,7 +88,7 @@ def test_f16_products_within_float32_paths_error(
     ref = _ref(x, w13, b13, w2, b2, kept, ids.clamp(0, E - 1))
 
     def run(fp16: bool) -> torch.Tensor:
-        cfg = _cfg(block_n, block_k, stages, fp16)
+        cfg = _cfg(block_n, block_k, stages, fp16, sums)
         return fused_experts(
             x, w13_q, w2_q, wts, ids, b13, b2, swiglu_alpha=ALPHA, swiglu_limit=LIMIT,
             config=cfg, w13_scale=w13_s, w2_scale=w2_s,

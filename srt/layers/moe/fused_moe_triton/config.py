@@ -42,6 +42,8 @@ class MoeConfig:
     each GEMM's block_n, block_k, num_warps and num_stages apply).
     fp16_products (gemv with MXFP4 weights, bf16/fp16 activations and gpt-oss's bounded
     activation): multiply in fp16 pairs, moe_gemv_f16.py; False keeps the float32 GEMV.
+    down_sums_topk (with fp16_products): each down program runs a token's k pairs in turn and
+    sums them (no moe_sum launch); False: one program per pair, then moe_sum.
     """
 
     block_m: int
@@ -50,6 +52,7 @@ class MoeConfig:
     mxfp4_mode: str = "dot_scaled"
     gemv: bool = False
     fp16_products: bool = True
+    down_sums_topk: bool = True
 
 
 # Upper bound on T -> config, measured on the H100 (bf16 activations and experts, gpt-oss-20b
@@ -72,21 +75,21 @@ MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 # modes). A weight tile is BLOCK_K / 2 bytes a row, so decode takes long K blocks (128-byte
 # row segments per load) and deep pipelines to keep enough bytes in flight.
 MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    # T <= 4: the per-pair GEMV kernels (moe_gemv.py; bench_moe --mxfp4 --sweep-gemv, H100,
-    # session 6; µs per layer call, the read floor in brackets; the grouped kernels took 65.5 /
-    # 92.6 / 141.8 µs).
+    # T <= 4: the per-pair GEMV kernels with fp16 products (moe_gemv_f16.py; bench_moe --mxfp4
+    # --sweep-gemv, H100, session 9; µs per layer call, the read floor in brackets; the float32
+    # GEMV's best took 38.3 / 63.1 / 106.8, the grouped kernels 65.5 / 92.6 / 141.8).
     (
         1,
-        MoeConfig(16, GemmConfig(8, 512, 2, 2), GemmConfig(16, 512, 2, 2), gemv=True),
-    ),  # 38.3 (17.6)
+        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(8, 512, 2, 2), gemv=True),
+    ),  # 32.3 (17.6)
     (
         2,
-        MoeConfig(16, GemmConfig(8, 512, 2, 1), GemmConfig(16, 512, 2, 2), gemv=True),
-    ),  # 63.1 (30.8)
+        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(16, 256, 4, 2), gemv=True),
+    ),  # 50.2 (30.8)
     (
         4,
-        MoeConfig(16, GemmConfig(16, 256, 4, 2), GemmConfig(16, 512, 2, 2), gemv=True),
-    ),  # 106.8 (57.3)
+        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True),
+    ),  # 82.9 (57.1)
     # 4 < T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
     # loaded one K step ahead; µs per layer call, the read floor in brackets).
     (

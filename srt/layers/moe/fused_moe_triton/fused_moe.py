@@ -98,14 +98,14 @@ def fused_experts(
     kw = dict(activation=activation, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
     if cfg.gemv:  # a pair per program, no alignment (decode)
         cfg = fit_mxfp4(cfg) if mxfp4 else cfg
-        run = run_gemv
-        if cfg.fp16_products and f16_products_apply(hidden_states, mxfp4, **kw):
-            run = run_gemv_f16  # fp16 products: fewer instructions a weight byte
-        pairs = run(
+        args = (
             hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale,
             w2_scale, cfg, activation, float(swiglu_alpha), float(swiglu_limit),
         )  # fmt: skip
-        return moe_sum(pairs, T, topk_ids.shape[1])
+        if cfg.fp16_products and f16_products_apply(hidden_states, mxfp4, **kw):
+            out = run_gemv_f16(*args)  # fp16 products: fewer instructions a weight byte
+            return out if cfg.down_sums_topk else moe_sum(out, T, topk_ids.shape[1])
+        return moe_sum(run_gemv(*args), T, topk_ids.shape[1])
     mode = 0
     if mxfp4:
         cfg = fit_mxfp4(cfg)  # whole scale groups per K block

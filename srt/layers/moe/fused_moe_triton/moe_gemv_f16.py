@@ -354,6 +354,72 @@ def moe_gemv_f16_down_kernel(
     tl.store(out, tl.where(e_ok, acc, 0.0).to(out_ptr.dtype.element_ty), mask=cols < N)
 
 
+@triton.jit
+def moe_gemv_f16_down_sum_kernel(
+    act16_ptr,  # fp16 [T*k, K], pair-ordered, times 2**act_shift
+    w_ptr,  # uint8 [E, N, K/2]
+    ws_ptr,  # uint8 E8M0 scales [E, N, K/32]
+    b_ptr,  # [E, N] or a dummy
+    topk_weights_ptr,  # [T*k]
+    out_ptr,  # [T, N]
+    topk_ids_ptr,  # [T*k]
+    num_experts,
+    N,
+    K,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_be,
+    stride_om,
+    act_down,  # 2**-act_shift
+    TOP_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EMULATE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    """The down GEMV of token t's k pairs in turn, summed in float32 (pair order) and rounded
+    once: the top-k combine without moe_sum's launch."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(cols, N - 1)  # columns past N re-read row N - 1 (not stored)
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in range(TOP_K):
+        pair = t * TOP_K + j
+        e = tl.load(topk_ids_ptr + pair).to(tl.int64)
+        e_ok = (e >= 0) & (e < num_experts)
+        expert = tl.where(e_ok, e, 0)
+        acc, _ = _rows_dot_f16(
+            act16_ptr + pair.to(tl.int64) * stride_am,
+            w_ptr,
+            ws_ptr,
+            expert * stride_we + rows * stride_wn,
+            expert * stride_se + rows * stride_sn,
+            0,
+            0,
+            K,
+            BLOCK_N,
+            BLOCK_K,
+            False,
+            PREFETCH,
+            EMULATE,
+        )
+        acc *= act_down
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + expert * stride_be + rows).to(tl.float32)
+        acc *= tl.load(topk_weights_ptr + pair).to(tl.float32)
+        total += tl.where(e_ok, acc, 0.0)
+    out = out_ptr + t.to(tl.int64) * stride_om + cols
+    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=cols < N)
+
+
 def act_f16_shift(activation: str, alpha: float, limit: float) -> int | None:
     """The power of two the gate/up kernel scales its activations by for fp16 (|act| * 2**shift
     <= 2**15), or None when the activation is unbounded (then the float32 path runs)."""
@@ -411,7 +477,7 @@ def run_gemv_f16(
     limit: float,
 ) -> torch.Tensor:
     """run_gemv with fp16 products (f16_products_apply holds; arguments checked by
-    fused_experts): [T*k, H] pair rows in pair order."""
+    fused_experts): [T, H] with cfg.down_sums_topk, else [T*k, H] pair rows in pair order."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, inter = w13.shape[0], w13.shape[1] // 2
@@ -450,8 +516,13 @@ def run_gemv_f16(
         num_warps=g.num_warps,
         num_stages=1,
     )
-    out = torch.empty(T * k, H, dtype=x.dtype, device=x.device)  # [T*k, H], pair order
-    cached_launcher(moe_gemv_f16_down_kernel)[(T * k, triton.cdiv(H, d.block_n))](
+    if cfg.down_sums_topk:  # [T, H]: each token's k pairs summed in the kernel
+        out = torch.empty(T, H, dtype=x.dtype, device=x.device)
+        kernel, grid, top_k = moe_gemv_f16_down_sum_kernel, (T, triton.cdiv(H, d.block_n)), k
+    else:  # [T*k, H], pair order (the caller sums)
+        out = torch.empty(T * k, H, dtype=x.dtype, device=x.device)
+        kernel, grid, top_k = moe_gemv_f16_down_kernel, (T * k, triton.cdiv(H, d.block_n)), None
+    cached_launcher(kernel)[grid](
         act16,
         *a2.ptrs,
         topk_weights.reshape(-1),
@@ -464,6 +535,7 @@ def run_gemv_f16(
         *a2.strides,
         out.stride(0),
         2.0**-shift,
+        **({} if top_k is None else {"TOP_K": top_k}),
         HAS_BIAS=w2_bias is not None,
         BLOCK_N=d.block_n,
         BLOCK_K=d.block_k,
