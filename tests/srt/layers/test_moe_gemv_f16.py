@@ -9,12 +9,8 @@ import pytest
 import torch
 
 from srt.layers.moe.fused_moe_triton.fused_moe import GemmConfig, MoeConfig, fused_experts
-from srt.layers.moe.fused_moe_triton.moe_gemv_f16 import (
-    act_f16_shift,
-    f16_products_apply,
-    pair_order,
-    x_to_f16,
-)
+from srt.layers.moe.fused_moe_triton.moe_gemv_f16 import f16_products_apply
+from srt.layers.moe.fused_moe_triton.moe_x_f16 import act_f16_shift, pair_order, x_to_f16
 from tests.srt.layers.test_moe_triton import (
     ALPHA,
     DEV,
@@ -70,9 +66,7 @@ def test_x_to_f16_exact_scaled_and_in_pair_order(K):
         (3, 5, 64, 96, 2, 16, 64, 1, False),  # uneven down K blocks; a program per pair
     ],
 )
-def test_f16_products_within_float32_paths_error(
-    T, E, H, inter, k, block_n, block_k, stages, sums
-):
+def test_f16_products_within_float32_paths_error(T, E, H, inter, k, block_n, block_k, stages, sums):
     dtype = torch.bfloat16
     hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
         T, E, H, inter, k, T + 3, DEV
@@ -104,9 +98,7 @@ def test_f16_products_within_float32_paths_error(
 def test_f16_products_large_activations_clamp_without_overflow():
     """|x| ~ 1e4: gate and up hit the clamps; the fp16 activations stay finite."""
     T, E, H, inter, k = 3, 4, 64, 64, 2
-    hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(
-        T, E, H, inter, k, 9, DEV
-    )
+    hf, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(T, E, H, inter, k, 9, DEV)
     x = (x * 1e4).bfloat16()
     b13, b2 = b13.bfloat16(), b2.bfloat16()
     w13, w2 = _dequantised(hf, DEV)

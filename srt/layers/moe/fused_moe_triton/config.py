@@ -80,16 +80,28 @@ MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     # GEMV's best took 38.3 / 63.1 / 106.8, the grouped kernels 65.5 / 92.6 / 141.8).
     (
         1,
-        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(8, 512, 2, 2), gemv=True),
-    ),  # 32.3 (17.6)
+        MoeConfig(
+            16,
+            GemmConfig(2, 1024, 1, 2),
+            GemmConfig(4, 1024, 2, 2),
+            gemv=True,
+            down_sums_topk=False,
+        ),  # fmt: skip
+    ),  # 32.9 (17.7)
     (
         2,
-        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(16, 256, 4, 2), gemv=True),
-    ),  # 50.2 (30.8)
+        MoeConfig(16, GemmConfig(2, 1024, 1, 2), GemmConfig(2, 1024, 1, 2), gemv=True),
+    ),  # 50.8 (31.0)
     (
         4,
-        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True),
-    ),  # 82.9 (57.1)
+        MoeConfig(
+            16,
+            GemmConfig(4, 512, 1, 2),
+            GemmConfig(4, 512, 1, 2),
+            gemv=True,
+            down_sums_topk=False,
+        ),  # fmt: skip
+    ),  # 83.1 (57.5)
     # 4 < T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
     # loaded one K step ahead; µs per layer call, the read floor in brackets).
     (

@@ -98,14 +98,15 @@ def fused_experts(
     kw = dict(activation=activation, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
     if cfg.gemv:  # a pair per program, no alignment (decode)
         cfg = fit_mxfp4(cfg) if mxfp4 else cfg
-        args = (
+        alpha, limit = float(swiglu_alpha), float(swiglu_limit)
+        gemv_args = (
             hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale,
-            w2_scale, cfg, activation, float(swiglu_alpha), float(swiglu_limit),
+            w2_scale, cfg, activation, alpha, limit,
         )  # fmt: skip
-        if cfg.fp16_products and f16_products_apply(hidden_states, mxfp4, **kw):
-            out = run_gemv_f16(*args)  # fp16 products: fewer instructions a weight byte
+        if cfg.fp16_products and f16_products_apply(hidden_states, mxfp4, activation, alpha, limit):
+            out = run_gemv_f16(*gemv_args)  # fp16 products: fewer instructions a weight byte
             return out if cfg.down_sums_topk else moe_sum(out, T, topk_ids.shape[1])
-        return moe_sum(run_gemv(*args), T, topk_ids.shape[1])
+        return moe_sum(run_gemv(*gemv_args), T, topk_ids.shape[1])
     mode = 0
     if mxfp4:
         cfg = fit_mxfp4(cfg)  # whole scale groups per K block

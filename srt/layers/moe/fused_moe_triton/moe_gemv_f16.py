@@ -1,33 +1,31 @@
-"""MXFP4 routed experts for a handful of tokens, multiplied in fp16 pairs (bf16/fp16 activations).
+"""MXFP4 routed experts for a handful of tokens, multiplied in fp16 pairs (bf16 activations).
 
-The per-pair kernels of moe_gemv.py widen every dequantised nibble to float32 for its FMA: ~9.8
-instructions per weight byte, and on the H100 they were issue-bound (0.64 instructions issued
-per scheduler cycle, ncu). Here a weight word's nibble pair (c, c + 4) becomes one fp16x2 word
-by bit moves (the E2M1 value / 2**14, exact) and meets an fp16x2 word of activations in one
-`fma.rn.f16x2`; only each word's two lanes are widened to float32:
+The per-pair kernels of moe_gemv.py widen every dequantised nibble to float32 for its FMA (43
+instructions per packed word in the sm_90 SASS of the gate/up loop), and on the H100 they were
+issue-bound (0.64 instructions issued per scheduler cycle, ncu). Here a weight word's nibble
+pair (c, c + 4) becomes one fp16x2 word by bit moves (the E2M1 value / 2**14, exact) and meets
+an fp16x2 word of activations in one `fma.rn.f16x2`; only each word's two lanes are widened to
+float32 (29 instructions a word, no barrier in the K loop):
 
   word j of a scale group (K 8j .. 8j+7, nibble c = K 8j + c), pair c = nibbles (c, c + 4):
   acc16 = sum over c of pair_c(w) * x16[pair (c, j)]      (fp16x2, 4 products a lane)
   group sum += (lo(acc16) + hi(acc16)) in float32, times 2**14 * 2**(scale - 127)
 
-Activations become fp16 words in that pair order, scaled by a power of two:
-  x16[t, 16 g + 4 c + j] = fp16(x[t, 32 g + 8 j + c] * 2**s) | fp16(x[t, 32 g + 8 j + c + 4] * 2**s) << 16
-- gate/up input: `moe_x_to_f16_kernel`, one program per token, s per token with the row's
-  max |x| * 2**s in [2**14, 2**15) (and 2**-s kept for the end);
-- down input: the gate/up kernel stores each activation, rounded to the activations' dtype
-  first (as the float32 path stores it), times a fixed 2**act_shift: gpt-oss's clamped SwiGLU
-  bounds |act| by (limit + 1) * max(limit, 0.28 / alpha), so `act_f16_shift` applies only there.
+The activations come in that pair order as fp16 words scaled by a power of two (moe_x_f16.py):
+the gate/up input per token (`x_to_f16`, 2**-s applied at the end), the down input as the gate/up
+kernel stores it: each activation rounded to bf16 first (as the float32 path stores it), times a
+fixed 2**act_shift (gpt-oss's clamped SwiGLU bounds |act|, `act_f16_shift`).
 
-Numerics: bf16 / fp16 values convert to fp16 exactly above 2**-14 after the scaling (2**-28 of
-the row's max; smaller ones keep fp16's subnormal steps). |products| <= 6 * 2**-14 * 2**15 and
-a lane sums 4 of them (|partial| <= 48: no overflow), so the only roundings beyond the float32
-path's are these 4 fp16 roundings a lane (relative 2**-11 of a 4-product partial), below the
-output's bf16 rounding. Expert ids outside [0, E) contribute zero, as in moe_gemv.py.
+Numerics: bf16 values convert to fp16 exactly above 2**-14 after the scaling (2**-28 of the
+row's max; smaller ones keep fp16's subnormal steps), and an E2M1 value (2 significant bits)
+times a bf16 one (8) is exact in fp16 (11). |products| <= 6 * 2**-14 * 2**15 and a lane sums 4
+of them (|partial| <= 48: no overflow), so the only roundings beyond the float32 path's are the
+3 fp16 additions a lane (relative 2**-11 of a 4-product partial), below the output's bf16
+rounding (fp16 activations would round their products: they take moe_gemv.py). Expert ids
+outside [0, E) contribute zero, as in moe_gemv.py.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -38,43 +36,7 @@ from sgl_ext.triton.launcher import cached_launcher
 from sgl_ext.triton.rounding import cast_rne
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import _swiglu
 from srt.layers.moe.fused_moe_triton.moe_gemv import ExpertWeightArgs, _pair_tile, _scale_2e14
-
-
-
-@triton.jit
-def _pair_position(k):
-    """Element k of a row (K index) -> its fp16 slot in the pair-ordered row (see the module)."""
-    r = k % 32
-    j = r // 8
-    c = r % 4
-    return (k - r) + 2 * (4 * c + j) + (r % 8) // 4
-
-
-@triton.jit
-def moe_x_to_f16_kernel(
-    x_ptr,  # [T, K] bf16 / fp16
-    x16_ptr,  # fp16 [T, K], pair-ordered
-    inv_ptr,  # float32 [T]: 2**-s
-    K,
-    stride_xm,
-    stride_hm,
-    BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-):
-    """Row t of x -> x16 (pair order, times 2**s: the row's max |x| in [2**14, 2**15)), 2**-s."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    t = tl.program_id(0).to(tl.int64)
-    k = tl.arange(0, BLOCK)
-    ok = k < K
-    x = tl.load(x_ptr + t * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
-    m = tl.max(tl.abs(x), axis=0)
-    e = ((m.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)  # biased exponent of the max
-    s = tl.minimum(tl.maximum(141 - e, -126), 126)  # 14 - floor(log2 max), 0 and tiny: 126
-    up = ((s + 127) << 23).to(tl.float32, bitcast=True)  # 2**s
-    tl.store(x16_ptr + t * stride_hm + _pair_position(k), (x * up).to(tl.float16), mask=ok)
-    tl.store(inv_ptr + t, ((127 - s) << 23).to(tl.float32, bitcast=True))
+from srt.layers.moe.fused_moe_triton.moe_x_f16 import _pair_position, act_f16_shift, x_to_f16
 
 
 @triton.jit
@@ -420,45 +382,11 @@ def moe_gemv_f16_down_sum_kernel(
     tl.store(out, total.to(out_ptr.dtype.element_ty), mask=cols < N)
 
 
-def act_f16_shift(activation: str, alpha: float, limit: float) -> int | None:
-    """The power of two the gate/up kernel scales its activations by for fp16 (|act| * 2**shift
-    <= 2**15), or None when the activation is unbounded (then the float32 path runs)."""
-    if activation != "swiglu_oai" or not (math.isfinite(limit) and alpha > 0):
-        return None
-    bound = (abs(limit) + 1.0) * max(abs(limit), 0.28 / alpha, 1.0)
-    return math.floor(math.log2(2.0**15 / bound))
-
-
 def f16_products_apply(x: torch.Tensor, mxfp4: bool, activation: str, alpha, limit) -> bool:
     """Whether run_gemv_f16 serves this call (MXFP4 weights, bf16 activations, a bounded
     activation)."""
     bf16 = x.dtype == torch.bfloat16  # fp16 activations: 11-bit products would round
     return mxfp4 and bf16 and act_f16_shift(activation, alpha, limit) is not None
-
-
-def x_to_f16(
-    x: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """bf16/fp16 x [T, K] (rows contiguous, K % 32 == 0) -> (x16 fp16 [T, K] in pair order,
-    times 2**s per row, the row's max |x| * 2**s in [2**14, 2**15); float32 [T] 2**-s), into
-    `out` when given (contiguous)."""
-    T, K = x.shape
-    x16, inv = out if out is not None else (None, None)
-    x16 = torch.empty(T, K, dtype=torch.float16, device=x.device) if x16 is None else x16
-    inv = torch.empty(T, dtype=torch.float32, device=x.device) if inv is None else inv
-    block = triton.next_power_of_2(K)
-    cached_launcher(moe_x_to_f16_kernel)[(T,)](
-        x, x16, inv, K, x.stride(0), x16.stride(0), BLOCK=block, num_warps=4 if block > 512 else 1
-    )
-    return x16, inv
-
-
-def pair_order(K: int) -> torch.Tensor:
-    """int64 [K]: the pair-ordered slot of each element k (x16[..., pair_order(K)] is x in K
-    order, times 2**s)."""
-    k = torch.arange(K)
-    r = k % 32
-    return (k - r) + 2 * (4 * (r % 4) + r // 8) + (r % 8) // 4
 
 
 def run_gemv_f16(

@@ -1,0 +1,90 @@
+"""The activations of the fp16-product MXFP4 GEMV (moe_gemv_f16.py) in its fp16 pair order.
+
+  x16[t, 16 g + 4 c + j] = fp16(x[t, 32 g + 8 j + c] * 2**s)
+                           | fp16(x[t, 32 g + 8 j + c + 4] * 2**s) << 16
+
+the x16 word that meets nibbles c and c + 4 of packed weight word j of scale group g. For the
+gate/up input, s is per token (the row's max |x| * 2**s in [2**14, 2**15); `x_to_f16`, one
+program per token); the gate/up kernel stores its activations in the same order with a fixed
+2**act_shift (`act_f16_shift`: gpt-oss's clamped SwiGLU bounds them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_ext.triton.launcher import cached_launcher
+
+
+@triton.jit
+def _pair_position(k):
+    """Element k of a row (K index) -> its fp16 slot in the pair-ordered row (see the module)."""
+    r = k % 32
+    j = r // 8
+    c = r % 4
+    return (k - r) + 2 * (4 * c + j) + (r % 8) // 4
+
+
+@triton.jit
+def moe_x_to_f16_kernel(
+    x_ptr,  # [T, K] bf16 / fp16
+    x16_ptr,  # fp16 [T, K], pair-ordered
+    inv_ptr,  # float32 [T]: 2**-s
+    K,
+    stride_xm,
+    stride_hm,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    """Row t of x -> x16 (pair order, times 2**s: the row's max |x| in [2**14, 2**15)), 2**-s."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    t = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, BLOCK)
+    ok = k < K
+    x = tl.load(x_ptr + t * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
+    m = tl.max(tl.abs(x), axis=0)
+    e = ((m.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)  # biased exponent of the max
+    s = tl.minimum(tl.maximum(141 - e, -126), 126)  # 14 - floor(log2 max), 0 and tiny: 126
+    up = ((s + 127) << 23).to(tl.float32, bitcast=True)  # 2**s
+    tl.store(x16_ptr + t * stride_hm + _pair_position(k), (x * up).to(tl.float16), mask=ok)
+    tl.store(inv_ptr + t, ((127 - s) << 23).to(tl.float32, bitcast=True))
+
+
+def x_to_f16(
+    x: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16/fp16 x [T, K] (rows contiguous, K % 32 == 0) -> (x16 fp16 [T, K] in pair order,
+    times 2**s per row, the row's max |x| * 2**s in [2**14, 2**15); float32 [T] 2**-s), into
+    `out` when given (contiguous)."""
+    T, K = x.shape
+    x16, inv = out if out is not None else (None, None)
+    x16 = torch.empty(T, K, dtype=torch.float16, device=x.device) if x16 is None else x16
+    inv = torch.empty(T, dtype=torch.float32, device=x.device) if inv is None else inv
+    block = triton.next_power_of_2(K)
+    cached_launcher(moe_x_to_f16_kernel)[(T,)](
+        x, x16, inv, K, x.stride(0), x16.stride(0), BLOCK=block, num_warps=4 if block > 512 else 1
+    )
+    return x16, inv
+
+
+def pair_order(K: int) -> torch.Tensor:
+    """int64 [K]: the pair-ordered slot of each element k (x16[..., pair_order(K)] is x in K
+    order, times 2**s)."""
+    k = torch.arange(K)
+    r = k % 32
+    return (k - r) + 2 * (4 * (r % 4) + r // 8) + (r % 8) // 4
+
+
+def act_f16_shift(activation: str, alpha: float, limit: float) -> int | None:
+    """The power of two the gate/up kernel scales its activations by for fp16 (|act| * 2**shift
+    <= 2**15), or None when the activation is unbounded (then the float32 path runs)."""
+    if activation != "swiglu_oai" or not (math.isfinite(limit) and alpha > 0):
+        return None
+    bound = (abs(limit) + 1.0) * max(abs(limit), 0.28 / alpha, 1.0)
+    return math.floor(math.log2(2.0**15 / bound))
