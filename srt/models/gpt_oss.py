@@ -20,6 +20,7 @@ from torch import nn
 from srt.configs.model_config import ModelConfig
 from srt.layers.linear import ReplicatedLinear
 from srt.layers.moe import TopKExperts, select_experts
+from srt.layers.moe.topk import select_experts_x_f16
 from srt.models.common import CausalLM, DecoderLayer, DecoderModel, RopeAttention
 from srt.models.weight_utils import QKV_STACKED_PARAMS
 
@@ -54,6 +55,9 @@ class GptOssMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits, _ = self.router(x)  # [T, E]
+        if self.experts.takes_x_f16(x):  # x's fp16 words for the experts, with the routing
+            weights, ids, x_f16 = select_experts_x_f16(logits, self.top_k, x, weights_dtype=x.dtype)
+            return self.experts(x, weights, ids, x_f16=x_f16)
         # [T, k] weights in x's dtype, expert ids
         weights, ids = select_experts(logits, self.top_k, weights_dtype=x.dtype)
         return self.experts(x, weights, ids)

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext.triton.launcher import cached_launcher
+from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, row_to_f16
 
 # The fused kernel covers these (gpt-oss: 32 experts, k = 4; Mixtral 8 / 2).
 _MAX_EXPERTS = 1024
@@ -25,13 +26,22 @@ def _topk_softmax_kernel(
     ids_ptr,
     stride_t,
     num_experts,
+    x_ptr,  # X16: the token rows [T, K]; else dummies
+    x16_ptr,
+    inv_ptr,
+    K,
+    stride_xm,
+    stride_hm,
     TOP_K: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    X16: tl.constexpr = False,
+    BLOCK_X: tl.constexpr = 1,
     USE_PDL: tl.constexpr = False,
 ):
     """Token t's TOP_K largest logits (ties: the lowest expert id first) in descending order,
-    their softmax (float32, stored in the weights' dtype) and their expert ids (int64)."""
+    their softmax (float32, stored in the weights' dtype) and their expert ids (int64); with
+    X16 also row t of x as the fp16-product GEMVs read it (moe_x_f16.row_to_f16)."""
     if USE_PDL:  # programmatic dependent launch (set by the launcher on Hopper+)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -57,6 +67,8 @@ def _topk_softmax_kernel(
     p = p / tl.sum(p, axis=0)
     tl.store(weights_ptr + t * TOP_K + kk, p.to(weights_ptr.dtype.element_ty), mask=in_k)
     tl.store(ids_ptr + t * TOP_K + kk, ids.to(tl.int64), mask=in_k)
+    if X16:
+        row_to_f16(x_ptr + t * stride_xm, x16_ptr + t * stride_hm, inv_ptr + t, K, BLOCK_X)
 
 
 def select_experts(
@@ -114,22 +126,64 @@ def select_experts_native(
     return vals.to(weights_dtype), ids
 
 
+def select_experts_x_f16(
+    router_logits: torch.Tensor,
+    top_k: int,
+    hidden_states: torch.Tensor,
+    *,
+    weights_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, XF16]:
+    """select_experts (softmax after the top k) plus hidden_states' fp16 words for the
+    fp16-product expert GEMVs (moe_x_f16.x_to_f16), in the routing's one launch.
+
+    Parameters
+    ----------
+    router_logits : float [T, E], E <= 1024, rows contiguous; top_k <= 16.
+    hidden_states : bf16 [T, H], rows contiguous, H % 32 == 0.
+
+    Returns
+    -------
+    (weights weights_dtype [T, k], expert ids int64 [T, k], XF16 of hidden_states).
+    """
+    T, E = router_logits.shape
+    H = hidden_states.shape[1]
+    if not (E <= _MAX_EXPERTS and 1 <= top_k <= min(E, _MAX_TOP_K)):
+        raise ValueError(f"select_experts_x_f16 covers E <= {_MAX_EXPERTS}, k <= {_MAX_TOP_K}")
+    if hidden_states.shape[0] != T or H % 32 or hidden_states.stride(1) != 1:
+        raise ValueError(f"hidden_states must be [{T}, H] with H % 32 == 0, rows contiguous")
+    xf = XF16.empty(T, H, hidden_states.device)
+    weights, ids = _topk_softmax_triton(router_logits, top_k, weights_dtype, hidden_states, xf)
+    return weights, ids, xf
+
+
 def _topk_softmax_triton(
-    router_logits: torch.Tensor, top_k: int, weights_dtype: torch.dtype
+    router_logits: torch.Tensor,
+    top_k: int,
+    weights_dtype: torch.dtype,
+    x: torch.Tensor | None = None,
+    xf: XF16 | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     T, E = router_logits.shape
     weights = torch.empty(T, top_k, dtype=weights_dtype, device=router_logits.device)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=router_logits.device)
     block_e = triton.next_power_of_2(E)
+    if x is not None and xf is not None:
+        xs = (x, xf.words, xf.inv, x.shape[1], x.stride(0), xf.words.stride(0))
+        block_x = triton.next_power_of_2(x.shape[1])
+    else:
+        xs, block_x = (router_logits, router_logits, router_logits, 0, 0, 0), 1
     cached_launcher(_topk_softmax_kernel)[(T,)](
         router_logits,
         weights,
         ids,
         router_logits.stride(0),
         E,
+        *xs,
         TOP_K=top_k,
         BLOCK_E=block_e,
         BLOCK_K=triton.next_power_of_2(top_k),
-        num_warps=1 if block_e <= 128 else 4,
+        X16=x is not None,
+        BLOCK_X=block_x,
+        num_warps=4 if max(block_e, block_x) > 128 else 1,
     )
     return weights, ids

@@ -10,7 +10,8 @@ import torch
 
 from srt.layers.moe.fused_moe_triton.fused_moe import GemmConfig, MoeConfig, fused_experts
 from srt.layers.moe.fused_moe_triton.moe_gemv_f16 import f16_products_apply
-from srt.layers.moe.fused_moe_triton.moe_x_f16 import act_f16_shift, pair_order, x_to_f16
+from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, act_f16_shift, pair_order, x_to_f16
+from srt.layers.moe.topk import select_experts, select_experts_x_f16
 from tests.srt.layers.test_moe_triton import (
     ALPHA,
     DEV,
@@ -19,6 +20,7 @@ from tests.srt.layers.test_moe_triton import (
     _mxfp4_problem,
     _ref,
     _rel,
+    gpu,
 )
 
 
@@ -42,7 +44,7 @@ def test_x_to_f16_exact_scaled_and_in_pair_order(K):
     x = x.bfloat16().to(DEV)
     x16 = torch.full((6, K), float("nan"), dtype=torch.float16, device=DEV)
     inv = torch.full((6,), float("nan"), device=DEV)
-    x_to_f16(x, out=(x16, inv))
+    x_to_f16(x, out=XF16(x16, inv))
     scaled = x16.float()[:, pair_order(K).to(DEV)]  # K order
     assert not scaled.isnan().any() and not inv.isnan().any()
     top = scaled.abs().amax(1)
@@ -128,3 +130,56 @@ def test_act_f16_shift_and_which_calls_take_fp16_products():
 def test_fp16_products_config_default_on():
     assert MoeConfig(16, GemmConfig(8, 64), GemmConfig(8, 64), gemv=True).fp16_products
     assert not dataclasses.replace(_cfg(8, 64, 1), fp16_products=False).fp16_products
+
+
+@pytest.mark.parametrize("T, E, k, H", [(1, 32, 4, 96), (7, 5, 2, 32)])
+def test_select_experts_x_f16_equals_routing_plus_conversion(T, E, k, H):
+    """One launch: the same weights and ids as select_experts' kernel, the same words as
+    x_to_f16 (outputs poisoned first)."""
+    g = torch.Generator().manual_seed(T + E)
+    logits = torch.randn(T, E, generator=g).to(DEV)
+    x = torch.randn(T, H, generator=g).bfloat16().to(DEV) * 3
+    w, ids, xf = select_experts_x_f16(logits, k, x, weights_dtype=torch.bfloat16)
+    if DEV == "cuda":
+        w_ref, ids_ref = select_experts(logits, k, weights_dtype=torch.bfloat16)
+    else:  # select_experts runs torch off CUDA: its kernel directly
+        from srt.layers.moe.topk import _topk_softmax_triton
+
+        w_ref, ids_ref = _topk_softmax_triton(logits, k, torch.bfloat16)
+    assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
+    ref = x_to_f16(x, out=XF16(torch.full_like(xf.words, float("nan")), torch.zeros_like(xf.inv)))
+    assert torch.equal(xf.words, ref.words) and torch.equal(xf.inv, ref.inv)
+    with pytest.raises(ValueError, match="hidden_states"):
+        select_experts_x_f16(logits, k, x[:, :31], weights_dtype=torch.bfloat16)
+
+
+def test_x_f16_of_the_wrong_shape_raises():
+    _, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, wts, ids = _mxfp4_problem(2, 3, 64, 32, 2, 0)
+    x = x.bfloat16()
+    bad = XF16(torch.zeros(2, 32, dtype=torch.float16), torch.ones(2))
+    with pytest.raises(ValueError, match="x_f16.words"):
+        fused_experts(x, w13_q, w2_q, wts, ids, w13_scale=w13_s, w2_scale=w2_s, x_f16=bad)
+    bad = XF16(torch.zeros(2, 64, dtype=torch.float16), torch.ones(3))
+    with pytest.raises(ValueError, match="x_f16.inv"):
+        fused_experts(x, w13_q, w2_q, wts, ids, w13_scale=w13_s, w2_scale=w2_s, x_f16=bad)
+
+
+@gpu
+@pytest.mark.parametrize("T", [1, 2, 3])  # the table's GEMV rows (both down variants)
+def test_gpu_routing_made_x_f16_gives_the_same_bits(T):
+    """fused_experts with the x_f16 from select_experts_x_f16 == without it (its own prep), bit
+    for bit, on the table's configs; and TopKExperts says when it takes one."""
+    from srt.layers.moe import TopKExperts
+
+    E, H, inter, k = 8, 288, 160, 4
+    _, (w13_q, w13_s, w2_q, w2_s), x, b13, b2, _, _ = _mxfp4_problem(T, E, H, inter, k, T, "cuda")
+    x, b13, b2 = x.bfloat16(), b13.bfloat16(), b2.bfloat16()
+    logits = torch.randn(T, E, device="cuda")
+    wts, ids, xf = select_experts_x_f16(logits, k, x, weights_dtype=torch.bfloat16)
+    kw = dict(swiglu_alpha=1.702, swiglu_limit=7.0, w13_scale=w13_s, w2_scale=w2_s)
+    own = fused_experts(x, w13_q, w2_q, wts, ids, b13, b2, **kw)
+    given = fused_experts(x, w13_q, w2_q, wts, ids, b13, b2, x_f16=xf, **kw)
+    assert torch.equal(own, given)
+    m = TopKExperts(E, H, inter, quant_method="mxfp4", mxfp4_packed=True, tp_rank=0, tp_size=1)
+    assert m.to("cuda").takes_x_f16(x) and not m.takes_x_f16(x.float())
+    assert not m.takes_x_f16(torch.zeros(64, H, dtype=torch.bfloat16, device="cuda"))

@@ -34,6 +34,7 @@ from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import (
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block_size
 from srt.layers.moe.fused_moe_triton.moe_gemv import ExpertWeightArgs, run_gemv
 from srt.layers.moe.fused_moe_triton.moe_gemv_f16 import f16_products_apply, run_gemv_f16
+from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def fused_experts(
     config: MoeConfig | None = None,
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
+    x_f16: XF16 | None = None,
 ) -> torch.Tensor:
     """Each token's top-k experts, weighted and summed, reading only the routed experts.
 
@@ -76,6 +78,8 @@ def fused_experts(
         E8M0 scales [E, 2I, H/32] and [E, H, I/32]; dequantised inside the kernels, in
         config.mxfp4_mode ("dot_scaled" for bf16/fp16 activations, else "split"; should the
         scaled-dot kernels fail to compile, a warning is logged and "split" is used).
+    x_f16 : hidden_states' fp16 words (moe_x_f16.XF16, made with the routing by
+        `select_experts_x_f16`); used when the fp16-product GEMVs run, else ignored.
 
     Returns
     -------
@@ -85,6 +89,12 @@ def fused_experts(
     _check(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, activation)
     if mxfp4:
         _check_mxfp4(hidden_states, w13, w13_scale, w2, w2_scale)
+    if x_f16 is not None:
+        w, inv = x_f16.words, x_f16.inv
+        if w.shape != hidden_states.shape or w.dtype != torch.float16 or not w.is_contiguous():
+            raise ValueError(f"x_f16.words must be fp16 {tuple(hidden_states.shape)}, contiguous")
+        if inv.shape != hidden_states.shape[:1] or inv.dtype != torch.float32:
+            raise ValueError(f"x_f16.inv must be float32 [{hidden_states.shape[0]}]")
     dtype, dev = hidden_states.dtype, hidden_states.device
     T = hidden_states.shape[0]
     cfg = config or get_config(T, dev, dtype, mxfp4)
@@ -104,7 +114,7 @@ def fused_experts(
             w2_scale, cfg, activation, alpha, limit,
         )  # fmt: skip
         if cfg.fp16_products and f16_products_apply(hidden_states, mxfp4, activation, alpha, limit):
-            out = run_gemv_f16(*gemv_args)  # fp16 products: fewer instructions a weight byte
+            out = run_gemv_f16(*gemv_args, x_f16)  # fp16 products: fewer instructions a byte
             return out if cfg.down_sums_topk else moe_sum(out, T, topk_ids.shape[1])
         return moe_sum(run_gemv(*gemv_args), T, topk_ids.shape[1])
     mode = 0

@@ -27,6 +27,7 @@ weights along I in whole scale groups, so packing needs I / tp % 32 == 0 (else: 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,9 @@ from torch import nn
 
 from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
 from srt.layers.mxfp4 import dequantize_mxfp4
+
+if TYPE_CHECKING:  # kernel modules load lazily (TRITON_INTERPRET may be set after import)
+    from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16
 
 logger = logging.getLogger(__name__)
 
@@ -276,7 +280,19 @@ class TopKExperts(nn.Module):
             return x.is_cuda
         return self.moe_runner_backend == "triton"
 
-    def _forward_triton(self, x, topk_weights, topk_ids) -> torch.Tensor:
+    def takes_x_f16(self, x: torch.Tensor) -> bool:
+        """Whether forward(x, ...) runs the fp16-product GEMVs (then an x_f16 made with the
+        routing, `select_experts_x_f16`, saves their activation conversion's launch)."""
+        if not (self.mxfp4 and self.uses_triton(x) and x.is_cuda and x.dim() == 2):
+            return False
+        from srt.layers.moe.fused_moe_triton.config import get_config
+        from srt.layers.moe.fused_moe_triton.moe_gemv_f16 import f16_products_apply
+
+        cfg = get_config(x.shape[0], x.device, x.dtype, mxfp4=True)
+        fp16 = cfg.gemv and cfg.fp16_products
+        return fp16 and f16_products_apply(x, True, self.activation, self.alpha, self.limit)
+
+    def _forward_triton(self, x, topk_weights, topk_ids, x_f16=None) -> torch.Tensor:
         """Routed experts only, grouped by expert (static shapes, sync-free, graph-safe)."""
         from srt.layers.moe.fused_moe_triton.fused_moe import fused_experts
 
@@ -293,10 +309,15 @@ class TopKExperts(nn.Module):
             swiglu_limit=self.limit,
             w13_scale=self.w13_weight_scale,
             w2_scale=self.w2_weight_scale,
+            x_f16=x_f16,
         )
 
     def forward(
-        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        x_f16: XF16 | None = None,
     ) -> torch.Tensor:
         """Each token's top-k experts, weighted by the routing weights and summed.
 
@@ -305,6 +326,7 @@ class TopKExperts(nn.Module):
         x : [T, H]
         topk_weights : float [T, k]
         topk_ids : int64/int32 [T, k]
+        x_f16 : x's fp16 words for the fp16-product GEMVs (see takes_x_f16), or None.
 
         Returns
         -------
@@ -319,7 +341,7 @@ class TopKExperts(nn.Module):
         T, k = topk_ids.shape
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
         if self.uses_triton(x):
-            out = self._forward_triton(x, topk_weights, topk_ids)
+            out = self._forward_triton(x, topk_weights, topk_ids, x_f16)
         else:
             w = self._dense_weights(x.dtype)
             if capturing or T <= self.dense_max_tokens:

@@ -36,7 +36,7 @@ from sgl_ext.triton.launcher import cached_launcher
 from sgl_ext.triton.rounding import cast_rne
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import _swiglu
 from srt.layers.moe.fused_moe_triton.moe_gemv import ExpertWeightArgs, _pair_tile, _scale_2e14
-from srt.layers.moe.fused_moe_triton.moe_x_f16 import _pair_position, act_f16_shift, x_to_f16
+from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, _pair_position, act_f16_shift, x_to_f16
 
 
 @triton.jit
@@ -403,6 +403,7 @@ def run_gemv_f16(
     activation: str,
     alpha: float,
     limit: float,
+    x_f16: XF16 | None = None,
 ) -> torch.Tensor:
     """run_gemv with fp16 products (f16_products_apply holds; arguments checked by
     fused_experts): [T, H] with cfg.down_sums_topk, else [T*k, H] pair rows in pair order."""
@@ -415,7 +416,8 @@ def run_gemv_f16(
     a13 = ExpertWeightArgs.of(w13, w13_scale, w13_bias)
     a2 = ExpertWeightArgs.of(w2, w2_scale, w2_bias)
     ids = topk_ids.reshape(-1)  # [T*k]
-    x16, inv = x_to_f16(x)
+    xf = x_f16 if x_f16 is not None else x_to_f16(x)  # given: made with the routing
+    x16, inv = xf.words, xf.inv
     act16 = torch.empty(T * k, inter, dtype=torch.float16, device=x.device)
     g, d = cfg.gate_up, cfg.down
     cached_launcher(moe_gemv_f16_gate_up_kernel)[(T * k, triton.cdiv(inter, g.block_n))](

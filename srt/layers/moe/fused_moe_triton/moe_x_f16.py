@@ -12,6 +12,7 @@ program per token); the gate/up kernel stores its activations in the same order 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -30,8 +31,23 @@ def _pair_position(k):
 
 
 @triton.jit
+def row_to_f16(x_row, x16_row, inv_ptr, K, BLOCK: tl.constexpr):
+    """One row of x (K elements) -> its fp16 words in pair order, times 2**s (the row's max |x|
+    * 2**s in [2**14, 2**15)), and 2**-s to *inv_ptr."""
+    k = tl.arange(0, BLOCK)
+    ok = k < K
+    x = tl.load(x_row + k, mask=ok, other=0.0).to(tl.float32)
+    m = tl.max(tl.abs(x), axis=0)
+    e = ((m.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)  # biased exponent of the max
+    s = tl.minimum(tl.maximum(141 - e, -126), 126)  # 14 - floor(log2 max), 0 and tiny: 126
+    up = ((s + 127) << 23).to(tl.float32, bitcast=True)  # 2**s
+    tl.store(x16_row + _pair_position(k), (x * up).to(tl.float16), mask=ok)
+    tl.store(inv_ptr, ((127 - s) << 23).to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def moe_x_to_f16_kernel(
-    x_ptr,  # [T, K] bf16 / fp16
+    x_ptr,  # [T, K] bf16
     x16_ptr,  # fp16 [T, K], pair-ordered
     inv_ptr,  # float32 [T]: 2**-s
     K,
@@ -40,37 +56,47 @@ def moe_x_to_f16_kernel(
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    """Row t of x -> x16 (pair order, times 2**s: the row's max |x| in [2**14, 2**15)), 2**-s."""
+    """Row t of x -> its fp16 words and 2**-s (row_to_f16)."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
-    k = tl.arange(0, BLOCK)
-    ok = k < K
-    x = tl.load(x_ptr + t * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
-    m = tl.max(tl.abs(x), axis=0)
-    e = ((m.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)  # biased exponent of the max
-    s = tl.minimum(tl.maximum(141 - e, -126), 126)  # 14 - floor(log2 max), 0 and tiny: 126
-    up = ((s + 127) << 23).to(tl.float32, bitcast=True)  # 2**s
-    tl.store(x16_ptr + t * stride_hm + _pair_position(k), (x * up).to(tl.float16), mask=ok)
-    tl.store(inv_ptr + t, ((127 - s) << 23).to(tl.float32, bitcast=True))
+    row_to_f16(x_ptr + t * stride_xm, x16_ptr + t * stride_hm, inv_ptr + t, K, BLOCK)
 
 
-def x_to_f16(
-    x: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """bf16/fp16 x [T, K] (rows contiguous, K % 32 == 0) -> (x16 fp16 [T, K] in pair order,
-    times 2**s per row, the row's max |x| * 2**s in [2**14, 2**15); float32 [T] 2**-s), into
-    `out` when given (contiguous)."""
+@dataclass(frozen=True)
+class XF16:
+    """Activations as the fp16-product GEMV reads them: words fp16 [T, K] (x in pair order,
+    times 2**s per row) and inv float32 [T] (2**-s)."""
+
+    words: torch.Tensor
+    inv: torch.Tensor
+
+    @classmethod
+    def empty(cls, T: int, K: int, device: torch.device) -> XF16:
+        return cls(
+            torch.empty(T, K, dtype=torch.float16, device=device),
+            torch.empty(T, dtype=torch.float32, device=device),
+        )
+
+
+def x_to_f16(x: torch.Tensor, out: XF16 | None = None) -> XF16:
+    """bf16 x [T, K] (rows contiguous, K % 32 == 0) -> its XF16 (into `out`, contiguous, when
+    given). One program per row."""
     T, K = x.shape
-    x16, inv = out if out is not None else (None, None)
-    x16 = torch.empty(T, K, dtype=torch.float16, device=x.device) if x16 is None else x16
-    inv = torch.empty(T, dtype=torch.float32, device=x.device) if inv is None else inv
+    out = out if out is not None else XF16.empty(T, K, x.device)
     block = triton.next_power_of_2(K)
     cached_launcher(moe_x_to_f16_kernel)[(T,)](
-        x, x16, inv, K, x.stride(0), x16.stride(0), BLOCK=block, num_warps=4 if block > 512 else 1
+        x,
+        out.words,
+        out.inv,
+        K,
+        x.stride(0),
+        out.words.stride(0),
+        BLOCK=block,
+        num_warps=4 if block > 512 else 1,
     )
-    return x16, inv
+    return out
 
 
 def pair_order(K: int) -> torch.Tensor:
