@@ -139,7 +139,8 @@ def _f16_load(q_base, s_base, x_base, w_off1, s_off1, gb, num_groups, G: tl.cons
 
 @triton.jit
 def _rows_dot_f16(
-    x16_row,  # fp16 pointer to the pair-ordered activation row (K halves)
+    x16_ptr,  # fp16 pair-ordered activation rows
+    x_rows,  # [BN] int64: each weight row's activation row (offset in halves)
     w_ptr,
     s_ptr,
     w_rows,  # [BN] byte offsets of the weight rows (all readable: the caller clamps)
@@ -153,8 +154,9 @@ def _rows_dot_f16(
     PREFETCH: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
-    """float32 [BN] dot products (times 2**s of the row) of the rows w_rows (and, with TWO,
-    w_rows + w_off1) with the row; PREFETCH loads each next K block before this one's math."""
+    """float32 [BN] dot products (times 2**s of the activation row) of the rows w_rows (and,
+    with TWO, w_rows + w_off1) with their activation rows; PREFETCH loads each next K block
+    before this one's math."""
     G: tl.constexpr = BLOCK_K // 32  # scale groups of a K block
     num_groups = K // 32
     acc0 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
@@ -162,8 +164,8 @@ def _rows_dot_f16(
     j = tl.arange(0, 4)  # a group's 16 bytes as 4 words, word j holding K 8j .. 8j+7
     words = w_ptr.to(tl.pointer_type(tl.uint32))  # rows are 16-byte multiples (K % 32 == 0)
     q_base = words + (w_rows // 4)[:, None, None] + j[None, None, :]  # [BN, 1, 4]
-    # [BN, 1, 4]: the same x16 words for every row (offset 0 along BN), pair 0's; pair c: + 4c
-    x_base = x16_row.to(tl.pointer_type(tl.uint32)) + (w_rows * 0)[:, None, None] + j
+    # [BN, 1, 4]: each row's x16 words (pair 0's; pair c: + 4c)
+    x_base = x16_ptr.to(tl.pointer_type(tl.uint32)) + (x_rows // 2)[:, None, None] + j
     # the scales' [BN, G] offsets in the layout of the group sums: reduced from [BN, G, 4]
     # offsets in the words' layout (q >> 62 is 0 but ties them to it)
     zeros = tl.zeros([BLOCK_N, G, 4], dtype=tl.int64)
@@ -234,7 +236,8 @@ def moe_gemv_f16_gate_up_kernel(
     token = (pair // TOP_K).to(tl.int64)
     rows = tl.minimum(cols, N - 1)  # columns past N re-read row N - 1 (not stored)
     gate, up = _rows_dot_f16(
-        x16_ptr + token * stride_xm,
+        x16_ptr,
+        token * stride_xm + cols * 0,  # every row: the token's
         w_ptr,
         ws_ptr,
         expert * stride_we + rows * stride_wn,
@@ -294,7 +297,8 @@ def moe_gemv_f16_down_kernel(
     pair, cols, expert, e_ok, n_ok = _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N)
     rows = tl.minimum(cols, N - 1)  # columns past N re-read row N - 1 (not stored)
     acc, _ = _rows_dot_f16(
-        act16_ptr + pair.to(tl.int64) * stride_am,
+        act16_ptr,
+        pair.to(tl.int64) * stride_am + cols * 0,  # every row: the pair's
         w_ptr,
         ws_ptr,
         expert * stride_we + rows * stride_wn,
@@ -337,6 +341,7 @@ def moe_gemv_f16_down_sum_kernel(
     stride_om,
     act_down,  # 2**-act_shift
     TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,  # TOP_K rounded up to a power of two
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -344,42 +349,46 @@ def moe_gemv_f16_down_sum_kernel(
     EMULATE: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    """The down GEMV of token t's k pairs in turn, summed in float32 (pair order) and rounded
-    once: the top-k combine without moe_sum's launch."""
+    """Program (t, N tile): token t's k pairs x BLOCK_N columns as K_PAD * BLOCK_N rows side by
+    side (each its expert's row and its pair's activations), then summed over the pairs in
+    float32 and rounded once: the top-k combine without moe_sum's launch, and as many rows in
+    flight as a program per pair."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    r = tl.arange(0, K_PAD * BLOCK_N)  # row r: pair slot r // BLOCK_N, column r % BLOCK_N
+    slot = r // BLOCK_N
+    cols = tl.program_id(1) * BLOCK_N + r % BLOCK_N
+    pair = (t * TOP_K + tl.minimum(slot, TOP_K - 1)).to(tl.int64)
+    e = tl.load(topk_ids_ptr + pair).to(tl.int64)
+    e_ok = (slot < TOP_K) & (e >= 0) & (e < num_experts)
+    expert = tl.where(e_ok, e, 0)
     rows = tl.minimum(cols, N - 1)  # columns past N re-read row N - 1 (not stored)
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in range(TOP_K):
-        pair = t * TOP_K + j
-        e = tl.load(topk_ids_ptr + pair).to(tl.int64)
-        e_ok = (e >= 0) & (e < num_experts)
-        expert = tl.where(e_ok, e, 0)
-        acc, _ = _rows_dot_f16(
-            act16_ptr + pair.to(tl.int64) * stride_am,
-            w_ptr,
-            ws_ptr,
-            expert * stride_we + rows * stride_wn,
-            expert * stride_se + rows * stride_sn,
-            0,
-            0,
-            K,
-            BLOCK_N,
-            BLOCK_K,
-            False,
-            PREFETCH,
-            EMULATE,
-        )
-        acc *= act_down
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + expert * stride_be + rows).to(tl.float32)
-        acc *= tl.load(topk_weights_ptr + pair).to(tl.float32)
-        total += tl.where(e_ok, acc, 0.0)
-    out = out_ptr + t.to(tl.int64) * stride_om + cols
-    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=cols < N)
+    acc, _ = _rows_dot_f16(
+        act16_ptr,
+        pair * stride_am,
+        w_ptr,
+        ws_ptr,
+        expert * stride_we + rows * stride_wn,
+        expert * stride_se + rows * stride_sn,
+        0,
+        0,
+        K,
+        K_PAD * BLOCK_N,
+        BLOCK_K,
+        False,
+        PREFETCH,
+        EMULATE,
+    )
+    acc *= act_down
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + expert * stride_be + rows).to(tl.float32)
+    acc *= tl.load(topk_weights_ptr + pair).to(tl.float32)
+    total = tl.sum(tl.reshape(tl.where(e_ok, acc, 0.0), [K_PAD, BLOCK_N]), axis=0)
+    out_cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    out = out_ptr + t.to(tl.int64) * stride_om + out_cols
+    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=out_cols < N)
 
 
 def f16_products_apply(x: torch.Tensor, mxfp4: bool, activation: str, alpha, limit) -> bool:
@@ -465,7 +474,7 @@ def run_gemv_f16(
         *a2.strides,
         out.stride(0),
         2.0**-shift,
-        **({} if top_k is None else {"TOP_K": top_k}),
+        **({} if top_k is None else {"TOP_K": top_k, "K_PAD": triton.next_power_of_2(top_k)}),
         HAS_BIAS=w2_bias is not None,
         BLOCK_N=d.block_n,
         BLOCK_K=d.block_k,
