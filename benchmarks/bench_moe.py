@@ -306,11 +306,6 @@ def candidates(T: int, mx: bool) -> tuple[list[int], list[GemmConfig], list[Gemm
     return bms, gu, dn
 
 
-# down kernels summing the top-k (MoeConfig.down_sums_topk): a program holds k x BLOCK_N rows
-SUMMED_DOWN = ((1, 512, 1, 2), (1, 1024, 1, 2), (1, 1024, 2, 2), (2, 512, 2, 2), (2, 1024, 2, 2))
-SUMMED_DOWN += ((1, 512, 1, 1), (2, 256, 1, 2), (4, 256, 2, 2))
-
-
 def gemv_candidates(mx: bool) -> list[GemmConfig]:
     """Per-pair GEMV kernel options (block_n, block_k, num_warps, num_stages) for either GEMM."""
     # num_stages 2: the next K block's loads issued before this block's arithmetic
@@ -340,7 +335,6 @@ def config_line(T: int, t: float, c: MoeConfig, mx: bool, floor: float | None = 
 
     mode = f', "{c.mxfp4_mode}"' if mx else ""
     mode += ", gemv=True" if c.gemv else ""
-    mode += ", down_sums_topk=False" if c.gemv and not c.down_sums_topk else ""
     note = f"{t:.1f} µs" + (f", floor {floor:.1f} µs, x{t / floor:.2f}" if floor else "")
     return f"    ({T}, MoeConfig({c.block_m}, {gemm(g)}, {gemm(d)}{mode})),  # {note}"
 
@@ -397,11 +391,6 @@ def sweep(
             downs = (MoeConfig(16, gu, dn, gemv=True) for dn in opts if dn != dflt.down)
             mine += [(t_of(c), c) for c in downs]
             tm, cm = min(mine, key=lambda p: p[0])
-            if mx:  # the down kernel summing the top-k (fp16 products): k x BLOCK_N rows
-                for bn, bk, w, st in SUMMED_DOWN:
-                    c = replace(cm, down=GemmConfig(bn, bk, w, st), down_sums_topk=True)
-                    mine.append((t_of(c), c))
-                tm, cm = min(mine, key=lambda p: p[0])
             print(f"  best gemv: {tm:.1f} (x{tm / fl:.2f} floor)  {cm}", flush=True)
             results += mine
         if gemv_only:

@@ -24,11 +24,9 @@ from tests.srt.layers.test_moe_triton import (
 )
 
 
-def _cfg(
-    block_n: int, block_k: int, stages: int, fp16: bool = True, sums: bool = True
-) -> MoeConfig:
+def _cfg(block_n: int, block_k: int, stages: int, fp16: bool = True) -> MoeConfig:
     g = GemmConfig(block_n, block_k, 1, stages)
-    return MoeConfig(16, g, g, gemv=True, fp16_products=fp16, down_sums_topk=sums)
+    return MoeConfig(16, g, g, gemv=True, fp16_products=fp16)
 
 
 @pytest.mark.parametrize("K", [32, 288])
@@ -84,7 +82,7 @@ def test_f16_products_within_float32_paths_error(T, E, H, inter, k, block_n, blo
     ref = _ref(x, w13, b13, w2, b2, kept, ids.clamp(0, E - 1))
 
     def run(fp16: bool) -> torch.Tensor:
-        cfg = _cfg(block_n, block_k, stages, fp16, sums)
+        cfg = _cfg(block_n, block_k, stages, fp16)
         return fused_experts(
             x, w13_q, w2_q, wts, ids, b13, b2, swiglu_alpha=ALPHA, swiglu_limit=LIMIT,
             config=cfg, w13_scale=w13_s, w2_scale=w2_s,
@@ -165,7 +163,7 @@ def test_x_f16_of_the_wrong_shape_raises():
 
 
 @gpu
-@pytest.mark.parametrize("T", [1, 2, 3])  # the table's GEMV rows (both down variants)
+@pytest.mark.parametrize("T", [1, 2, 3])  # the table's GEMV rows
 def test_gpu_routing_made_x_f16_gives_the_same_bits(T):
     """fused_experts with the x_f16 from select_experts_x_f16 == without it (its own prep), bit
     for bit, on the table's configs; and TopKExperts says when it takes one."""

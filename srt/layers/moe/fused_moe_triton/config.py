@@ -42,8 +42,6 @@ class MoeConfig:
     each GEMM's block_n, block_k, num_warps and num_stages apply).
     fp16_products (gemv with MXFP4 weights, bf16/fp16 activations and gpt-oss's bounded
     activation): multiply in fp16 pairs, moe_gemv_f16.py; False keeps the float32 GEMV.
-    down_sums_topk (with fp16_products): each down program runs a token's k pairs in turn and
-    sums them (no moe_sum launch); False: one program per pair, then moe_sum.
     """
 
     block_m: int
@@ -52,7 +50,6 @@ class MoeConfig:
     mxfp4_mode: str = "dot_scaled"
     gemv: bool = False
     fp16_products: bool = True
-    down_sums_topk: bool = True
 
 
 # Upper bound on T -> config, measured on the H100 (bf16 activations and experts, gpt-oss-20b
@@ -80,28 +77,16 @@ MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     # GEMV's best took 38.3 / 63.1 / 106.8, the grouped kernels 65.5 / 92.6 / 141.8).
     (
         1,
-        MoeConfig(
-            16,
-            GemmConfig(2, 1024, 1, 2),
-            GemmConfig(4, 1024, 2, 2),
-            gemv=True,
-            down_sums_topk=False,
-        ),  # fmt: skip
-    ),  # 32.9 (17.7)
+        MoeConfig(16, GemmConfig(2, 1024, 1, 2), GemmConfig(4, 1024, 2, 2), gemv=True),
+    ),  # 32.2-32.9 (17.6)
     (
         2,
-        MoeConfig(16, GemmConfig(2, 1024, 1, 2), GemmConfig(2, 1024, 1, 2), gemv=True),
-    ),  # 50.8 (31.0)
+        MoeConfig(16, GemmConfig(2, 1024, 1, 2), GemmConfig(16, 256, 4, 2), gemv=True),
+    ),  # 50.2 (30.8)
     (
         4,
-        MoeConfig(
-            16,
-            GemmConfig(4, 512, 1, 2),
-            GemmConfig(4, 512, 1, 2),
-            gemv=True,
-            down_sums_topk=False,
-        ),  # fmt: skip
-    ),  # 83.1 (57.5)
+        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True),
+    ),  # 82.4-83.3 (57.2)
     # 4 < T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
     # loaded one K step ahead; µs per layer call, the read floor in brackets).
     (

@@ -114,9 +114,10 @@ def fused_experts(
             w2_scale, cfg, activation, alpha, limit,
         )  # fmt: skip
         if cfg.fp16_products and f16_products_apply(hidden_states, mxfp4, activation, alpha, limit):
-            out = run_gemv_f16(*gemv_args, x_f16)  # fp16 products: fewer instructions a byte
-            return out if cfg.down_sums_topk else moe_sum(out, T, topk_ids.shape[1])
-        return moe_sum(run_gemv(*gemv_args), T, topk_ids.shape[1])
+            pairs = run_gemv_f16(*gemv_args, x_f16)  # fp16 products: fewer instructions a byte
+        else:
+            pairs = run_gemv(*gemv_args)
+        return moe_sum(pairs, T, topk_ids.shape[1])
     mode = 0
     if mxfp4:
         cfg = fit_mxfp4(cfg)  # whole scale groups per K block

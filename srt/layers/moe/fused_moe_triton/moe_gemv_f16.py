@@ -320,77 +320,6 @@ def moe_gemv_f16_down_kernel(
     tl.store(out, tl.where(e_ok, acc, 0.0).to(out_ptr.dtype.element_ty), mask=cols < N)
 
 
-@triton.jit
-def moe_gemv_f16_down_sum_kernel(
-    act16_ptr,  # fp16 [T*k, K], pair-ordered, times 2**act_shift
-    w_ptr,  # uint8 [E, N, K/2]
-    ws_ptr,  # uint8 E8M0 scales [E, N, K/32]
-    b_ptr,  # [E, N] or a dummy
-    topk_weights_ptr,  # [T*k]
-    out_ptr,  # [T, N]
-    topk_ids_ptr,  # [T*k]
-    num_experts,
-    N,
-    K,
-    stride_am,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    stride_be,
-    stride_om,
-    act_down,  # 2**-act_shift
-    TOP_K: tl.constexpr,
-    K_PAD: tl.constexpr,  # TOP_K rounded up to a power of two
-    HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    EMULATE: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-):
-    """Program (t, N tile): token t's k pairs x BLOCK_N columns as K_PAD * BLOCK_N rows side by
-    side (each its expert's row and its pair's activations), then summed over the pairs in
-    float32 and rounded once: the top-k combine without moe_sum's launch, and as many rows in
-    flight as a program per pair."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    t = tl.program_id(0)
-    r = tl.arange(0, K_PAD * BLOCK_N)  # row r: pair slot r // BLOCK_N, column r % BLOCK_N
-    slot = r // BLOCK_N
-    cols = tl.program_id(1) * BLOCK_N + r % BLOCK_N
-    pair = (t * TOP_K + tl.minimum(slot, TOP_K - 1)).to(tl.int64)
-    e = tl.load(topk_ids_ptr + pair).to(tl.int64)
-    e_ok = (slot < TOP_K) & (e >= 0) & (e < num_experts)
-    expert = tl.where(e_ok, e, 0)
-    rows = tl.minimum(cols, N - 1)  # columns past N re-read row N - 1 (not stored)
-    acc, _ = _rows_dot_f16(
-        act16_ptr,
-        pair * stride_am,
-        w_ptr,
-        ws_ptr,
-        expert * stride_we + rows * stride_wn,
-        expert * stride_se + rows * stride_sn,
-        0,
-        0,
-        K,
-        K_PAD * BLOCK_N,
-        BLOCK_K,
-        False,
-        PREFETCH,
-        EMULATE,
-    )
-    acc *= act_down
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + expert * stride_be + rows).to(tl.float32)
-    acc *= tl.load(topk_weights_ptr + pair).to(tl.float32)
-    total = tl.sum(tl.reshape(tl.where(e_ok, acc, 0.0), [K_PAD, BLOCK_N]), axis=0)
-    out_cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    out = out_ptr + t.to(tl.int64) * stride_om + out_cols
-    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=out_cols < N)
-
-
 def f16_products_apply(x: torch.Tensor, mxfp4: bool, activation: str, alpha, limit) -> bool:
     """Whether run_gemv_f16 serves this call (MXFP4 weights, bf16 activations, a bounded
     activation)."""
@@ -415,7 +344,7 @@ def run_gemv_f16(
     x_f16: XF16 | None = None,
 ) -> torch.Tensor:
     """run_gemv with fp16 products (f16_products_apply holds; arguments checked by
-    fused_experts): [T, H] with cfg.down_sums_topk, else [T*k, H] pair rows in pair order."""
+    fused_experts): [T*k, H] pair rows in pair order (the caller adds each token's k rows)."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, inter = w13.shape[0], w13.shape[1] // 2
@@ -455,13 +384,8 @@ def run_gemv_f16(
         num_warps=g.num_warps,
         num_stages=1,
     )
-    if cfg.down_sums_topk:  # [T, H]: each token's k pairs summed in the kernel
-        out = torch.empty(T, H, dtype=x.dtype, device=x.device)
-        kernel, grid, top_k = moe_gemv_f16_down_sum_kernel, (T, triton.cdiv(H, d.block_n)), k
-    else:  # [T*k, H], pair order (the caller sums)
-        out = torch.empty(T * k, H, dtype=x.dtype, device=x.device)
-        kernel, grid, top_k = moe_gemv_f16_down_kernel, (T * k, triton.cdiv(H, d.block_n)), None
-    cached_launcher(kernel)[grid](
+    out = torch.empty(T * k, H, dtype=x.dtype, device=x.device)  # [T*k, H], pair order
+    cached_launcher(moe_gemv_f16_down_kernel)[(T * k, triton.cdiv(H, d.block_n))](
         act16,
         *a2.ptrs,
         topk_weights.reshape(-1),
@@ -474,7 +398,6 @@ def run_gemv_f16(
         *a2.strides,
         out.stride(0),
         2.0**-shift,
-        **({} if top_k is None else {"TOP_K": top_k, "K_PAD": triton.next_power_of_2(top_k)}),
         HAS_BIAS=w2_bias is not None,
         BLOCK_N=d.block_n,
         BLOCK_K=d.block_k,
