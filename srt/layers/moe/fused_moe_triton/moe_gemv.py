@@ -195,6 +195,30 @@ def _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _add_gate_up_bias(gate, up, b_ptr, expert, stride_be, cols, n_ok, N, HAS_BIAS: tl.constexpr):
+    """gate / up [BN] plus their expert's biases (gate at cols, up at N + cols)."""
+    if HAS_BIAS:
+        b_row = b_ptr + expert * stride_be
+        gate += tl.load(b_row + cols, mask=n_ok, other=0.0).to(tl.float32)
+        up += tl.load(b_row + N + cols, mask=n_ok, other=0.0).to(tl.float32)
+    return gate, up
+
+
+@triton.jit
+def _store_down(
+    acc, b_ptr, expert, stride_be, topk_weights_ptr, out_ptr, stride_om, pair, cols, e_ok, n_ok,
+    N, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """A pair's down row [BN]: plus its expert's bias, times its routing weight, stored at
+    out[pair, cols] (zeros for an out-of-range expert)."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + expert * stride_be + cols, mask=n_ok, other=0.0).to(tl.float32)
+    acc *= tl.load(topk_weights_ptr + pair).to(tl.float32)
+    out = out_ptr + pair.to(tl.int64) * stride_om + cols
+    tl.store(out, tl.where(e_ok, acc, 0.0).to(out_ptr.dtype.element_ty), mask=cols < N)
+
+
+@triton.jit
 def moe_gemv_gate_up_kernel(
     x_ptr,  # [T, K]
     w_ptr,  # [E, 2N, K] (MXFP4: uint8 [E, 2N, K/2]); gate rows 0..N-1, up rows N..2N-1
@@ -243,10 +267,7 @@ def moe_gemv_gate_up_kernel(
         True,
         PREFETCH,
     )
-    if HAS_BIAS:
-        b_row = b_ptr + expert * stride_be
-        gate += tl.load(b_row + cols, mask=n_ok, other=0.0).to(tl.float32)
-        up += tl.load(b_row + N + cols, mask=n_ok, other=0.0).to(tl.float32)
+    gate, up = _add_gate_up_bias(gate, up, b_ptr, expert, stride_be, cols, n_ok, N, HAS_BIAS)
     act = tl.where(e_ok, _swiglu(gate, up, alpha, limit, ACTIVATION), 0.0)
     out = act_ptr + pair.to(tl.int64) * stride_am + cols
     tl.store(out, act.to(act_ptr.dtype.element_ty), mask=cols < N)
@@ -298,11 +319,10 @@ def moe_gemv_down_kernel(
         False,
         PREFETCH,
     )
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + expert * stride_be + cols, mask=n_ok, other=0.0).to(tl.float32)
-    acc *= tl.load(topk_weights_ptr + pair).to(tl.float32)
-    out = out_ptr + pair.to(tl.int64) * stride_om + cols
-    tl.store(out, tl.where(e_ok, acc, 0.0).to(out_ptr.dtype.element_ty), mask=cols < N)
+    _store_down(
+        acc, b_ptr, expert, stride_be, topk_weights_ptr, out_ptr, stride_om, pair, cols, e_ok,
+        n_ok, N, HAS_BIAS,
+    )  # fmt: skip
 
 
 class ExpertWeightArgs(NamedTuple):

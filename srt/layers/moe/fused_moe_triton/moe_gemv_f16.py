@@ -35,7 +35,13 @@ from sgl_ext import settings
 from sgl_ext.triton.launcher import cached_launcher
 from sgl_ext.triton.rounding import cast_rne
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import _swiglu
-from srt.layers.moe.fused_moe_triton.moe_gemv import ExpertWeightArgs, _pair_tile, _scale_2e14
+from srt.layers.moe.fused_moe_triton.moe_gemv import (
+    ExpertWeightArgs,
+    _add_gate_up_bias,
+    _pair_tile,
+    _scale_2e14,
+    _store_down,
+)
 from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, _pair_position, act_f16_shift, x_to_f16
 
 
@@ -254,10 +260,7 @@ def moe_gemv_f16_gate_up_kernel(
     inv = tl.load(xinv_ptr + token)
     gate *= inv
     up *= inv
-    if HAS_BIAS:
-        b_row = b_ptr + expert * stride_be
-        gate += tl.load(b_row + cols, mask=n_ok, other=0.0).to(tl.float32)
-        up += tl.load(b_row + N + cols, mask=n_ok, other=0.0).to(tl.float32)
+    gate, up = _add_gate_up_bias(gate, up, b_ptr, expert, stride_be, cols, n_ok, N, HAS_BIAS)
     act = tl.where(e_ok, _swiglu(gate, up, alpha, limit, ACTIVATION), 0.0)
     act = cast_rne(act, ACT_DTYPE, EMULATE).to(tl.float32) * act_up
     out = act16_ptr + pair.to(tl.int64) * stride_am + _pair_position(cols)
@@ -312,12 +315,10 @@ def moe_gemv_f16_down_kernel(
         PREFETCH,
         EMULATE,
     )
-    acc *= act_down
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + expert * stride_be + cols, mask=n_ok, other=0.0).to(tl.float32)
-    acc *= tl.load(topk_weights_ptr + pair).to(tl.float32)
-    out = out_ptr + pair.to(tl.int64) * stride_om + cols
-    tl.store(out, tl.where(e_ok, acc, 0.0).to(out_ptr.dtype.element_ty), mask=cols < N)
+    _store_down(
+        acc * act_down, b_ptr, expert, stride_be, topk_weights_ptr, out_ptr, stride_om, pair, cols,
+        e_ok, n_ok, N, HAS_BIAS,
+    )  # fmt: skip
 
 
 def f16_products_apply(x: torch.Tensor, mxfp4: bool, activation: str, alpha, limit) -> bool:
