@@ -72,7 +72,7 @@ MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 # modes). A weight tile is BLOCK_K / 2 bytes a row, so decode takes long K blocks (128-byte
 # row segments per load) and deep pipelines to keep enough bytes in flight.
 MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    # T <= 4: the per-pair GEMV kernels with fp16 products (moe_gemv_f16.py; bench_moe --mxfp4
+    # T <= 8: the per-pair GEMV kernels with fp16 products (moe_gemv_f16.py; bench_moe --mxfp4
     # --sweep-gemv, H100, session 9; µs per layer call, the read floor in brackets; the float32
     # GEMV's best took 38.3 / 63.1 / 106.8, the grouped kernels 65.5 / 92.6 / 141.8).
     (
@@ -87,12 +87,12 @@ MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
         4,
         MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True),
     ),  # 82.4-83.3 (57.2)
-    # 4 < T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
-    # loaded one K step ahead; µs per layer call, the read floor in brackets).
     (
         8,
-        MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 5, 1, 1)),
-    ),  # 189 (79)
+        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True),
+    ),  # 134.3 (79.5); the grouped kernels 183.8 (T = 16: GEMV 257.9, grouped 237.3)
+    # 8 < T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
+    # loaded one K step ahead; µs per layer call, the read floor in brackets).
     (
         32,
         MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 4, 1, 1)),
