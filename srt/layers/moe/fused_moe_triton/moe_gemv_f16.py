@@ -52,14 +52,20 @@ def _lane(w, SHIFT: tl.constexpr):
 
 
 @triton.jit
+def _pack2(lo, hi):
+    """Two fp16 tensors -> fp16x2 words (uint32, lo in bits 0..15)."""
+    lo_bits = lo.to(tl.uint16, bitcast=True).to(tl.uint32)
+    return lo_bits | (hi.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
+
+
+@triton.jit
 def _hfma2(a, b, c, EMULATE: tl.constexpr):
     """a * b + c on fp16x2 words (uint32): one `fma.rn.f16x2`; the interpreter (EMULATE) runs
     it on the two fp16 lanes."""
     if EMULATE:
-        lo = _lane(a, 0) * _lane(b, 0) + _lane(c, 0)
-        hi = _lane(a, 16) * _lane(b, 16) + _lane(c, 16)
-        lo_bits = lo.to(tl.uint16, bitcast=True).to(tl.uint32)
-        return lo_bits | (hi.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
+        return _pack2(
+            _lane(a, 0) * _lane(b, 0) + _lane(c, 0), _lane(a, 16) * _lane(b, 16) + _lane(c, 16)
+        )
     else:
         return tl.inline_asm_elementwise(
             "fma.rn.f16x2 $0, $1, $2, $3;",
@@ -75,10 +81,7 @@ def _hfma2(a, b, c, EMULATE: tl.constexpr):
 def _hmul2(a, b, EMULATE: tl.constexpr):
     """a * b on fp16x2 words (uint32): one `mul.rn.f16x2`."""
     if EMULATE:
-        lo = _lane(a, 0) * _lane(b, 0)
-        hi = _lane(a, 16) * _lane(b, 16)
-        lo_bits = lo.to(tl.uint16, bitcast=True).to(tl.uint32)
-        return lo_bits | (hi.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
+        return _pack2(_lane(a, 0) * _lane(b, 0), _lane(a, 16) * _lane(b, 16))
     else:
         return tl.inline_asm_elementwise(
             "mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.uint32, is_pure=True, pack=1
@@ -121,10 +124,10 @@ def _words_dot(w, x0, x1, x2, x3, EMULATE: tl.constexpr):
 
 @triton.jit
 def _f16_load(q_base, s_base, x_base, w_off1, s_off1, gb, num_groups, G: tl.constexpr, TWO):
-    """Groups gb .. gb + G - 1's operands: the x16 words of pairs 0..3 [BN, G, 4] (the same
-    for every row), packed words [BN, G, 4] and scales [BN, G] (and the second matrix's with
-    TWO; else the first's again). No masks (no zero fills): groups past the row's end re-read
-    its last one, and the caller drops their sums."""
+    """Groups gb .. gb + G - 1's operands: the x16 words of pairs 0..3 [BN, G, 4] (the one
+    activation row's, the same for every row), packed words [BN, G, 4] and scales [BN, G] (and
+    the second matrix's with TWO; else the first's again). No masks (no zero fills): groups
+    past the row's end re-read its last one, and the caller drops their sums."""
     g = tl.minimum(gb + tl.arange(0, G), num_groups - 1)
     q = q_base + (g * 4)[None, :, None]
     xp = x_base + (g * 16)[None, :, None]
@@ -145,8 +148,7 @@ def _f16_load(q_base, s_base, x_base, w_off1, s_off1, gb, num_groups, G: tl.cons
 
 @triton.jit
 def _rows_dot_f16(
-    x16_ptr,  # fp16 pair-ordered activation rows
-    x_rows,  # [BN] int64: each weight row's activation row (offset in halves)
+    x16_row,  # fp16 pointer to the pair-ordered activation row (K halves)
     w_ptr,
     s_ptr,
     w_rows,  # [BN] byte offsets of the weight rows (all readable: the caller clamps)
@@ -160,9 +162,9 @@ def _rows_dot_f16(
     PREFETCH: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
-    """float32 [BN] dot products (times 2**s of the activation row) of the rows w_rows (and,
-    with TWO, w_rows + w_off1) with their activation rows; PREFETCH loads each next K block
-    before this one's math."""
+    """float32 [BN] dot products (times 2**s of the row) of the rows w_rows (and, with TWO,
+    w_rows + w_off1) with the activation row; PREFETCH loads each next K block before this
+    one's math."""
     G: tl.constexpr = BLOCK_K // 32  # scale groups of a K block
     num_groups = K // 32
     acc0 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
@@ -170,8 +172,8 @@ def _rows_dot_f16(
     j = tl.arange(0, 4)  # a group's 16 bytes as 4 words, word j holding K 8j .. 8j+7
     words = w_ptr.to(tl.pointer_type(tl.uint32))  # rows are 16-byte multiples (K % 32 == 0)
     q_base = words + (w_rows // 4)[:, None, None] + j[None, None, :]  # [BN, 1, 4]
-    # [BN, 1, 4]: each row's x16 words (pair 0's; pair c: + 4c)
-    x_base = x16_ptr.to(tl.pointer_type(tl.uint32)) + (x_rows // 2)[:, None, None] + j
+    # [BN, 1, 4]: the same x16 words for every row (offset 0 along BN), pair 0's; pair c: + 4c
+    x_base = x16_row.to(tl.pointer_type(tl.uint32)) + (w_rows * 0)[:, None, None] + j
     # the scales' [BN, G] offsets in the layout of the group sums: reduced from [BN, G, 4]
     # offsets in the words' layout (q >> 62 is 0 but ties them to it)
     zeros = tl.zeros([BLOCK_N, G, 4], dtype=tl.int64)
@@ -242,8 +244,7 @@ def moe_gemv_f16_gate_up_kernel(
     token = (pair // TOP_K).to(tl.int64)
     rows = tl.minimum(cols, N - 1)  # columns past N re-read row N - 1 (not stored)
     gate, up = _rows_dot_f16(
-        x16_ptr,
-        token * stride_xm + cols * 0,  # every row: the token's
+        x16_ptr + token * stride_xm,
         w_ptr,
         ws_ptr,
         expert * stride_we + rows * stride_wn,
@@ -300,8 +301,7 @@ def moe_gemv_f16_down_kernel(
     pair, cols, expert, e_ok, n_ok = _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N)
     rows = tl.minimum(cols, N - 1)  # columns past N re-read row N - 1 (not stored)
     acc, _ = _rows_dot_f16(
-        act16_ptr,
-        pair.to(tl.int64) * stride_am + cols * 0,  # every row: the pair's
+        act16_ptr + pair.to(tl.int64) * stride_am,
         w_ptr,
         ws_ptr,
         expert * stride_we + rows * stride_wn,
