@@ -118,11 +118,14 @@ def test_act_f16_shift_and_which_calls_take_fp16_products():
     assert act_f16_shift("swiglu_oai", 1.702, float("inf")) is None
     x = torch.zeros(2, 32, dtype=torch.bfloat16)
     kw = dict(activation="swiglu_oai", alpha=1.702, limit=7.0)
-    assert f16_products_apply(x, True, **kw)
-    assert not f16_products_apply(x, False, **kw)  # bf16 experts
-    assert not f16_products_apply(x.float(), True, **kw)  # float32 activations
-    assert not f16_products_apply(x.half(), True, **kw)  # fp16: products would round
-    assert not f16_products_apply(x, True, **dict(kw, activation="silu"))
+    cfg = _cfg(8, 64, 1)
+    assert f16_products_apply(cfg, x, True, **kw)
+    assert not f16_products_apply(cfg, x, False, **kw)  # bf16 experts
+    assert not f16_products_apply(cfg, x.float(), True, **kw)  # float32 activations
+    assert not f16_products_apply(cfg, x.half(), True, **kw)  # fp16: products would round
+    assert not f16_products_apply(cfg, x, True, **dict(kw, activation="silu"))
+    assert not f16_products_apply(_cfg(8, 64, 1, fp16=False), x, True, **kw)
+    assert not f16_products_apply(dataclasses.replace(cfg, gemv=False), x, True, **kw)
 
 
 def test_fp16_products_config_default_on():

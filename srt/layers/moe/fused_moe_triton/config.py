@@ -40,7 +40,7 @@ class MoeConfig:
     fused_moe_triton_kernels.py.
     gemv: True runs the per-pair CUDA-core kernels of moe_gemv.py instead (no alignment; only
     each GEMM's block_n, block_k, num_warps and num_stages apply).
-    fp16_products (gemv with MXFP4 weights, bf16/fp16 activations and gpt-oss's bounded
+    fp16_products (gemv with MXFP4 weights, bf16 activations and gpt-oss's bounded
     activation): multiply in fp16 pairs, moe_gemv_f16.py; False keeps the float32 GEMV.
     """
 

@@ -113,7 +113,7 @@ def fused_experts(
             hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale,
             w2_scale, cfg, activation, alpha, limit,
         )  # fmt: skip
-        if cfg.fp16_products and f16_products_apply(hidden_states, mxfp4, activation, alpha, limit):
+        if f16_products_apply(cfg, hidden_states, mxfp4, activation, alpha, limit):
             pairs = run_gemv_f16(*gemv_args, x_f16)  # fp16 products: fewer instructions a byte
         else:
             pairs = run_gemv(*gemv_args)

@@ -289,8 +289,7 @@ class TopKExperts(nn.Module):
         from srt.layers.moe.fused_moe_triton.moe_gemv_f16 import f16_products_apply
 
         cfg = get_config(x.shape[0], x.device, x.dtype, mxfp4=True)
-        fp16 = cfg.gemv and cfg.fp16_products
-        return fp16 and f16_products_apply(x, True, self.activation, self.alpha, self.limit)
+        return f16_products_apply(cfg, x, True, self.activation, self.alpha, self.limit)
 
     def _forward_triton(self, x, topk_weights, topk_ids, x_f16=None) -> torch.Tensor:
         """Routed experts only, grouped by expert (static shapes, sync-free, graph-safe)."""

@@ -321,11 +321,12 @@ def moe_gemv_f16_down_kernel(
     )  # fmt: skip
 
 
-def f16_products_apply(x: torch.Tensor, mxfp4: bool, activation: str, alpha, limit) -> bool:
-    """Whether run_gemv_f16 serves this call (MXFP4 weights, bf16 activations, a bounded
-    activation)."""
+def f16_products_apply(cfg, x: torch.Tensor, mxfp4: bool, activation: str, alpha, limit) -> bool:
+    """Whether run_gemv_f16 serves this call: a MoeConfig cfg with gemv and fp16_products,
+    MXFP4 weights, bf16 activations, a bounded activation."""
     bf16 = x.dtype == torch.bfloat16  # fp16 activations: 11-bit products would round
-    return mxfp4 and bf16 and act_f16_shift(activation, alpha, limit) is not None
+    fp16 = cfg.gemv and cfg.fp16_products and mxfp4 and bf16
+    return fp16 and act_f16_shift(activation, alpha, limit) is not None
 
 
 def run_gemv_f16(
