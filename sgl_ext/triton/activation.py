@@ -12,6 +12,7 @@ import triton.language as tl
 
 from sgl_ext import settings
 from sgl_ext.triton.launcher import KernelLauncher, make_launcher
+from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne
 
 BLOCK = 1024
@@ -28,9 +29,7 @@ def _silu_and_mul_kernel(
     EMULATE: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < D

@@ -36,6 +36,7 @@ import triton.language as tl
 from sgl_ext import settings
 from sgl_ext.gemm import GemmConfig
 from sgl_ext.triton.launcher import KernelLauncher, make_launcher
+from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne
 
 REDUCE_BLOCK = 1024  # output columns per program of the split-K reduction
@@ -67,15 +68,13 @@ def _skinny_gemm_kernel(
     EMULATE: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output columns = rows of w
     rm = tl.arange(0, BLOCK_M)  # [BM] tokens
     rk = tl.arange(0, BLOCK_K)  # [BK]
     k0 = pid_k * k_per_split
+    pdl_enter(USE_PDL)
     n_ok = rn < N
     m_ok = rm < M
     w_ptrs = W + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]  # [BN, BK]
@@ -139,9 +138,7 @@ def _split_k_reduce_kernel(
     EMULATE: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = rn < N

@@ -241,9 +241,9 @@ def pdl_on(device: torch.device) -> bool:
 def with_pdl(
     fn: Any, constexprs: Mapping[str, object], options: Mapping[str, object], device: torch.device
 ) -> tuple[Mapping[str, object], Mapping[str, object]]:
-    """A kernel that declares a `USE_PDL` constexpr (and begins with `gdc_wait()` under it, before
-    any load) gets USE_PDL and the `launch_pdl` option set from `pdl_on(device)`, unless the
-    caller set USE_PDL itself."""
+    """A kernel that declares a `USE_PDL` constexpr (and begins with `pdl.pdl_enter(USE_PDL)`,
+    before any dependent load) gets USE_PDL and the `launch_pdl` option set from
+    `pdl_on(device)`, unless the caller set USE_PDL itself."""
     # (the interpreter's functions have no params: their kernels keep the default, False)
     if "USE_PDL" in constexprs or not any(p.name == "USE_PDL" for p in getattr(fn, "params", ())):
         return constexprs, options

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from sgl_ext import settings
 from sgl_ext.triton.launcher import KernelLauncher, make_launcher
+from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne
 
 
@@ -38,9 +39,7 @@ def _rmsnorm_kernel(
     EMULATE: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     cm = cols < N

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext.triton.key_value import clamp_position, cos_sin, key_value
+from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.qk_norm import query_in, query_out
 
 # rope_kv_kernel's runtime parameters in the order a launch plan passes them (KernelLauncher's
@@ -157,11 +158,7 @@ def rope_kv_kernel(
     c = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: pair index = cos/sin column
     c_ok = c < HALF
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1] query heads
-    if USE_PDL:
-        # Programmatic dependent launch: everything above overlapped the previous kernel; wait
-        # for its results before the first load, and let the next kernel start launching.
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     # Loads are issued in order: the position first (the longest chain: position -> cos/sin
     # row), then the slot and the data, then the cos/sin row (cos_sin, which waits on the
     # position), all before the first store.

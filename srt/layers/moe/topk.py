@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.triton.pdl import pdl_enter
 from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, row_to_f16
 
 # The fused kernel covers these (gpt-oss: 32 experts, k = 4; Mixtral 8 / 2).
@@ -42,9 +43,7 @@ def _topk_softmax_kernel(
     """Token t's TOP_K largest logits (ties: the lowest expert id first) in descending order,
     their softmax (float32, stored in the weights' dtype) and their expert ids (int64); with
     X16 also row t of x as the fp16-product GEMVs read it (moe_x_f16.row_to_f16)."""
-    if USE_PDL:  # programmatic dependent launch (set by the launcher on Hopper+)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     valid = e < num_experts

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from sgl_ext._backend import interpreting
 from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.triton.pdl import pdl_enter
 from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, load_kv_tile
 from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
@@ -81,9 +82,7 @@ def _decode_kernel(
     SPLIT_ALIGN: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -199,9 +198,7 @@ def _merge_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     """Out[b, h] = the chunks' partial outputs weighted by their softmax mass (+ the sink)."""
-    if USE_PDL:  # wait for the previous kernel's results before any load; let the next launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, NUM_SPLITS)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from sgl_ext.triton.pdl import pdl_enter
+
 
 @triton.jit
 def _block_coords(pid, num_m, num_n, GROUP_M: tl.constexpr):
@@ -395,9 +397,7 @@ def moe_sum_kernel(
 ):
     """The top-k combine: out[t] = sum over j of pairs[t * TOP_K + j] ([T * k, H] -> [T, H],
     rows contiguous), in float32 in the order j = 0..k-1, rounded once to out's dtype."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = h < H

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.triton.pdl import pdl_enter
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import _swiglu
 
 
@@ -247,9 +248,7 @@ def moe_gemv_gate_up_kernel(
     PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     pair, cols, expert, e_ok, n_ok = _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N)
     gate, up = _rows_dot(
         x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm,
@@ -299,9 +298,7 @@ def moe_gemv_down_kernel(
     PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     pair, cols, expert, e_ok, n_ok = _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N)
     acc, _ = _rows_dot(
         act_ptr + pair.to(tl.int64) * stride_am,

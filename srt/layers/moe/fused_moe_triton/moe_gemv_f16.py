@@ -33,6 +33,7 @@ import triton.language as tl
 
 from sgl_ext import settings
 from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import _swiglu
 from srt.layers.moe.fused_moe_triton.moe_gemv import (
@@ -237,9 +238,7 @@ def moe_gemv_f16_gate_up_kernel(
     EMULATE: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     pair, cols, expert, e_ok, n_ok = _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N)
     token = (pair // TOP_K).to(tl.int64)
     rows = tl.minimum(cols, N - 1)  # columns past N re-read row N - 1 (not stored)
@@ -295,9 +294,7 @@ def moe_gemv_f16_down_kernel(
     EMULATE: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     pair, cols, expert, e_ok, n_ok = _pair_tile(topk_ids_ptr, num_experts, N, BLOCK_N)
     rows = tl.minimum(cols, N - 1)  # columns past N re-read row N - 1 (not stored)
     acc, _ = _rows_dot_f16(

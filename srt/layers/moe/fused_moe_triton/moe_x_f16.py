@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.triton.pdl import pdl_enter
 
 
 @triton.jit
@@ -57,9 +58,7 @@ def moe_x_to_f16_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     """Row t of x -> its fp16 words and 2**-s (row_to_f16)."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     row_to_f16(x_ptr + t * stride_xm, x16_ptr + t * stride_hm, inv_ptr + t, K, BLOCK)
 
