@@ -120,9 +120,9 @@ def _decode_rows(preset: str, B: int, L: int, bw: float, configs=None, splits=No
     (what a decode step does), for the backend's split count (and 1) or the given lists."""
     from srt.layers.attention.triton_ops.decode_attention import (
         DecodeConfig,
-        DecodeScratch,
         decode_attention_fwd,
         decode_config,
+        decode_scratch_shape,
         num_kv_splits,
     )
 
@@ -138,7 +138,9 @@ def _decode_rows(preset: str, B: int, L: int, bw: float, configs=None, splits=No
     o = torch.empty_like(q)
     auto = num_kv_splits(B, hkv, sms)
     for s in splits or sorted({1, auto}):
-        scratch = DecodeScratch.new(B, hq, hkv, d, s, torch.device("cuda")) if s > 1 else None
+        shape = decode_scratch_shape(B, hq, d, s)
+        mid_o = torch.empty(shape, device="cuda", dtype=torch.float32)
+        mid_lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
         for cfg in configs or [decode_config(B, s, d)]:
             cfg = cfg if isinstance(cfg, DecodeConfig) else DecodeConfig(*cfg)
             fns = [
@@ -152,7 +154,8 @@ def _decode_rows(preset: str, B: int, L: int, bw: float, configs=None, splits=No
                     d**-0.5,
                     kv,
                     num_splits=s,
-                    scratch=scratch,
+                    mid_o=mid_o,
+                    mid_lse=mid_lse,
                     config=cfg,
                 )
                 for kv in kvs

@@ -21,7 +21,7 @@ from srt.layers.attention.kv_utils import layer_buffers, req_to_token_for_layer
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv
 from srt.layers.attention.triton_ops.decode_attention import (
     DecodeLaunch,
-    DecodeScratch,
+    decode_scratch_shape,
     launch_decode,
     num_kv_splits,
     plan_decode,
@@ -108,7 +108,8 @@ class _DecodePlan:
     """A layer's decode launch for one call shape, with its scratch (None without splits)."""
 
     launch: DecodeLaunch
-    scratch: DecodeScratch | None  # with splits
+    mid_o: torch.Tensor | None  # float32 [B, Hq, splits, BLOCK_DV]
+    mid_lse: torch.Tensor | None  # float32 [B, Hq, splits]
 
 
 @dataclass
@@ -147,9 +148,9 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             else 1
         )
         # Decode split scratch, kept for the backend's life (captured graphs hold its pointers):
-        # base buffers per (rows rounded up to a power of two, Hq, Hkv, Dv, splits), views per B.
-        self._scratch_base: dict[tuple, DecodeScratch] = {}
-        self._scratch: dict[tuple, DecodeScratch] = {}
+        # base buffers per (rows rounded up to a power of two, Hq, Dv, splits), views per B.
+        self._scratch_base: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         # KVArgs per layer id, valid while the pool and the layer's scales are the same objects
         # (pools never reallocate their buffers): (pool, k_scale, v_scale, KVArgs).
         self._kv_args: dict[int, tuple] = {}
@@ -178,20 +179,24 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         return num_kv_splits(batch_size, num_kv_heads, self._num_sms)
 
     def _decode_scratch(
-        self, B: int, Hq: int, Hkv: int, Dv: int, splits: int, device: torch.device
-    ) -> DecodeScratch:
-        """The split decode's buffers, reused by every layer and step (the layers run one after
-        another on one stream; the counts are zero again after each call)."""
-        key = (B, Hq, Hkv, Dv, splits, device)
+        self, B: int, Hq: int, Dv: int, splits: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mid_o [B, Hq, splits, BLOCK_DV], mid_lse [B, Hq, splits]) float32, reused by every
+        layer and step (the layers run one after another on one stream)."""
+        key = (B, Hq, Dv, splits, device)
         views = self._scratch.get(key)
         if views is None:
             rows = next_pow2(B)
-            bkey = (rows, Hq, Hkv, Dv, splits, device)
+            bkey = (rows, Hq, Dv, splits, device)
             base = self._scratch_base.get(bkey)
             if base is None:
-                base = DecodeScratch.new(rows, Hq, Hkv, Dv, splits, device)
+                shape = decode_scratch_shape(rows, Hq, Dv, splits)
+                base = (
+                    torch.empty(shape, dtype=torch.float32, device=device),
+                    torch.empty(shape[:3], dtype=torch.float32, device=device),
+                )
                 self._scratch_base[bkey] = base
-            views = self._scratch[key] = base.rows(B)
+            views = self._scratch[key] = (base[0][:B], base[1][:B])
         return views
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
@@ -257,7 +262,8 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             md.seq_lens,
             kv,
             sinks,
-            plan.scratch,
+            plan.mid_o,
+            plan.mid_lse,
         )
         return o.view(B, Hq * Dv)
 
@@ -265,9 +271,10 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         """The decode launch of this call shape and the scratch it writes."""
         B, Hq, _ = q3.shape
         Dv = o.shape[-1]
-        Hkv = layer.tp_k_head_num
-        splits = self._splits(B, Hkv)
-        scratch = self._decode_scratch(B, Hq, Hkv, Dv, splits, q3.device) if splits > 1 else None
+        splits = self._splits(B, layer.tp_k_head_num)
+        mid_o, mid_lse = (
+            self._decode_scratch(B, Hq, Dv, splits, q3.device) if splits > 1 else (None, None)
+        )
         launch = plan_decode(
             q3,
             o,
@@ -279,7 +286,7 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             layer.logit_cap,
             splits,
         )
-        return _DecodePlan(launch, scratch)
+        return _DecodePlan(launch, mid_o, mid_lse)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
         if save_kv_cache:

@@ -37,7 +37,6 @@ def _decode_kernel(
     Out,
     MidO,
     MidLse,
-    Counts,
     Sinks,
     ReqToToken,
     ReqPoolIdx,
@@ -81,7 +80,6 @@ def _decode_kernel(
     P_LOW: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
-    MERGE_LAST: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     pdl_enter(USE_PDL)
@@ -181,65 +179,6 @@ def _decode_kernel(
         row = b * stride_mid_b + heads * stride_mid_h + split  # [BLOCK_H]
         tl.store(MidLse + row, lse, mask=gm)
         tl.store(MidO + row[:, None] * BLOCK_DV + dv[None, :], out, mask=om)
-        if MERGE_LAST:  # the group's last split to finish merges it: no second launch
-            tl.debug_barrier()  # every thread's partial stores before the release below
-            count = Counts + b * tl.num_programs(1) + kvh
-            done = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")  # acquires the others'
-            if done == NUM_SPLITS - 1:
-                tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next call
-                _merge_splits(
-                    MidO, MidLse, Out, Sinks, b, heads, gm, dv, stride_mid_b, stride_mid_h,
-                    stride_ot, stride_oh, DV, BLOCK_DV, NUM_SPLITS, HAS_SINKS,
-                )  # fmt: skip
-
-
-@triton.jit
-def _merge_splits(
-    MidO,
-    MidLse,
-    Out,
-    Sinks,
-    b,
-    heads,
-    hm,
-    dv,
-    stride_mid_b,
-    stride_mid_h,
-    stride_ot,
-    stride_oh,
-    DV: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
-):
-    """Out[b, heads] = the chunks' partial outputs weighted by their softmax mass (+ the sink),
-    summed in split order; heads [H] with mask hm. Elementwise over the heads (no reduction
-    across threads); the partials are read from L2 (`.cg`: written by other programs)."""
-    row0 = b * stride_mid_b + heads * stride_mid_h  # [H]
-    m = tl.zeros(heads.shape, dtype=tl.float32) - float("inf")
-    for j in tl.static_range(NUM_SPLITS):
-        m = tl.maximum(m, tl.load(MidLse + row0 + j, mask=hm, other=0.0, cache_modifier=".cg"))
-    if HAS_SINKS:
-        sink = tl.load(Sinks + heads, mask=hm, other=0).to(tl.float32)
-        m = tl.maximum(m, sink)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    den = tl.zeros(heads.shape, dtype=tl.float32)
-    if HAS_SINKS:
-        den = tl.exp(sink - m)
-    acc = tl.zeros([heads.shape[0], BLOCK_DV], dtype=tl.float32)
-    om = hm[:, None] & (dv[None, :] < DV)
-    for j in tl.static_range(NUM_SPLITS):
-        lse = tl.load(MidLse + row0 + j, mask=hm, other=0.0, cache_modifier=".cg")
-        w = tl.exp(lse - m)  # [H]; 0 for an empty chunk
-        den += w
-        o = tl.load(
-            MidO + (row0 + j)[:, None] * BLOCK_DV + dv[None, :], mask=om, other=0.0,
-            cache_modifier=".cg",
-        )  # fmt: skip
-        acc += w[:, None] * o
-    out = acc / tl.where(hm, den, 1.0)[:, None]
-    o_ptr = Out + b * stride_ot + heads[:, None] * stride_oh + dv[None, :]
-    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=om)
 
 
 @triton.jit
@@ -258,20 +197,29 @@ def _merge_kernel(
     HAS_SINKS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    """Out[b, h] for one query head (`_merge_splits`); the decode kernel's MERGE_LAST does it
-    without this launch."""
+    """Out[b, h] = the chunks' partial outputs weighted by their softmax mass (+ the sink)."""
     pdl_enter(USE_PDL)
     b = tl.program_id(0)
-    heads = tl.program_id(1) + tl.arange(0, 1)  # [1]
-    _merge_splits(
-        MidO, MidLse, Out, Sinks, b, heads, heads >= 0, tl.arange(0, BLOCK_DV), stride_mid_b,
-        stride_mid_h, stride_ot, stride_oh, DV, BLOCK_DV, NUM_SPLITS, HAS_SINKS,
-    )  # fmt: skip
+    h = tl.program_id(1)
+    s = tl.arange(0, NUM_SPLITS)
+    dv = tl.arange(0, BLOCK_DV)
+    row = b * stride_mid_b + h * stride_mid_h + s  # [NUM_SPLITS]
+    lse = tl.load(MidLse + row)
+    m = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(Sinks + h).to(tl.float32)
+        m = tl.maximum(m, sink)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m)  # [NUM_SPLITS]; 0 for empty chunks
+    den = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        den += tl.exp(sink - m)
+    o = tl.load(MidO + row[:, None] * BLOCK_DV + dv[None, :])  # [NUM_SPLITS, BLOCK_DV]
+    out = tl.sum(w[:, None] * o, axis=0) / den
+    o_ptr = Out + b * stride_ot + h * stride_oh + dv
+    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=dv < DV)
 
 
-import os  # noqa: E402 (experiment)
-
-_MERGE_LAST = os.environ.get("SGL_ATTN_MERGE_LAST", "1") == "1"
 MAX_KV_SPLITS = 16
 SPLIT_ALIGN = 16  # chunk boundaries are multiples of this many keys
 # Programs per SM the split heuristic aims for (enough resident programs to keep loads in flight).
@@ -315,34 +263,6 @@ def decode_scratch_shape(
     """Shape of the float32 partial-output scratch [B, Hq, splits, BLOCK_DV] (the log-sum-exp
     scratch is its first three dims)."""
     return batch_size, num_q_heads, splits, max(16, _pow2(v_head_dim))
-
-
-@dataclass(frozen=True)
-class DecodeScratch:
-    """The buffers of a split decode (NUM_SPLITS > 1), reusable by every later call of the same
-    shape on the same stream: the chunks' float32 partial outputs and log-sum-exps, and the int32
-    count of finished chunks per (request, KV head), zero between calls (the program that merges
-    a group resets its count)."""
-
-    mid_o: torch.Tensor  # float32 [B, Hq, splits, BLOCK_DV]
-    mid_lse: torch.Tensor  # float32 [B, Hq, splits]
-    counts: torch.Tensor  # int32 [B, Hkv], zeros
-
-    @classmethod
-    def new(
-        cls, B: int, Hq: int, Hkv: int, Dv: int, splits: int, device: torch.device
-    ) -> DecodeScratch:
-        shape = decode_scratch_shape(B, Hq, Dv, splits)
-        f32 = torch.float32
-        return cls(
-            torch.empty(shape, dtype=f32, device=device),
-            torch.empty(shape[:3], dtype=f32, device=device),
-            torch.zeros(B, Hkv, dtype=torch.int32, device=device),
-        )
-
-    def rows(self, B: int) -> DecodeScratch:
-        """The first B requests' views (a larger buffer serving a smaller batch)."""
-        return DecodeScratch(self.mid_o[:B], self.mid_lse[:B], self.counts[:B])
 
 
 @dataclass(frozen=True)
@@ -421,7 +341,6 @@ def plan_decode(
         P_LOW=low,
         NUM_SPLITS=num_splits,
         SPLIT_ALIGN=SPLIT_ALIGN,
-        MERGE_LAST=num_splits > 1 and _MERGE_LAST,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -447,15 +366,14 @@ def launch_decode(
     seq_lens: torch.Tensor,
     kv,
     sinks: torch.Tensor | None,
-    scratch: DecodeScratch | None,
+    mid_o: torch.Tensor | None,
+    mid_lse: torch.Tensor | None,
 ) -> None:
     """Launch `plan` on tensors with the metadata it was planned for (q [B, Hq, D], o
-    [B, Hq, Dv], a B-row DecodeScratch when it splits): no checks."""
+    [B, Hq, Dv], the scratch of `decode_scratch_shape` when it splits): no checks."""
     s = sinks if sinks is not None else q  # never read without HAS_SINKS
-    if scratch is None:  # one split: unused
-        mid_o = mid_lse = counts = o
-    else:
-        mid_o, mid_lse, counts = scratch.mid_o, scratch.mid_lse, scratch.counts
+    if plan.num_splits == 1:
+        mid_o = mid_lse = o  # unused
     cached_launcher(_decode_kernel)[plan.grid](  # direct launch once planned
         q,
         kv.k_buffer,
@@ -463,7 +381,6 @@ def launch_decode(
         o,
         mid_o,
         mid_lse,
-        counts,
         s,
         req_to_token,
         req_pool_indices,
@@ -473,7 +390,7 @@ def launch_decode(
         *plan.scalars,
         **plan.constexprs,
     )
-    if plan.num_splits > 1 and not plan.constexprs["MERGE_LAST"]:
+    if plan.num_splits > 1:
         cached_launcher(_merge_kernel)[plan.merge_grid](
             mid_o, mid_lse, o, s, *plan.merge_scalars, **plan.merge_constexprs
         )
@@ -491,7 +408,8 @@ def decode_attention_fwd(
     window: int = -1,
     logit_cap: float = 0.0,
     num_splits: int = 1,
-    scratch: DecodeScratch | None = None,
+    mid_o: torch.Tensor | None = None,
+    mid_lse: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
 ) -> torch.Tensor:
     """o[b, h] = attention of q[b, h] over request b's cached keys 0..seq_lens[b]-1.
@@ -503,10 +421,10 @@ def decode_attention_fwd(
     kv : KVArgs from triton_backend: the layer's caches ([slots, H, D] or [pages, ps, H, D];
         fp8 caches as uint8 views), page size, fp8 kind, scales.
     sinks : float [Hq] or None; window : -1 or window-left; logit_cap : 0 for none.
-    num_splits : KV chunks per request (a power of two <= MAX_KV_SPLITS); > 1: each chunk's
-        partial result goes to the scratch and the last chunk of a group to finish merges them.
-    scratch : DecodeScratch.new(B, Hq, Hkv, Dv, num_splits, device) (allocated here when None),
-        for num_splits > 1; its counts must be zero (as every call leaves them).
+    num_splits : KV chunks per request (a power of two <= MAX_KV_SPLITS); > 1 adds the merge
+        launch and needs the scratch buffers.
+    mid_o : float32 contiguous `decode_scratch_shape(B, Hq, Dv, num_splits)`;
+    mid_lse : float32 contiguous [B, Hq, num_splits]. Allocated here when None.
     config : tile shape (benchmarks); None: `decode_config(B, num_splits, D)`.
 
     Precision: fp32 models use exact float32 products. 16-bit models with a 16-bit cache use
@@ -521,15 +439,12 @@ def decode_attention_fwd(
     )
     B, Hq, _ = q.shape
     if num_splits > 1:
-        Hkv, Dv = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
-        if scratch is None:
-            scratch = DecodeScratch.new(B, Hq, Hkv, Dv, num_splits, q.device)
-        shape = decode_scratch_shape(B, Hq, Dv, num_splits)
-        if (
-            tuple(scratch.mid_o.shape) != shape
-            or tuple(scratch.mid_lse.shape) != shape[:3]
-            or tuple(scratch.counts.shape) != (B, Hkv)
-        ):
-            raise ValueError(f"scratch must be DecodeScratch.new({B}, {Hq}, {Hkv}, {Dv}, ...)")
-    launch_decode(plan, q, o, req_to_token, req_pool_indices, seq_lens, kv, sinks, scratch)
+        shape = decode_scratch_shape(B, Hq, kv.v_buffer.shape[-1], num_splits)
+        if mid_o is None:
+            mid_o = q.new_empty(shape, dtype=torch.float32)
+        if mid_lse is None:
+            mid_lse = q.new_empty(shape[:3], dtype=torch.float32)
+        if tuple(mid_o.shape) != shape or tuple(mid_lse.shape) != shape[:3]:
+            raise ValueError(f"mid_o / mid_lse must be {shape} / {shape[:3]}")
+    launch_decode(plan, q, o, req_to_token, req_pool_indices, seq_lens, kv, sinks, mid_o, mid_lse)
     return o

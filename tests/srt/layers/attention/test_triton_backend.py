@@ -102,10 +102,6 @@ def test_decode_split_kv_long_sequences(splits, window, sinks, cap, page_size, d
         )
         got = out[i].view(1, hq, d).cpu().double()
         torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
-    if splits > 1:  # each group's last chunk merged it and reset its count; a rerun agrees
-        (scratch,) = be._scratch_base.values()
-        assert scratch.counts.shape == (4, hkv) and not scratch.counts.any()
-        assert torch.equal(layer(q, k, v, fb), out)
 
 
 def test_num_kv_splits_same_for_graph_bucket_and_eager_batch():
