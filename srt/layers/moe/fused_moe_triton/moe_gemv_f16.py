@@ -35,6 +35,7 @@ from sgl_ext import settings
 from sgl_ext.triton.launcher import cached_launcher
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne
+from srt.layers.moe.fused_moe_triton.config import MoeConfig
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import _swiglu
 from srt.layers.moe.fused_moe_triton.moe_gemv import (
     ExpertWeightArgs,
@@ -318,7 +319,9 @@ def moe_gemv_f16_down_kernel(
     )  # fmt: skip
 
 
-def f16_products_apply(cfg, x: torch.Tensor, mxfp4: bool, activation: str, alpha, limit) -> bool:
+def f16_products_apply(
+    cfg: MoeConfig, x: torch.Tensor, mxfp4: bool, activation: str, alpha: float, limit: float
+) -> bool:
     """Whether run_gemv_f16 serves this call: a MoeConfig cfg with gemv and fp16_products,
     MXFP4 weights, bf16 activations, a bounded activation."""
     bf16 = x.dtype == torch.bfloat16  # fp16 activations: 11-bit products would round
