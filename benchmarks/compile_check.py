@@ -196,6 +196,15 @@ def norm_reduce_layouts_differ() -> list[str]:
     return bad
 
 
+def pdl_wait_first() -> bool:
+    """The rope_kv kernel waits for the previous kernel (ACQBULK) before it lets the next one
+    launch (PREEXIT), unlike the other kernels (pdl.pdl_enter's WAIT_FIRST; docs/performance.md)."""
+    ops = _sass(compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, 4, True, qk_norm=True))
+    wait = next((i for i, ln in enumerate(ops) if "ACQBULK" in ln), None)
+    release = next((i for i, ln in enumerate(ops) if "PREEXIT" in ln), None)
+    return wait is not None and release is not None and wait < release
+
+
 def main() -> int:
     n = 0
     cases = [
@@ -241,7 +250,9 @@ def main() -> int:
     print(f"POS_LAST: separate programs barrier-free, merged loads first: {not misplaced}")
     for line in misplaced:
         print(f"  {line}")
-    return 0 if after == 0 and before > 0 and not bad and not misplaced else 1
+    wait_first = pdl_wait_first()
+    print(f"PDL: rope_kv waits before it releases the next launch: {wait_first}")
+    return 0 if after == 0 and before > 0 and not bad and not misplaced and wait_first else 1
 
 
 if __name__ == "__main__":

@@ -158,7 +158,11 @@ def rope_kv_kernel(
     c = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: pair index = cos/sin column
     c_ok = c < HALF
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1] query heads
-    pdl_enter(USE_PDL)
+    # Wait, then release the next launch: with the early release (every other kernel's order)
+    # a CUDA graph of back-to-back calls ran the q/k-norm variant 1.10-1.35x RoPE + KV alone at
+    # T = 32..256 against 1.02-1.16x, and RoPE + KV alone was no faster (H100, 2026-11-27;
+    # decode end to end the same either way: docs/performance.md).
+    pdl_enter(USE_PDL, WAIT_FIRST=True)
     # Loads are issued in order: the position first (the longest chain: position -> cos/sin
     # row), then the slot and the data, then the cos/sin row (cos_sin, which waits on the
     # position), all before the first store.

@@ -59,6 +59,32 @@ def test_kernel_ties_pick_the_lowest_ids_and_stay_distinct():
         assert len(set(row.tolist())) == 3 and all(0 <= i < 6 for i in row.tolist())
 
 
+@pytest.mark.parametrize("E, k", [(32, 4), (7, 3), (64, 8), (128, 4)])
+def test_kernel_random_ties_nans_and_infs(E, k):
+    """Logits from a handful of values (many ties), with NaN and +-inf sprinkled in: the ids
+    follow (NaN last, larger first, lower id first) in both the ranked (E <= 64) and the
+    rounds path, and the weights are the softmax of the chosen logits."""
+    g = torch.Generator().manual_seed(E * 100 + k)
+    T = 33
+    vals = torch.tensor([-1.5, 0.0, 0.25, 2.0, float("inf"), float("-inf"), float("nan")])
+    pick = torch.randint(0, 4, (T, E), generator=g)  # mostly numbers
+    odd = torch.rand(T, E, generator=g) < 0.1
+    pick[odd] = torch.randint(4, 7, (int(odd.sum()),), generator=g)
+    logits = vals[pick]
+    w, ids = _topk_softmax_triton(logits.to(DEV), k, torch.float32)
+    w, ids = w.cpu().double(), ids.cpu()
+    for t in range(T):
+        row = logits[t].tolist()
+        order = sorted(
+            range(E), key=lambda i: (row[i] != row[i], -row[i] if row[i] == row[i] else 0, i)
+        )
+        assert ids[t].tolist() == order[:k], (t, row)
+        chosen = torch.tensor([row[i] for i in order[:k]], dtype=torch.float64)
+        if torch.isfinite(chosen).all():
+            ref = torch.softmax(chosen, 0)
+            torch.testing.assert_close(w[t], ref, atol=1e-6, rtol=1e-5)
+
+
 def test_select_experts_checks_and_cpu_path():
     with pytest.raises(ValueError, match="top_k"):
         select_experts(torch.randn(2, 4), 5)
