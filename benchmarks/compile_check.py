@@ -35,6 +35,8 @@ def compile_one(
     num_warps=4,
     ss_fp64=False,
     pos_last=False,
+    hoist=False,
+    early_release=False,
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -85,6 +87,8 @@ def compile_one(
         QK_NORM=qk_norm,
         SS_FP64=ss_fp64,
         POS_LAST=pos_last,
+        HOIST=hoist,
+        EARLY_RELEASE=early_release,
     )
     for k in consts:
         sig[k] = "constexpr"
@@ -167,24 +171,26 @@ def pos_last_misplaced() -> list[str]:
 def norm_reduce_layouts_differ() -> list[str]:
     """The QK_NORM variant's float32 sums of squares add in the order of their operand's layout.
     For each default layout (rope_kv_plan.qk_norm_launch_config: 1 head x 1 warp, 4 heads x 4
-    warps, merged 4 x 4, these three with POS_LAST, then merged 8 x 4 and 16 x 4), compile
+    warps, merged 4 x 4, these three with POS_LAST, then merged 8 x 4 and 16 x 4, the latter
+    with HOIST too), compile
     without the KV write and with bf16 / fp8 caches and compare the layouts of every tt.reduce
     operand in the TTGIR: the fused and unfused Qwen3 paths get the same q/k bits only if they
     match. Returns the layouts that differ (empty: all match)."""
     import re
 
     bad = []
-    for bh, merged, warps, pos_last in (
-        (1, False, 1, True),
-        (4, False, 4, True),
-        (4, True, 4, True),
-        (8, True, 4, False),
-        (16, True, 4, False),
+    for bh, merged, warps, pos_last, hoist in (
+        (1, False, 1, True, False),
+        (4, False, 4, True, False),
+        (4, True, 4, True, False),
+        (8, True, 4, False, False),
+        (16, True, 4, False, False),
+        (16, True, 4, False, True),
     ):
         seen = {}
         for write_kv, kv, ks in ((False, "bf16", 0), (True, "bf16", 0), (True, "e4m3", 2)):
             args = ("bf16", kv, True, write_kv, 0, 0, ks, 0, True, bh, merged)
-            kw = dict(qk_norm=True, num_warps=warps, pos_last=pos_last)
+            kw = dict(qk_norm=True, num_warps=warps, pos_last=pos_last, hoist=hoist)
             ir = compile_one(*args, **kw).asm["ttgir"]
             alias = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<\{.*?\}>)", ir, re.M))
             ops = re.findall(r"\}\) : \(tensor<([^>]*)>\) -> tensor", ir)  # tt.reduce operands
@@ -198,11 +204,16 @@ def norm_reduce_layouts_differ() -> list[str]:
 
 def pdl_wait_first() -> bool:
     """The rope_kv kernel waits for the previous kernel (ACQBULK) before it lets the next one
-    launch (PREEXIT), unlike the other kernels (pdl.pdl_enter's WAIT_FIRST; docs/performance.md)."""
-    ops = _sass(compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, 4, True, qk_norm=True))
-    wait = next((i for i, ln in enumerate(ops) if "ACQBULK" in ln), None)
-    release = next((i for i, ln in enumerate(ops) if "PREEXIT" in ln), None)
-    return wait is not None and release is not None and wait < release
+    launch (PREEXIT), unlike the other kernels (pdl.pdl_enter's WAIT_FIRST; docs/performance.md),
+    and the other way round with EARLY_RELEASE."""
+    order = []
+    for early in (False, True):
+        args = ("bf16", "bf16", True, True, 0, 0, 0, 0, True, 4, True)
+        ops = _sass(compile_one(*args, qk_norm=True, early_release=early))
+        wait = next((i for i, ln in enumerate(ops) if "ACQBULK" in ln), -1)
+        release = next((i for i, ln in enumerate(ops) if "PREEXIT" in ln), -1)
+        order.append(min(wait, release) >= 0 and wait < release)
+    return order == [True, False]
 
 
 def main() -> int:
@@ -225,6 +236,9 @@ def main() -> int:
         compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh, merged)
     compile_one("bf16", "e4m3", True, True, 2, 1, 2, 1, True, 8, True)
     compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, 8, True, order=2)  # k/v first
+    # merged programs with every load before the key/value branch (HOIST)
+    compile_one("bf16", "e4m3", True, True, 2, 1, 2, 1, True, 8, True, hoist=True)
+    compile_one("bf16", "bf16", True, True, 0, 0, 0, 0, True, 8, True, qk_norm=True, hoist=True)
     # q/k RMSNorm (QK_NORM): separate and merged programs, GPT-J words, partial rotary, fp8,
     # RoPE only
     for case, bh, merged in (
@@ -241,7 +255,7 @@ def main() -> int:
         (("fp16", "e4m3", True, True, 1, 1, 2, 1, False), 8, True),
     ):
         compile_one(*case, bh, merged, qk_norm=True, ss_fp64=True)
-    print(f"compiled {n + 14} kernel variants for sm_90")
+    print(f"compiled {n + 16} kernel variants for sm_90")
     after, before = sass_loads_before_division()
     print(f"fp8 tensor-scale SASS: {before} loads before the first reciprocal, {after} after it")
     bad = norm_reduce_layouts_differ()

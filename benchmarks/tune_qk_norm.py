@@ -10,7 +10,8 @@ with the lowest worst ratio over the row's T and both shapes, printed as the cod
 
 Candidates: "default" (the table as it is), "lc" / "lc+pl" (launch_config's bf16 layout, without
 / with POS_LAST), or "block_h,num_warps,order,merged,spread,pos_last" (order 0: 2-D grid, 1:
-token-major, 2: key/value programs first; see rope_kv_plan.LaunchConfig).
+token-major, 2: key/value programs first; see rope_kv_plan.LaunchConfig), optionally followed
+by ",hoist[,early_release]" (0 / 1).
 
 Usage: python benchmarks/tune_qk_norm.py [--tokens 1 8 32 128 512] [--shapes ...] [--rounds 2]
            [--json-out F]
@@ -100,8 +101,10 @@ def parse(cand: str) -> tuple[LaunchConfig | None, bool]:
     """A candidate as (layout, None for launch_config's; POS_LAST for launch_config's)."""
     if cand in ("lc", "lc+pl"):
         return None, cand == "lc+pl"
-    bh, warps, order, merged, spread, pos_last = (int(x) for x in cand.split(","))
-    cfg = LaunchConfig(bh, warps, order, bool(merged), bool(spread), 0, bool(pos_last))
+    vals = [int(x) for x in cand.split(",")]
+    bh, warps, order, merged, spread, pos_last = vals[:6]
+    flags = [bool(x) for x in vals[6:]]  # hoist, early_release
+    cfg = LaunchConfig(bh, warps, order, bool(merged), bool(spread), 0, bool(pos_last), *flags)
     return cfg, False
 
 
@@ -110,7 +113,8 @@ def code(cfg: LaunchConfig | None) -> str:
     if cfg is None:
         return "None"
     args = [str(cfg.block_h), str(cfg.num_warps), ORDER_NAMES[cfg.order]]
-    args += [f"{k}=True" for k in ("merged", "spread", "pos_last") if getattr(cfg, k)]
+    flags = ("merged", "spread", "pos_last", "hoist", "early_release")
+    args += [f"{k}=True" for k in flags if getattr(cfg, k)]
     return f"LaunchConfig({', '.join(args)})"
 
 

@@ -79,6 +79,203 @@ def _slot_rows(
 
 
 @triton.jit
+def key_value_in(
+    t,
+    kvb,
+    c,
+    c_ok,
+    k_ptr,
+    k_tok_stride,
+    k_head_stride,
+    v_ptr,
+    v_tok_stride,
+    v_head_stride,
+    loc_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    k_scale_f,
+    v_scale_f,
+    num_kv_heads,
+    kw_ptr,
+    HEAD_DIM: tl.constexpr,
+    V_HEAD_DIM: tl.constexpr,
+    ROT_DIM: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    PAIR_MODE: tl.constexpr,
+    IS_BF16: tl.constexpr,
+    ROTATE: tl.constexpr,
+    WRITE_KV: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr,
+    V_SCALE_MODE: tl.constexpr,
+    QK_NORM: tl.constexpr,
+):
+    """Every load of key/value block kvb of token t but the cos/sin row: the slot, V, the
+    scales, K (rotary pairs and pass-through tail) and the key's norm weights. A block past the
+    last key/value head loads no K or V (masked; the slot and scales read valid addresses)."""
+    HALF: tl.constexpr = ROT_DIM // 2
+    kh = kvb * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
+    h_ok = kh < num_kv_heads
+    k_row = k_ptr + t * k_tok_stride + kh * k_head_stride
+    dv = tl.arange(0, BLOCK_DV)[None, :]
+    dv_mask = h_ok & (dv < V_HEAD_DIM)
+    zero = tl.zeros([1, 1], tl.float32)  # for the values a variant does not have
+    loc = tl.zeros([1, 1], tl.int64)
+    v, k_s, v_s = zero, zero, zero
+    if WRITE_KV:
+        # Issue every independent load first: slot, V row, K tail, scales.
+        # [1, 1] rather than a scalar: newer Triton interpreters reject scalar & tensor masks.
+        loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
+        v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
+        k_s = load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
+        v_s = load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
+    k_tail = zero
+    if BLOCK_TAIL > 0:
+        dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]  # [1, BLOCK_TAIL] pass-through dims
+        t_mask = h_ok & (dt < HEAD_DIM)
+        if WRITE_KV or QK_NORM:  # they go to the cache too, and the norm reads them
+            k_tail = tl.load(k_row + dt, mask=t_mask, other=0.0)
+    else:
+        dt, t_mask = c, c_ok  # unused
+    km = h_ok & c_ok
+    if ROTATE:
+        ka, kb = load_pairs(k_row, c, km, HALF, PAIR_MODE, IS_BF16)
+    else:  # plain KV write: the whole head as one contiguous "pair" tile
+        ka, kb = load_pairs(k_row, c, km, HALF, 0, IS_BF16)
+    wa, wb, wt = zero, zero, zero
+    if QK_NORM:
+        wa, wb, wt = load_norm_weights(
+            kw_ptr, c, c_ok, dt, dt < HEAD_DIM, HALF, PAIR_MODE, IS_BF16, BLOCK_TAIL > 0
+        )
+    return kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, wa, wb, wt
+
+
+@triton.jit
+def key_value_out(
+    kh,
+    k_row,
+    km,
+    dv,
+    dv_mask,
+    dt,
+    t_mask,
+    loc,
+    v,
+    k_s,
+    v_s,
+    k_tail,
+    ka,
+    kb,
+    wa,
+    wb,
+    wt,
+    cos,
+    sin,
+    c,
+    kbuf_ptr,
+    kb_page_stride,
+    kb_off_stride,
+    kb_head_stride,
+    vbuf_ptr,
+    vb_page_stride,
+    vb_off_stride,
+    vb_head_stride,
+    num_slots,
+    eps,
+    PAGE_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    ROT_DIM: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+    PAIR_MODE: tl.constexpr,
+    KBUF_PAIR_MODE: tl.constexpr,
+    ROTATE: tl.constexpr,
+    WRITE_KV: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr,
+    V_SCALE_MODE: tl.constexpr,
+    K_FP8_MAX: tl.constexpr,
+    V_FP8_MAX: tl.constexpr,
+    EMULATE_FP8: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    SS_FP64: tl.constexpr,
+    SLOT_EARLY: tl.constexpr,
+):
+    """A key/value block once its loads (key_value_in) and the cos/sin row are in: normalise
+    (QK_NORM) and rotate K in place, store K and V into the cache slot. SLOT_EARLY: the slot's
+    cache rows first (see key_value)."""
+    HALF: tl.constexpr = ROT_DIM // 2
+    if WRITE_KV and SLOT_EARLY:
+        ok, kdst, vdst = _slot_rows(
+            loc,
+            num_slots,
+            kh,
+            kbuf_ptr,
+            kb_page_stride,
+            kb_off_stride,
+            kb_head_stride,
+            vbuf_ptr,
+            vb_page_stride,
+            vb_off_stride,
+            vb_head_stride,
+            PAGE_SIZE,
+        )
+    if ROTATE:
+        KT: tl.constexpr = k_row.dtype.element_ty
+        if QK_NORM:  # RMSNorm of the whole head, rounded to the key dtype as torch does
+            ka, kb, k_tail = rms_norm_head(
+                ka,
+                kb,
+                k_tail.to(tl.float32),
+                wa,
+                wb,
+                wt,
+                eps,
+                HEAD_DIM,
+                BLOCK_TAIL > 0,
+                KT,
+                SS_FP64,
+            )
+            if BLOCK_TAIL > 0:
+                tl.store(k_row + dt, k_tail.to(KT), mask=t_mask)
+        # Round to the key dtype: the cache stores exactly the key the op returns.
+        ka, kb = (
+            (ka * cos - kb * sin).to(KT).to(tl.float32),
+            (kb * cos + ka * sin).to(KT).to(tl.float32),
+        )
+        store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
+    if WRITE_KV:
+        if not SLOT_EARLY:
+            ok, kdst, vdst = _slot_rows(
+                loc,
+                num_slots,
+                kh,
+                kbuf_ptr,
+                kb_page_stride,
+                kb_off_stride,
+                kb_head_stride,
+                vbuf_ptr,
+                vb_page_stride,
+                vb_off_stride,
+                vb_head_stride,
+                PAGE_SIZE,
+            )
+        KS: tl.constexpr = K_SCALE_MODE > 0
+        KDT: tl.constexpr = kbuf_ptr.dtype.element_ty
+        VDT: tl.constexpr = vbuf_ptr.dtype.element_ty
+        k_inv = reciprocal(k_s, K_SCALE_MODE)  # after all loads (see reciprocal)
+        v_inv = reciprocal(v_s, V_SCALE_MODE)
+        qa = quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8, KDT)
+        qb = quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8, KDT)
+        store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
+        if BLOCK_TAIL > 0:
+            kt = quantize(k_tail.to(tl.float32), k_inv, KS, K_FP8_MAX, EMULATE_FP8, KDT)
+            tl.store(kdst + dt, kt, mask=t_mask & ok)
+        vq = quantize(v.to(tl.float32), v_inv, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8, VDT)
+        tl.store(vdst + dv, vq, mask=dv_mask & ok)
+
+
+@triton.jit
 def key_value(
     t,
     kvb,
@@ -134,118 +331,57 @@ def key_value(
     POS_LAST: tl.constexpr,
 ):
     """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
-    Returns the token's (cos, sin), loaded after every other load of the block."""
-    HALF: tl.constexpr = ROT_DIM // 2
-    kh = kvb * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
-    h_ok = kh < num_kv_heads
-    k_row = k_ptr + t * k_tok_stride + kh * k_head_stride
-    if WRITE_KV:
-        # Issue every independent load first: slot, V row, K tail, scales.
-        # [1, 1] rather than a scalar: newer Triton interpreters reject scalar & tensor masks.
-        loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
-        dv = tl.arange(0, BLOCK_DV)[None, :]
-        dv_mask = h_ok & (dv < V_HEAD_DIM)
-        v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
-        k_s = load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
-        v_s = load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
-    if BLOCK_TAIL > 0:
-        dt = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]  # [1, BLOCK_TAIL] pass-through dims
-        t_mask = h_ok & (dt < HEAD_DIM)
-        if WRITE_KV or QK_NORM:  # they go to the cache too, and the norm reads them
-            k_tail = tl.load(k_row + dt, mask=t_mask, other=0.0)
-    else:
-        dt, t_mask = c, c_ok  # unused
-        k_tail = tl.zeros([1, 1], tl.float32)  # unused
-    km = h_ok & c_ok
-    if ROTATE:
-        ka, kb = load_pairs(k_row, c, km, HALF, PAIR_MODE, IS_BF16)
-    else:  # plain KV write: the whole head as one contiguous "pair" tile
-        ka, kb = load_pairs(k_row, c, km, HALF, 0, IS_BF16)
-    if QK_NORM:
-        wa, wb, wt = load_norm_weights(
-            kw_ptr, c, c_ok, dt, dt < HEAD_DIM, HALF, PAIR_MODE, IS_BF16, BLOCK_TAIL > 0
-        )
-    cos, sin = cos_sin(
-        cs_row,
-        pos_at,
-        cs_stride,
-        max_pos,
-        c,
-        c_ok,
-        HALF,
-        BLOCK_HALF,
-        ROTATE,
-        POS_LAST,
+    Returns the token's (cos, sin), loaded after every other load of the block.
+
+    With the norm and POS_LAST 1 the slot's cache rows are worked out under the cos/sin load:
+    after the rotation (as without the norm), ptxas leaves this arithmetic behind the branch of
+    the in-place K store, on the program's critical path (~60 dependent instructions at T = 1).
+    """
+    kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, wa, wb, wt = (
+        key_value_in(
+            t,
+            kvb,
+            c,
+            c_ok,
+            k_ptr,
+            k_tok_stride,
+            k_head_stride,
+            v_ptr,
+            v_tok_stride,
+            v_head_stride,
+            loc_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            k_scale_f,
+            v_scale_f,
+            num_kv_heads,
+            kw_ptr,
+            HEAD_DIM,
+            V_HEAD_DIM,
+            ROT_DIM,
+            BLOCK_HALF,
+            BLOCK_TAIL,
+            BLOCK_DV,
+            BLOCK_HKV,
+            PAIR_MODE,
+            IS_BF16,
+            ROTATE,
+            WRITE_KV,
+            K_SCALE_MODE,
+            V_SCALE_MODE,
+            QK_NORM,
+        )  # fmt: skip
     )
-    if WRITE_KV and QK_NORM and POS_LAST == 1:
-        # The slot's cache rows now, under the cos/sin load: after the rotation (as without the
-        # norm), ptxas leaves this arithmetic behind the branch of the in-place K store, on the
-        # program's critical path (~60 dependent instructions at T = 1).
-        ok, kdst, vdst = _slot_rows(
-            loc,
-            num_slots,
-            kh,
-            kbuf_ptr,
-            kb_page_stride,
-            kb_off_stride,
-            kb_head_stride,
-            vbuf_ptr,
-            vb_page_stride,
-            vb_off_stride,
-            vb_head_stride,
-            PAGE_SIZE,
-        )
-    if ROTATE:
-        KT: tl.constexpr = k_ptr.dtype.element_ty
-        if QK_NORM:  # RMSNorm of the whole head, rounded to the key dtype as torch does
-            ka, kb, k_tail = rms_norm_head(
-                ka,
-                kb,
-                k_tail.to(tl.float32),
-                wa,
-                wb,
-                wt,
-                eps,
-                HEAD_DIM,
-                BLOCK_TAIL > 0,
-                KT,
-                SS_FP64,
-            )
-            if BLOCK_TAIL > 0:
-                tl.store(k_row + dt, k_tail.to(KT), mask=t_mask)
-        # Round to the key dtype: the cache stores exactly the key the op returns.
-        ka, kb = (
-            (ka * cos - kb * sin).to(KT).to(tl.float32),
-            (kb * cos + ka * sin).to(KT).to(tl.float32),
-        )
-        store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
-    if WRITE_KV:
-        if not (QK_NORM and POS_LAST == 1):
-            ok, kdst, vdst = _slot_rows(
-                loc,
-                num_slots,
-                kh,
-                kbuf_ptr,
-                kb_page_stride,
-                kb_off_stride,
-                kb_head_stride,
-                vbuf_ptr,
-                vb_page_stride,
-                vb_off_stride,
-                vb_head_stride,
-                PAGE_SIZE,
-            )
-        KS: tl.constexpr = K_SCALE_MODE > 0
-        KDT: tl.constexpr = kbuf_ptr.dtype.element_ty
-        VDT: tl.constexpr = vbuf_ptr.dtype.element_ty
-        k_inv = reciprocal(k_s, K_SCALE_MODE)  # after all loads (see reciprocal)
-        v_inv = reciprocal(v_s, V_SCALE_MODE)
-        qa = quantize(ka, k_inv, KS, K_FP8_MAX, EMULATE_FP8, KDT)
-        qb = quantize(kb, k_inv, KS, K_FP8_MAX, EMULATE_FP8, KDT)
-        store_pairs(kdst, c, km & ok, qa, qb, HALF, KBUF_PAIR_MODE if ROTATE else 0)
-        if BLOCK_TAIL > 0:
-            kt = quantize(k_tail.to(tl.float32), k_inv, KS, K_FP8_MAX, EMULATE_FP8, KDT)
-            tl.store(kdst + dt, kt, mask=t_mask & ok)
-        vq = quantize(v.to(tl.float32), v_inv, V_SCALE_MODE > 0, V_FP8_MAX, EMULATE_FP8, VDT)
-        tl.store(vdst + dv, vq, mask=dv_mask & ok)
+    HALF: tl.constexpr = ROT_DIM // 2
+    cos, sin = cos_sin(
+        cs_row, pos_at, cs_stride, max_pos, c, c_ok, HALF, BLOCK_HALF, ROTATE, POS_LAST
+    )
+    key_value_out(
+        kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, wa, wb, wt,
+        cos, sin, c, kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride, vbuf_ptr,
+        vb_page_stride, vb_off_stride, vb_head_stride, num_slots, eps, PAGE_SIZE, HEAD_DIM,
+        ROT_DIM, BLOCK_TAIL, PAIR_MODE, KBUF_PAIR_MODE, ROTATE, WRITE_KV, K_SCALE_MODE,
+        V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, QK_NORM, SS_FP64,
+        QK_NORM and POS_LAST == 1,
+    )  # fmt: skip
     return cos, sin

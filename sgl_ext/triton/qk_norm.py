@@ -122,6 +122,31 @@ def query_in(
 
 
 @triton.jit
+def query_norm(
+    q_row,
+    a,
+    b,
+    qt,
+    wa,
+    wb,
+    wt,
+    dqt,
+    qt_mask,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+    SS_FP64: tl.constexpr,
+):
+    """RMSNorm of the query pairs (a, b) and pass-through dims qt (see rms_norm_head); the
+    normalised pass-through dims are stored in place. Returns the normalised (a, b, qt)."""
+    QT: tl.constexpr = q_row.dtype.element_ty
+    a, b, qt = rms_norm_head(a, b, qt, wa, wb, wt, eps, HEAD_DIM, BLOCK_TAIL > 0, QT, SS_FP64)
+    if BLOCK_TAIL > 0:
+        tl.store(q_row + dqt, qt.to(QT), mask=qt_mask)
+    return a, b, qt
+
+
+@triton.jit
 def query_out(
     q_row,
     c,
@@ -147,8 +172,7 @@ def query_out(
     """Normalise (QK_NORM; SS_FP64: see rms_norm_head) and rotate the query pairs (a, b) and
     store them in place (with the normalised pass-through dims qt)."""
     if QK_NORM:
-        QT: tl.constexpr = q_row.dtype.element_ty
-        a, b, qt = rms_norm_head(a, b, qt, wa, wb, wt, eps, HEAD_DIM, BLOCK_TAIL > 0, QT, SS_FP64)
-        if BLOCK_TAIL > 0:
-            tl.store(q_row + dqt, qt.to(QT), mask=qt_mask)
+        a, b, qt = query_norm(
+            q_row, a, b, qt, wa, wb, wt, dqt, qt_mask, eps, HEAD_DIM, BLOCK_TAIL, SS_FP64
+        )
     store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)

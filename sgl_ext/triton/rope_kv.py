@@ -20,9 +20,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_ext.triton.key_value import clamp_position, cos_sin, key_value
+from sgl_ext.triton.key_value import (
+    clamp_position,
+    cos_sin,
+    key_value,
+    key_value_in,
+    key_value_out,
+)
 from sgl_ext.triton.pdl import pdl_enter
-from sgl_ext.triton.qk_norm import query_in, query_out
+from sgl_ext.triton.qk_norm import query_in, query_norm, query_out
 
 # rope_kv_kernel's runtime parameters in the order a launch plan passes them (KernelLauncher's
 # call_names): the per-call pointers, then the plan's fixed arguments.
@@ -133,6 +139,14 @@ def rope_kv_kernel(
     # more round trip: +0.12-0.15 µs at T = 1 on the H100); 2: behind a barrier, which ptxas
     # moves no load across (merged programs, where it measured faster at T ~ 512).
     POS_LAST: tl.constexpr = 0,
+    # HOIST (merged programs): every load of the program (query, key/value block, slot, scales,
+    # norm weights) before the branch to the key/value part, and the query's norm before it
+    # too. Otherwise ptxas issues the key/value loads inside the branch, after the position's
+    # clamp has waited for the position, and the query's norm follows the key/value stores.
+    HOIST: tl.constexpr = False,
+    # EARLY_RELEASE: let the next kernel launch before waiting for the previous one (the other
+    # kernels' order, pdl.pdl_enter); by default this kernel waits first (see below).
+    EARLY_RELEASE: tl.constexpr = False,
 ):
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
@@ -158,11 +172,11 @@ def rope_kv_kernel(
     c = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]: pair index = cos/sin column
     c_ok = c < HALF
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1] query heads
-    # Wait, then release the next launch: with the early release (every other kernel's order)
-    # a CUDA graph of back-to-back calls ran the q/k-norm variant 1.10-1.35x RoPE + KV alone at
-    # T = 32..256 against 1.02-1.16x, and RoPE + KV alone was no faster (H100, 2026-11-27;
-    # decode end to end the same either way: docs/performance.md).
-    pdl_enter(USE_PDL, WAIT_FIRST=True)
+    # Wait, then release the next launch (unless EARLY_RELEASE): with the early release (every
+    # other kernel's order) a CUDA graph of back-to-back calls ran the q/k-norm variant
+    # 1.10-1.35x RoPE + KV alone at T = 32..256 against 1.02-1.16x, and RoPE + KV alone was no
+    # faster (H100, 2026-11-27; decode end to end the same either way: docs/performance.md).
+    pdl_enter(USE_PDL, WAIT_FIRST=not EARLY_RELEASE)
     # Loads are issued in order: the position first (the longest chain: position -> cos/sin
     # row), then the slot and the data, then the cos/sin row (cos_sin, which waits on the
     # position), all before the first store.
@@ -177,7 +191,68 @@ def rope_kv_kernel(
         qt_mask = (heads < num_q_heads) & (dqt < HEAD_DIM)
     else:
         dqt, qt_mask = c, q_mask  # unused
-    if MERGED:
+    if MERGED and HOIST:
+        a, b, qt, wa, wb, wt = query_in(
+            q_row, c, q_mask, dqt, qt_mask, qw_ptr, HALF, HEAD_DIM, BLOCK_TAIL, PAIR_MODE,
+            IS_BF16, QK_NORM,
+        )  # fmt: skip
+        # key/value block hb's loads in every program (nothing past the last key/value head)
+        kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, kwa, kwb, kwt = (
+            key_value_in(
+                t,
+                hb,
+                c,
+                c_ok,
+                k_ptr,
+                k_tok_stride,
+                k_head_stride,
+                v_ptr,
+                v_tok_stride,
+                v_head_stride,
+                loc_ptr,
+                k_scale_ptr,
+                v_scale_ptr,
+                k_scale_f,
+                v_scale_f,
+                num_kv_heads,
+                kw_ptr,
+                HEAD_DIM,
+                V_HEAD_DIM,
+                ROT_DIM,
+                BLOCK_HALF,
+                BLOCK_TAIL,
+                BLOCK_DV,
+                BLOCK_HKV,
+                PAIR_MODE,
+                IS_BF16,
+                ROTATE,
+                WRITE_KV,
+                K_SCALE_MODE,
+                V_SCALE_MODE,
+                QK_NORM,
+            )  # fmt: skip
+        )
+        cos, sin = cos_sin(
+            cs_row, pos_ptr + t, cs_stride, max_pos, c, c_ok, HALF, BLOCK_HALF, ROTATE, POS_LAST
+        )
+        if QK_NORM:
+            a, b, qt = query_norm(
+                q_row, a, b, qt, wa, wb, wt, dqt, qt_mask, eps, HEAD_DIM, BLOCK_TAIL, SS_FP64
+            )
+        if hb < NUM_KV_BLOCKS:
+            key_value_out(
+                kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, kwa,
+                kwb, kwt, cos, sin, c, kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+                vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride, num_slots, eps,
+                PAGE_SIZE, HEAD_DIM, ROT_DIM, BLOCK_TAIL, PAIR_MODE, KBUF_PAIR_MODE, ROTATE,
+                WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, QK_NORM,
+                SS_FP64, False,
+            )  # fmt: skip
+        query_out(
+            q_row, c, q_mask, a, b, qt, wa, wb, wt, dqt, qt_mask, cos, sin, eps, HALF, HEAD_DIM,
+            BLOCK_TAIL, PAIR_MODE, False, SS_FP64,
+        )  # fmt: skip
+    elif MERGED:
         a, b, qt, wa, wb, wt = query_in(
             q_row,
             c,

@@ -53,19 +53,22 @@ class LaunchConfig(NamedTuple):
     spread: bool = False  # merged: key/value heads spread over all query blocks (GQA groups)
     maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
     pos_last: bool = False  # load the position after the data loads (the kernel's POS_LAST)
+    hoist: bool = False  # merged: every load before the key/value branch (the kernel's HOIST)
+    early_release: bool = False  # PDL: release the next launch before the wait (EARLY_RELEASE)
 
 
 def launch_config(
     num_tokens: int, max_heads: int, head_dim: int, fp8_cache: bool = False
 ) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism."""
-    # "block_h,num_warps[,order[,merged[,spread[,maxnreg]]]]", for tuning only
+    # "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last[,hoist[,early_release]]]]]]]",
+    # for tuning only
     override = settings.get().triton_config
     if override:
         vals = list(override)
-        # ints, then the two flags as bools, then maxnreg; LaunchConfig rejects a bad length
+        # ints, two flags as bools, maxnreg, three more flags; LaunchConfig rejects a bad length
         args: list[Any] = [*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6]]
-        return LaunchConfig(*args)
+        return LaunchConfig(*args, *(bool(x) for x in vals[6:]))
     # Measured on the H100 (docs/performance.md, benchmarks/RESULTS.md; sweeps of 2026-11-22).
     # Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
@@ -113,15 +116,21 @@ QK_NORM_SUM_FP64 = False
 # programs of 4 query heads at T ~ 128 (1.08 / 1.07x RoPE + KV alone, against 1.38 / 1.31x with
 # launch_config's 8) and of 16 heads from ~1K tokens (0.97-1.03x, against 1.01-1.04x). POS_LAST
 # (see rope_kv_kernel) where a program's latency is the time (small T): the norm then overlaps
-# the position -> cos/sin round trips instead of following them.
+# the position -> cos/sin round trips instead of following them. HOIST (merged programs load
+# everything before the key/value branch) at 257..447 tokens, and EARLY_RELEASE (the PDL order
+# of the other kernels; this kernel waits first by default) up to 8 and from 257 to 1023.
 QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
-    # H100 sweep of session 8, 2026-11-26 (tune_qk_norm.py, T 1..512, POS_LAST without its
-    # barrier in separate programs; worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the
-    # row's T). T 65..1023: the session 4 sweep (merged programs keep the barrier).
+    # Worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the row's swept T (H100). Rows to 8
+    # and from 257: 2026-11-27 (tune_qk_norm.py with the HOIST / EARLY_RELEASE candidates, T 1,
+    # 8, 384, 512); T 9..64: session 8 (POS_LAST without its barrier in separate programs);
+    # T 65..256 and from 1024: the session 4 sweep (merged programs keep the barrier).
+    (8, LaunchConfig(4, 4, ORDER_2D, pos_last=True, early_release=True)),  # 1.023 (wait: 1.060)
     (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.055 (1 x 1 with POS_LAST: 1.094)
     (64, LaunchConfig(4, 4, ORDER_2D)),  # 1.058 (with POS_LAST: 1.111)
     (256, LaunchConfig(4, 4, ORDER_TOKEN, merged=True)),  # 1.09 / 1.17
-    (1023, LaunchConfig(16, 4, ORDER_TOKEN, merged=True, pos_last=True)),  # 1.03
+    (447, LaunchConfig(16, 4, ORDER_TOKEN, merged=True, hoist=True, early_release=True)),  # 1.042
+    # 1.021 (1.039 waiting first; 1.19 at T = 384, where the row above takes over)
+    (1023, LaunchConfig(16, 4, ORDER_TOKEN, merged=True, pos_last=True, early_release=True)),
     (1 << 62, LaunchConfig(16, 4, ORDER_TOKEN, merged=True)),
 )
 # Other head sizes: one head x one warp up to 8 tokens, then launch_config's layout.
@@ -266,7 +275,9 @@ def plan_rope_kv(
         USE_PDL=use_pdl,
         QK_NORM=norm is not None,
         SS_FP64=norm is not None and QK_NORM_SUM_FP64,
-        POS_LAST=(2 if cfg.merged else 1) if cfg.pos_last and rotate else 0,
+        POS_LAST=(2 if merged and not cfg.hoist else 1) if cfg.pos_last and rotate else 0,
+        HOIST=merged and cfg.hoist,
+        EARLY_RELEASE=use_pdl and cfg.early_release,
     )
     return make_launcher(
         rope_kv_kernel, grid, fixed, constexprs, options, call.device, ROPE_KV_CALL_NAMES

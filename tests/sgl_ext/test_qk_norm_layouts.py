@@ -31,10 +31,13 @@ def _layouts():
         LaunchConfig(2, 2, ORDER_TOKEN, merged=True, pos_last=True),
         LaunchConfig(2, 4, ORDER_KV_FIRST, merged=True, pos_last=True),
         LaunchConfig(4, 2, ORDER_TOKEN, merged=True, spread=True, pos_last=True),
+        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, early_release=True),
+        LaunchConfig(2, 4, ORDER_KV_FIRST, merged=True, pos_last=True, hoist=True),
+        LaunchConfig(4, 2, ORDER_TOKEN, merged=True, spread=True, pos_last=True, hoist=True),
     ]
 
 
-IDS = ["1x1", "4x4", "merged", "kv-first", "spread"]
+IDS = ["1x1", "4x4", "merged", "kv-first", "spread", "hoist", "hoist-kv-first", "hoist-spread"]
 
 
 @pytest.fixture
@@ -51,13 +54,13 @@ def layout(monkeypatch):
     return _set
 
 
-@pytest.mark.parametrize("idx", range(5), ids=IDS)
+@pytest.mark.parametrize("idx", range(len(IDS)), ids=IDS)
 def test_triton_pos_last_against_float64(backend, layout, idx):
     """Every program kind with POS_LAST holds the float64 reference (q, k, exact cache/V)."""
     backend("triton")
     layout(_layouts()[idx])
     run_case(device=DEV, dtype=torch.bfloat16, hq=6, hkv=2, num_tokens=5, seed=20 + idx)
-    if idx in (1, 2):  # partial GPT-J rotary with a tail, fp8 cache with a tensor scale
+    if idx in (1, 2, 5):  # partial GPT-J rotary with a tail, fp8 cache with a tensor scale
         run_case(
             device=DEV,
             dtype=torch.float16,
@@ -72,20 +75,21 @@ def test_triton_pos_last_against_float64(backend, layout, idx):
         )
 
 
-@pytest.mark.parametrize("idx", [0, 2], ids=["1x1", "merged"])
+@pytest.mark.parametrize("idx", [0, 2, 5], ids=["1x1", "merged", "hoist"])
 def test_triton_pos_last_keeps_the_bits(backend, layout, idx):
-    """POS_LAST only moves loads: the same q/k bits with it on and off, KV write or not."""
+    """POS_LAST and HOIST only move loads: the same q/k bits with them on and off, KV write or
+    not."""
     backend("triton")
     cfg = _layouts()[idx]
     outs = []
     for pos_last in (False, True):
-        layout(cfg._replace(pos_last=pos_last))
+        layout(cfg._replace(pos_last=pos_last, hoist=pos_last and cfg.merged))
         outs.append(_qk_with_and_without_kv(DEV, 5, 4, 2, 16, torch.bfloat16, seed=4, calls=1))
     for (f0, q0, k0), (f1, q1, k1) in zip(*outs, strict=True):
         assert f0 == f1 and torch.equal(q0, q1) and torch.equal(k0, k1)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 8, 32, 33, 64, 65, 513, 1024, 4096])
+@pytest.mark.parametrize("num_tokens", [1, 8, 9, 32, 33, 64, 65, 300, 513, 1024, 4096])
 def test_plan_pos_last_follows_the_table(num_tokens):
     """The plan's POS_LAST is the table's choice for T, with and without the KV write; RoPE
     alone (no norm) never loads the position last."""
@@ -93,9 +97,12 @@ def test_plan_pos_last_follows_the_table(num_tokens):
 
     assert [hi for hi, _ in QK_NORM_LAYOUTS] == sorted(hi for hi, _ in QK_NORM_LAYOUTS)
     cfg = qk_norm_launch_config(num_tokens, 32, 128)
-    want = (2 if cfg.merged else 1) if cfg.pos_last else 0  # 2: behind a barrier (merged)
+    # 2: behind a barrier (merged programs without HOIST)
+    want = (2 if cfg.merged and not cfg.hoist else 1) if cfg.pos_last else 0
     for kv_dtype in (None, torch.bfloat16, torch.float8_e4m3fn):
-        assert _plan(num_tokens, kv_dtype).constexprs["POS_LAST"] == want
+        c = _plan(num_tokens, kv_dtype).constexprs
+        assert c["POS_LAST"] == want and c["HOIST"] == (cfg.merged and cfg.hoist)
+        assert c["EARLY_RELEASE"] == (c["USE_PDL"] and cfg.early_release)
 
 
 def test_override_and_rope_alone_do_not_load_the_position_last(monkeypatch):
@@ -109,17 +116,18 @@ def test_override_and_rope_alone_do_not_load_the_position_last(monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("num_tokens", [1, 7, 129, 513])
+@pytest.mark.parametrize("num_tokens", [1, 7, 129, 300, 513])
 def test_cuda_pos_last_keeps_the_bits(backend, layout, num_tokens):
-    """Qwen3-8B shapes on the GPU: the table's layout for T with POS_LAST on and off gives the
-    same q/k bits, with and without the KV write, through the JIT and direct launches."""
+    """Qwen3-8B shapes on the GPU: the table's layout for T with POS_LAST (and HOIST, merged) on
+    and off gives the same q/k bits, with and without the KV write, through the JIT and direct
+    launches."""
     from sgl_ext.triton.rope_kv_plan import qk_norm_launch_config
 
     backend("triton")
     cfg = qk_norm_launch_config(num_tokens, 32, 128)
     outs = []
     for pos_last in (False, True):
-        layout(cfg._replace(pos_last=pos_last))
+        layout(cfg._replace(pos_last=pos_last, hoist=pos_last and cfg.merged))
         outs.append(_qk_with_and_without_kv("cuda", num_tokens, 32, 8, 128, torch.bfloat16, 7))
     for (f0, q0, k0), (f1, q1, k1) in zip(*outs, strict=True):
         assert f0 == f1 and torch.equal(q0, q1) and torch.equal(k0, k1)

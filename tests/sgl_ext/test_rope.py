@@ -176,8 +176,9 @@ def test_triton_rope_kv(backend, case):
     run_case(device=device, num_tokens=case.pop("num_tokens", 5), **case)
 
 
-# "heads per program, warps, grid order, merged, spread": every program layout the launcher
-# can pick (order 0: 2-D grid, 1: token-major, 2: key/value programs first).
+# "heads per program, warps, grid order, merged, spread[, maxnreg, pos_last, hoist]": every
+# program layout the launcher can pick (order 0: 2-D grid, 1: token-major, 2: key/value programs
+# first; hoist: merged programs issue every load before the key/value branch).
 LAUNCH_CONFIGS = [
     "1,4,1,0",
     "2,2,0,0",
@@ -188,6 +189,9 @@ LAUNCH_CONFIGS = [
     "1,2,2,1",
     "2,4,2,1",
     "8,4,2,1",
+    "2,1,1,1,0,0,0,1",
+    "4,2,1,1,1,0,0,1",
+    "2,4,2,1,0,0,1,1,1",
 ]
 
 
