@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -380,7 +381,7 @@ def test_torch_compile_fullgraph_with_fused_arg():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["llama3", "yarn_gpt_oss", "deepseek_yarn"])
 def test_cuda_forward_matches_native_and_writes_cache(name):
-    rope = our_rope(name).to("cuda")
+    rope = copy.deepcopy(our_rope(name)).to("cuda")  # get_rope's shared instance stays on the CPU
     T = 33
     pos = torch.randint(0, rope.cos_sin_cache.shape[0], (T,), device="cuda")
     q = torch.randn(T, HQ * D, device="cuda", dtype=torch.bfloat16)
