@@ -40,6 +40,9 @@
 #              qwen3-8b shapes); eager µs per call of every layer op, direct launch on / off
 #   profile    per-kernel breakdown of one decode step (PROFILE_PRESETS, default llama3-8b and
 #              qwen3-8b; bs 1 and 64), eager wall per decoder layer
+#   ablation   bench_graph_ablation: each per-layer kernel of a decode step launched twice or
+#              left out inside the re-captured graph (ABLATION_PRESET, default
+#              gpt-oss-20b-mxfp4, bs 1; ABLATION_VARIANTS overrides the list)
 #   small      small-T tables (T 1/8/32), bf16 and fp8, positions over the whole cos/sin table
 #              and below 1024 (cos/sin rows in L2), ours vs peers
 #   peers      build SGLang's / FlashInfer's kernels from .ab/peers and check they load
@@ -193,6 +196,16 @@ t_profile() {
         || echo "profile $m bs=$bs: FAILED rc=$?"
     done
   done
+}
+t_ablation() {
+  local v="base dup:module:input_layernorm skip:module:input_layernorm+skip:module:post_attention_layernorm
+    dup:module:self_attn.qkv_proj dup:module:self_attn.o_proj dup:module:self_attn.attn
+    dup:kernel:rope_kv_kernel dup:module:mlp.router dup:kernel:_topk_softmax_kernel
+    dup:kernel:moe_gemv_f16_gate_up_kernel dup:kernel:moe_gemv_f16_down_kernel
+    dup:kernel:moe_sum_kernel skip:kernel:moe_sum_kernel"
+  # shellcheck disable=SC2086
+  timeout 400 python benchmarks/bench_graph_ablation.py --model-preset \
+    "${ABLATION_PRESET:-gpt-oss-20b-mxfp4}" --batch-size 1 --rounds 2 --variants ${ABLATION_VARIANTS:-$v}
 }
 t_cli() {
   timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests/srt/test_bench_one_batch.py \

@@ -1,0 +1,278 @@
+"""What each module or kernel of a decode step costs where it sits: launch it twice, or leave it
+out, re-capture the decode graph and time the step.
+
+    python benchmarks/bench_graph_ablation.py --model-preset gpt-oss-20b-mxfp4 --batch-size 1 \
+        --variants base dup:module:input_layernorm skip:module:post_attention_layernorm \
+        dup:kernel:moe_gemv_f16_gate_up_kernel skip:kernel:moe_sum_kernel
+
+The model is built once the way `srt.bench_one_batch` builds it (a preset's shape, dummy
+weights). Per round and variant the patches are applied, the CUDA-graph runner re-captures every
+batch-size bucket, and `run_batch` (warm-up, then `--output-len` decode steps) gives the median
+step; patches come off before the next variant. Rounds alternate the variants; the table keeps
+each variant's least step and its difference to `base` (also per decoder layer).
+
+A variant is `base` or actions joined by `+`, each `<dup|skip>:<module|kernel>:<name>`:
+  module:<suffix>  every submodule whose qualified name ends with it (`input_layernorm`,
+                   `self_attn.qkv_proj`, `mlp.router`, `self_attn.attn`, `mlp.experts`, ...)
+  kernel:<name>    every launch of the Triton kernel of that name through sgl_ext's launchers
+                   (`rope_kv_kernel`, `_skinny_gemm_kernel`, `moe_gemv_f16_down_kernel`, ...)
+  dup   runs it twice: its marginal cost on the step's critical path (a weight-reading kernel
+        run twice may find part of its weights in L2 the second time: a lower bound for those)
+  skip  a module returns its first call's output for those argument shapes (no kernels after
+        the warm-up); a kernel is not launched: what removing it could save at most
+Skipped work leaves stale data, so the tokens of a variant mean nothing: timing only. The C fast
+path of eager calls is off while it runs (SGL_EXT_FAST_LAUNCH=0): every launch meets the patches.
+On the CPU (no graphs) the steps are eager: a check of the patches, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sgl_ext import settings  # noqa: E402
+from sgl_ext.triton import launcher as L  # noqa: E402
+
+ACTIONS = ("dup", "skip")
+KINDS = ("module", "kernel")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One patch of a variant: dup or skip a module (by name suffix) or a kernel (by name)."""
+
+    what: str  # "dup" | "skip"
+    kind: str  # "module" | "kernel"
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        parts = text.split(":", 2)
+        if len(parts) != 3 or parts[0] not in ACTIONS or parts[1] not in KINDS or not parts[2]:
+            raise ValueError(f"variant action {text!r}: expected <dup|skip>:<module|kernel>:<name>")
+        return cls(*parts)
+
+
+def parse_variant(text: str) -> tuple[Action, ...]:
+    """'base' -> (); otherwise the '+'-joined actions."""
+    if text == "base":
+        return ()
+    return tuple(Action.parse(t) for t in text.split("+"))
+
+
+def _kernel_name(fn: Any) -> str:
+    inner = getattr(fn, "fn", fn)  # a JITFunction wraps the Python function
+    return getattr(inner, "__name__", "")
+
+
+def _times(kernels: dict[str, str], fn: Any) -> int:
+    """How many times a launch of fn runs under the kernel actions (1: untouched)."""
+    what = kernels.get(_kernel_name(fn))
+    return 1 if what is None else (2 if what == "dup" else 0)
+
+
+@contextlib.contextmanager
+def _patched_kernels(kernels: dict[str, str]) -> Iterator[None]:
+    """Every launch through KernelLauncher (JIT or direct) and CachedLauncher repeated per the
+    actions (kernel name -> 'dup' / 'skip')."""
+    if not kernels:
+        yield
+        return
+    saved = (L.KernelLauncher.launch_jit, L.KernelLauncher.run_ptrs, L.CachedLauncher.run)
+
+    def launch_jit(self: Any, *tensors: object) -> Any:
+        kernel = None
+        for _ in range(_times(kernels, self.fn)):
+            kernel = saved[0](self, *tensors)
+        return kernel
+
+    def run_ptrs(self: Any, ptrs: tuple[int, ...]) -> None:
+        for _ in range(_times(kernels, self.fn)):
+            saved[1](self, ptrs)
+
+    def run(self: Any, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
+        for _ in range(_times(kernels, self.fn)):
+            saved[2](self, grid, args, kwargs)
+
+    L.KernelLauncher.launch_jit, L.KernelLauncher.run_ptrs = launch_jit, run_ptrs  # type: ignore[method-assign]
+    L.CachedLauncher.run = run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        L.KernelLauncher.launch_jit, L.KernelLauncher.run_ptrs, L.CachedLauncher.run = saved  # type: ignore[method-assign]
+
+
+def _shape_key(args: tuple, kwargs: dict[str, Any]) -> tuple:
+    def one(a: Any) -> Any:
+        return (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else type(a)
+
+    return (*map(one, args), *((k, one(v)) for k, v in sorted(kwargs.items())))
+
+
+def _module_wrapper(mod: torch.nn.Module, what: str) -> Any:
+    orig = mod.forward
+    cache: dict[tuple, Any] = {}
+
+    def dup(*args: Any, **kwargs: Any) -> Any:
+        orig(*args, **kwargs)
+        return orig(*args, **kwargs)
+
+    def skip(*args: Any, **kwargs: Any) -> Any:
+        key = _shape_key(args, kwargs)
+        if key not in cache:  # the first call (the warm-up, before any capture) runs
+            cache[key] = orig(*args, **kwargs)
+        return cache[key]
+
+    return dup if what == "dup" else skip
+
+
+@contextlib.contextmanager
+def no_fast_launch() -> Iterator[None]:
+    """SGL_EXT_FAST_LAUNCH=0 for the duration (eager calls then reach the patched launchers)."""
+    old = os.environ.get("SGL_EXT_FAST_LAUNCH")
+    os.environ["SGL_EXT_FAST_LAUNCH"] = "0"
+    settings.reload()
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["SGL_EXT_FAST_LAUNCH"]
+        else:
+            os.environ["SGL_EXT_FAST_LAUNCH"] = old
+        settings.reload()
+
+
+@contextlib.contextmanager
+def patched(model: torch.nn.Module, actions: tuple[Action, ...]) -> Iterator[None]:
+    """The variant's patches on model (modules by name suffix) and on the launchers."""
+    mods: list[torch.nn.Module] = []
+    for a in actions:
+        if a.kind != "module":
+            continue
+        hits = [m for n, m in model.named_modules() if n == a.name or n.endswith("." + a.name)]
+        if not hits:
+            raise ValueError(f"no module of the model ends with {a.name!r}")
+        for m in hits:
+            m.forward = _module_wrapper(m, a.what)  # type: ignore[method-assign]
+            mods.append(m)
+    kernels = {a.name: a.what for a in actions if a.kind == "kernel"}
+    try:
+        with _patched_kernels(kernels):
+            yield
+    finally:
+        for m in mods:
+            del m.forward  # the class's forward again
+
+
+def _bench_args(a: argparse.Namespace) -> argparse.Namespace:
+    """The namespace srt.bench_one_batch's build_server_args reads."""
+    preset = None if a.model_preset == "tiny" else a.model_preset
+    return argparse.Namespace(
+        model_path=None,
+        load_format="dummy" if preset else "auto",
+        model_preset=preset,
+        batch_size=[a.batch_size],
+        input_len=a.input_len,
+        output_len=a.output_len,
+        device=a.device,
+        dtype="auto",
+        kv_cache_dtype="auto",
+        page_size=1,
+        attention_backend=None,
+        disable_cuda_graph=a.device != "cuda",
+        seed=0,
+    )
+
+
+def run(a: argparse.Namespace) -> tuple[dict[str, list[float]], int]:
+    """Per variant, the median decode step (ms) of each round; the model's decoder layers."""
+    from srt.bench_one_batch import build_server_args, run_batch
+    from srt.model_executor.model_builder import build_model_config
+    from srt.model_executor.model_runner import ModelRunner
+
+    variants = {v: parse_variant(v) for v in a.variants}
+    sargs = build_server_args(_bench_args(a), True)
+    runner = ModelRunner(sargs, build_model_config(sargs), None)
+    graphs = runner.cuda_graph_runner is not None
+    steps: dict[str, list[float]] = {v: [] for v in variants}
+    for rnd in range(a.rounds):
+        for name, actions in variants.items():
+            with patched(runner.model, actions):
+                run_batch(runner, a.batch_size, a.input_len, 4, False, 0)  # skip caches, compiles
+                if graphs:
+                    runner.cuda_graph_runner = None
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                    from srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+                    runner.cuda_graph_runner = CudaGraphRunner(runner)
+                    run_batch(runner, a.batch_size, a.input_len, 4, True, 0)
+                r = run_batch(runner, a.batch_size, a.input_len, a.output_len, graphs, 0)
+            steps[name].append(r["decode_step_latency_s"] * 1e3)
+            print(f"# round {rnd} {name}: {steps[name][-1]:.3f} ms", flush=True)
+    return steps, int(runner.model_config.num_hidden_layers)
+
+
+def table(steps: dict[str, list[float]], num_layers: int, base: str = "base") -> str:
+    """Markdown rows: variant, every round's step, the least, its difference to base."""
+    ref = min(steps[base]) if base in steps else None
+    out = ["| variant | steps (ms) | least | vs base | per layer |", "|---|---|---:|---:|---:|"]
+    for name, xs in steps.items():
+        best = min(xs)
+        d = "" if ref is None else f"{(best - ref) * 1e3:+.0f} µs"
+        per = "" if ref is None else f"{(best - ref) * 1e3 / num_layers:+.2f} µs"
+        rounds = " / ".join(f"{x:.3f}" for x in xs)
+        out.append(f"| {name} | {rounds} | {best:.3f} | {d} | {per} |")
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from srt.model_executor.model_builder import PRESETS
+
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model-preset",
+        default="gpt-oss-20b-mxfp4",
+        choices=[*sorted(PRESETS), "tiny"],
+        help="a preset's shape with dummy weights, or the embedded tiny model",
+    )
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=32, help="decode steps timed per variant")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--variants", nargs="+", default=["base"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = p.parse_args(argv)
+    for v in a.variants:
+        try:
+            parse_variant(v)
+        except ValueError as e:
+            p.error(str(e))
+    if a.rounds < 1 or a.output_len < 2:
+        p.error("--rounds must be >= 1 and --output-len >= 2")
+    return a
+
+
+def main(argv: list[str] | None = None) -> str:
+    a = parse_args(argv)
+    with no_fast_launch():
+        steps, layers = run(a)
+    out = table(steps, layers)
+    print(out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
