@@ -337,41 +337,13 @@ def key_value(
     after the rotation (as without the norm), ptxas leaves this arithmetic behind the branch of
     the in-place K store, on the program's critical path (~60 dependent instructions at T = 1).
     """
-    kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, wa, wb, wt = (
-        key_value_in(
-            t,
-            kvb,
-            c,
-            c_ok,
-            k_ptr,
-            k_tok_stride,
-            k_head_stride,
-            v_ptr,
-            v_tok_stride,
-            v_head_stride,
-            loc_ptr,
-            k_scale_ptr,
-            v_scale_ptr,
-            k_scale_f,
-            v_scale_f,
-            num_kv_heads,
-            kw_ptr,
-            HEAD_DIM,
-            V_HEAD_DIM,
-            ROT_DIM,
-            BLOCK_HALF,
-            BLOCK_TAIL,
-            BLOCK_DV,
-            BLOCK_HKV,
-            PAIR_MODE,
-            IS_BF16,
-            ROTATE,
-            WRITE_KV,
-            K_SCALE_MODE,
-            V_SCALE_MODE,
-            QK_NORM,
-        )  # fmt: skip
-    )
+    (kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, wa, wb,
+     wt) = key_value_in(
+        t, kvb, c, c_ok, k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride, v_head_stride,
+        loc_ptr, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads, kw_ptr, HEAD_DIM,
+        V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV, PAIR_MODE, IS_BF16,
+        ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, QK_NORM,
+    )  # fmt: skip
     HALF: tl.constexpr = ROT_DIM // 2
     cos, sin = cos_sin(
         cs_row, pos_at, cs_stride, max_pos, c, c_ok, HALF, BLOCK_HALF, ROTATE, POS_LAST
