@@ -191,55 +191,39 @@ def rope_kv_kernel(
         qt_mask = (heads < num_q_heads) & (dqt < HEAD_DIM)
     else:
         dqt, qt_mask = c, q_mask  # unused
-    if MERGED and HOIST:
+    if MERGED:
         a, b, qt, wa, wb, wt = query_in(
             q_row, c, q_mask, dqt, qt_mask, qw_ptr, HALF, HEAD_DIM, BLOCK_TAIL, PAIR_MODE,
             IS_BF16, QK_NORM,
         )  # fmt: skip
-        # key/value block hb's loads in every program (nothing past the last key/value head)
-        (kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, kwa, kwb,
-         kwt) = key_value_in(
-            t, hb, c, c_ok, k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride, v_head_stride,
-            loc_ptr, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads, kw_ptr,
-            HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV, PAIR_MODE,
-            IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, QK_NORM,
-        )  # fmt: skip
-        cos, sin = cos_sin(
-            cs_row, pos_ptr + t, cs_stride, max_pos, c, c_ok, HALF, BLOCK_HALF, ROTATE, POS_LAST
-        )
-        if QK_NORM:
-            a, b, qt = query_norm(
-                q_row, a, b, qt, wa, wb, wt, dqt, qt_mask, eps, HEAD_DIM, BLOCK_TAIL, SS_FP64
-            )
-        if hb < NUM_KV_BLOCKS:
-            key_value_out(
-                kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, kwa,
-                kwb, kwt, cos, sin, c, kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
-                vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride, num_slots, eps,
-                PAGE_SIZE, HEAD_DIM, ROT_DIM, BLOCK_TAIL, PAIR_MODE, KBUF_PAIR_MODE, ROTATE,
-                WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, QK_NORM,
-                SS_FP64, False,
+        if HOIST:
+            # key/value block hb's loads in every program (nothing past the last key/value head)
+            (kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, kwa, kwb,
+             kwt) = key_value_in(
+                t, hb, c, c_ok, k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride,
+                v_head_stride, loc_ptr, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f,
+                num_kv_heads, kw_ptr, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL,
+                BLOCK_DV, BLOCK_HKV, PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE,
+                V_SCALE_MODE, QK_NORM,
             )  # fmt: skip
-        query_out(
-            q_row, c, q_mask, a, b, qt, wa, wb, wt, dqt, qt_mask, cos, sin, eps, HALF, HEAD_DIM,
-            BLOCK_TAIL, PAIR_MODE, False, SS_FP64,
-        )  # fmt: skip
-    elif MERGED:
-        a, b, qt, wa, wb, wt = query_in(
-            q_row,
-            c,
-            q_mask,
-            dqt,
-            qt_mask,
-            qw_ptr,
-            HALF,
-            HEAD_DIM,
-            BLOCK_TAIL,
-            PAIR_MODE,
-            IS_BF16,
-            QK_NORM,
-        )
-        if hb < NUM_KV_BLOCKS:
+            cos, sin = cos_sin(
+                cs_row, pos_ptr + t, cs_stride, max_pos, c, c_ok, HALF, BLOCK_HALF, ROTATE,
+                POS_LAST,
+            )  # fmt: skip
+            if QK_NORM:  # the query's norm before the branch (query_out then only rotates)
+                a, b, qt = query_norm(
+                    q_row, a, b, qt, wa, wb, wt, dqt, qt_mask, eps, HEAD_DIM, BLOCK_TAIL, SS_FP64
+                )
+            if hb < NUM_KV_BLOCKS:
+                key_value_out(
+                    kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb,
+                    kwa, kwb, kwt, cos, sin, c, kbuf_ptr, kb_page_stride, kb_off_stride,
+                    kb_head_stride, vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+                    num_slots, eps, PAGE_SIZE, HEAD_DIM, ROT_DIM, BLOCK_TAIL, PAIR_MODE,
+                    KBUF_PAIR_MODE, ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, K_FP8_MAX,
+                    V_FP8_MAX, EMULATE_FP8, QK_NORM, SS_FP64, False,
+                )  # fmt: skip
+        elif hb < NUM_KV_BLOCKS:
             cos, sin = key_value(
                 t,
                 hb,
@@ -326,7 +310,7 @@ def rope_kv_kernel(
             HEAD_DIM,
             BLOCK_TAIL,
             PAIR_MODE,
-            QK_NORM,
+            QK_NORM and not HOIST,
             SS_FP64,
         )
     elif hb < NUM_Q_BLOCKS:
