@@ -168,11 +168,38 @@ def pos_last_misplaced() -> list[str]:
     return bad
 
 
+def load_barrier_misplaced() -> list[str]:
+    """POS_LAST 3 (LaunchConfig.load_barrier) in the SASS: each program path has one barrier
+    (BAR.RED.POPC, whose result the position's clamp takes), every load of the path but the cos
+    and sin rows before it and exactly those two after it. Returns the layouts where that fails
+    (empty: all hold)."""
+    import re
+
+    bad = []
+    for qk, bh, warps, merged in ((True, 4, 4, False), (True, 8, 4, False), (False, 8, 4, True)):
+        for kv, ks in (("bf16", 0), ("e4m3", 2)):
+            args = ("bf16", kv, True, True, 0, 0, ks, 0, True, bh, merged)
+            ops = _sass(compile_one(*args, qk_norm=qk, num_warps=warps, pos_last=3))
+            bars = [i for i, ln in enumerate(ops) if "BAR.RED.POPC" in ln]
+            after = []
+            for b in bars:
+                end = next(
+                    (i for i in range(b, len(ops)) if re.search(r"\*/\s+(BRA|EXIT)\b", ops[i])),
+                    len(ops),
+                )
+                after.append(sum(" LDG" in ln for ln in ops[b:end]))
+            name = f"{bh} heads x {warps} warps{' merged' if merged else ''}, {kv}, norm {qk}"
+            if len(bars) != 2 or any(n != 2 for n in after):
+                bad.append(f"{name}: {len(bars)} barriers, loads after each {after}")
+    return bad
+
+
 def norm_reduce_layouts_differ() -> list[str]:
     """The QK_NORM variant's float32 sums of squares add in the order of their operand's layout.
-    For each default layout (rope_kv_plan.qk_norm_launch_config: 1 head x 1 warp, 4 heads x 4
-    warps, merged 4 x 4, these three with POS_LAST, then merged 8 x 4 and 16 x 4, the latter
-    with HOIST too), compile
+    For each layout (1 head x 1 warp, 4 heads x 4 warps, merged 4 x 4, these three with
+    POS_LAST, then merged 8 x 4 and 16 x 4, the latter with HOIST too, and the default
+    rope_kv_plan.qk_norm_launch_config layouts of 4 and 8 heads x 4 warps with LOAD_BARRIER),
+    compile
     without the KV write and with bf16 / fp8 caches and compare the layouts of every tt.reduce
     operand in the TTGIR: the fused and unfused Qwen3 paths get the same q/k bits only if they
     match. Returns the layouts that differ (empty: all match)."""
@@ -186,6 +213,8 @@ def norm_reduce_layouts_differ() -> list[str]:
         (8, True, 4, False, False),
         (16, True, 4, False, False),
         (16, True, 4, False, True),
+        (4, False, 4, 3, False),  # LOAD_BARRIER (POS_LAST 3)
+        (8, False, 4, 3, False),
     ):
         seen = {}
         for write_kv, kv, ks in ((False, "bf16", 0), (True, "bf16", 0), (True, "e4m3", 2)):
@@ -264,9 +293,14 @@ def main() -> int:
     print(f"POS_LAST: separate programs barrier-free, merged loads first: {not misplaced}")
     for line in misplaced:
         print(f"  {line}")
+    lb_bad = load_barrier_misplaced()
+    print(f"LOAD_BARRIER: every load but cos/sin before the barrier: {not lb_bad}")
+    for line in lb_bad:
+        print(f"  {line}")
     wait_first = pdl_wait_first()
     print(f"PDL: rope_kv waits before it releases the next launch: {wait_first}")
-    return 0 if after == 0 and before > 0 and not bad and not misplaced and wait_first else 1
+    ok = after == 0 and before > 0 and not bad and not misplaced and not lb_bad and wait_first
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ with the lowest worst ratio over the row's T and both shapes, printed as the cod
 Candidates: "default" (the table as it is), "lc" / "lc+pl" (launch_config's bf16 layout, without
 / with POS_LAST), or "block_h,num_warps,order,merged,spread,pos_last" (order 0: 2-D grid, 1:
 token-major, 2: key/value programs first; see rope_kv_plan.LaunchConfig), optionally followed
-by ",hoist[,early_release]" (0 / 1).
+by ",hoist[,early_release[,load_barrier[,kv_block_h]]]" (flags 0 / 1; kv_block_h 0: as
+block_h).
 
 Usage: python benchmarks/tune_qk_norm.py [--tokens 1 8 32 128 512] [--shapes ...] [--rounds 2]
            [--json-out F]
@@ -37,64 +38,48 @@ from sgl_ext import settings  # noqa: E402
 from sgl_ext.triton import rope_kv_plan  # noqa: E402
 from sgl_ext.triton.rope_kv_plan import LaunchConfig  # noqa: E402
 
-# Candidates per row bound of QK_NORM_LAYOUTS (D = 128). The first after "default" is the
-# layout before POS_LAST (the 2026-11-24 table).
+BIG = 1 << 62
+
+# Candidates per row bound of QK_NORM_LAYOUTS (D = 128). From the 64 row on, the first after
+# "default" is the row's layout before LOAD_BARRIER (the session 8 / 11 table).
 CANDIDATES: dict[int, tuple[str, ...]] = {
     32: (
         "1,1,0,0,0,0",
         "1,1,0,0,0,1",
-        "1,2,0,0,0,1",
-        "1,4,0,0,0,1",
-        "2,1,0,0,0,1",
         "2,2,0,0,0,1",
         "4,4,0,0,0,1",
         "4,4,1,1,1,1",  # one program per GQA group: 4 query heads and its key/value head
-        "8,4,1,1,1,1",
-        "2,4,0,0,0,1",
-        "4,2,0,0,0,1",
-        "8,4,0,0,0,1",
-        "4,8,0,0,0,1",
+        "4,4,0,0,0,0,0,0,1",
+        "4,4,0,0,0,1,0,1",
     ),
     64: (
         "4,4,0,0,0,0",
         "4,4,0,0,0,1",
-        "4,2,0,0,0,1",
-        "2,2,0,0,0,1",
-        "2,1,0,0,0,1",
-        "1,1,0,0,0,1",
-        "8,4,0,0,0,1",
-        "4,4,1,1,0,1",
-        "4,4,1,1,1,1",
-        "8,4,1,1,0,1",
+        "4,4,1,0,0,0,0,0,1",
+        "4,4,0,0,0,0,0,0,1,2",
+        "8,4,0,0,0,0,0,0,1",
+        "8,8,1,0,0,0,0,0,1",
     ),
     256: (
         "4,4,1,1,0,0",
-        "4,4,1,1,0,1",
-        "4,2,1,1,0,1",
-        "2,2,1,1,0,1",
-        "8,4,1,1,0,1",
-        "8,8,1,1,0,1",
-        "4,4,1,1,1,1",
-        "4,4,0,0,0,1",
-        "2,2,0,0,0,1",
-        "4,4,0,0,0,0",
-        "8,4,0,0,0,0",
-        "2,4,0,0,0,0",
-        "8,8,1,1,0,0",
+        "8,4,1,0,0,0,0,0,1",
+        "8,4,1,0,0,0,0,0,1,4",
+        "8,4,0,0,0,0,0,0,1,4",
+        "8,8,1,0,0,0,0,0,1",
+        "16,8,1,0,0,0,0,0,1",
+        "8,4,1,1,0,0,0,0,1",
     ),
-    1023: (
+    BIG: (
+        "16,4,1,1,0,0",
         "lc",
-        "lc+pl",
-        "8,4,1,1,0,1",
-        "8,4,2,1,0,1",
-        "4,4,1,1,0,1",
-        "4,2,1,1,0,1",
-        "16,4,1,1,0,1",
-        "8,8,1,1,0,1",
+        "8,4,0,0,0,0,0,0,1",
+        "16,4,1,0,0,0,0,0,1",
+        "16,8,1,0,0,0,0,0,1",
+        "16,4,1,1,0,0,0,0,1",
+        "8,2,1,0,0,0,0,0,1",
     ),
 }
 ORDER_NAMES = {0: "ORDER_2D", 1: "ORDER_TOKEN", 2: "ORDER_KV_FIRST"}
-BIG = 1 << 62
 
 
 def parse(cand: str) -> tuple[LaunchConfig | None, bool]:
@@ -103,8 +88,10 @@ def parse(cand: str) -> tuple[LaunchConfig | None, bool]:
         return None, cand == "lc+pl"
     vals = [int(x) for x in cand.split(",")]
     bh, warps, order, merged, spread, pos_last = vals[:6]
-    flags = [bool(x) for x in vals[6:]]  # hoist, early_release
-    cfg = LaunchConfig(bh, warps, order, bool(merged), bool(spread), 0, bool(pos_last), *flags)
+    flags = [bool(x) for x in vals[6:9]]  # hoist, early_release, load_barrier
+    cfg = LaunchConfig(
+        bh, warps, order, bool(merged), bool(spread), 0, bool(pos_last), *flags, *vals[9:10]
+    )
     return cfg, False
 
 
@@ -113,8 +100,9 @@ def code(cfg: LaunchConfig | None) -> str:
     if cfg is None:
         return "None"
     args = [str(cfg.block_h), str(cfg.num_warps), ORDER_NAMES[cfg.order]]
-    flags = ("merged", "spread", "pos_last", "hoist", "early_release")
+    flags = ("merged", "spread", "pos_last", "hoist", "early_release", "load_barrier")
     args += [f"{k}=True" for k in flags if getattr(cfg, k)]
+    args += [f"kv_block_h={cfg.kv_block_h}"] if cfg.kv_block_h else []
     return f"LaunchConfig({', '.join(args)})"
 
 

@@ -21,6 +21,33 @@ def clamp_position(pos, max_pos):
 
 
 @triton.jit
+def barrier_zero(EMULATE: tl.constexpr):
+    """A block barrier (bar.red.popc of a false predicate) that returns 0 as int64: what uses
+    it stays behind the barrier (ptxas moves arithmetic across a plain one). EMULATE (the
+    interpreter, which has no inline PTX): 0 without a barrier."""
+    if EMULATE:
+        return tl.zeros([1], tl.int64).sum(axis=0)
+    z = tl.inline_asm_elementwise(
+        "{ .reg .pred %p; setp.ne.u32 %p, $1, $1; bar.red.popc.u32 $0, 0, %p; }",
+        "=r,r",
+        [tl.zeros([1], tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+    return tl.sum(z, axis=0).to(tl.int64)
+
+
+@triton.jit
+def position_at(pos_at, LOAD: tl.constexpr):
+    """The position's address pos_at, or with LOAD the position itself (POS_LAST 3)."""
+    if LOAD:
+        return tl.load(pos_at)
+    else:
+        return pos_at
+
+
+@triton.jit
 def cos_sin(
     cs_row,
     pos_at,
@@ -28,10 +55,12 @@ def cos_sin(
     max_pos,
     c,
     c_ok,
+    eps,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     ROTATE: tl.constexpr,
     POS_LAST: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     """The token's cos and sin rows as [1, BLOCK_HALF] fp32 (zeros without rotation).
 
@@ -40,7 +69,13 @@ def cos_sin(
     barrier; see rope_kv_kernel). Called after every other load of the program.
     """
     if ROTATE:
-        if POS_LAST:
+        if POS_LAST == 3:
+            # every load of the program is in (pos_at: the position); the clamp and the norm
+            # (through its epsilon) wait for the barrier
+            zero = barrier_zero(EMULATE)
+            cs_row += clamp_position(tl.maximum(pos_at, zero), max_pos) * cs_stride
+            eps += zero.to(tl.float32)
+        elif POS_LAST:
             if POS_LAST == 2:
                 tl.debug_barrier()  # ptxas moves no load across it
             cs_row += clamp_position(tl.load(pos_at), max_pos) * cs_stride
@@ -49,7 +84,7 @@ def cos_sin(
     else:
         cos = tl.zeros([1, BLOCK_HALF], tl.float32)
         sin = cos
-    return cos, sin
+    return cos, sin, eps
 
 
 @triton.jit
@@ -345,9 +380,10 @@ def key_value(
         ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, QK_NORM,
     )  # fmt: skip
     HALF: tl.constexpr = ROT_DIM // 2
-    cos, sin = cos_sin(
-        cs_row, pos_at, cs_stride, max_pos, c, c_ok, HALF, BLOCK_HALF, ROTATE, POS_LAST
-    )
+    cos, sin, eps = cos_sin(
+        cs_row, pos_at, cs_stride, max_pos, c, c_ok, eps, HALF, BLOCK_HALF, ROTATE, POS_LAST,
+        EMULATE_FP8,
+    )  # fmt: skip
     key_value_out(
         kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, wa, wb, wt,
         cos, sin, c, kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride, vbuf_ptr,
@@ -356,4 +392,4 @@ def key_value(
         V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, QK_NORM, SS_FP64,
         QK_NORM and POS_LAST == 1,
     )  # fmt: skip
-    return cos, sin
+    return cos, sin, eps

@@ -26,6 +26,7 @@ from sgl_ext.triton.key_value import (
     key_value,
     key_value_in,
     key_value_out,
+    position_at,
 )
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.qk_norm import query_in, query_norm, query_out
@@ -137,7 +138,11 @@ def rope_kv_kernel(
     # position has arrived, and a q/k-norm program normalises only after the cos/sin row has
     # come too. 1: no barrier (separate programs; a barrier waits for the loads in flight, one
     # more round trip: +0.12-0.15 µs at T = 1 on the H100); 2: behind a barrier, which ptxas
-    # moves no load across (merged programs, where it measured faster at T ~ 512).
+    # moves no load across (merged programs, where it measured faster at T ~ 512). 3
+    # (LOAD_BARRIER): the position loaded with the data at the start, then every other load,
+    # then a barrier whose result the position's clamp and the norm's epsilon take (ptxas moves
+    # arithmetic across a plain barrier), then the cos/sin row: two round trips in every
+    # program kind, the norm under the second.
     POS_LAST: tl.constexpr = 0,
     # HOIST (merged programs): every load of the program (query, key/value block, slot, scales,
     # norm weights) before the branch to the key/value part, and the query's norm before it
@@ -184,6 +189,7 @@ def rope_kv_kernel(
         cs_row = cos_sin_ptr + clamp_position(tl.load(pos_ptr + t), max_pos) * cs_stride
     else:  # plain KV write (no rotation), or the position is loaded by cos_sin
         cs_row = cos_sin_ptr
+    pos_at = position_at(pos_ptr + t, ROTATE and POS_LAST == 3)
     q_mask = (heads < num_q_heads) & c_ok  # all false past the last query block
     q_row = q_ptr + t * q_tok_stride + heads * q_head_stride
     if QK_NORM and BLOCK_TAIL > 0:  # the query's pass-through dims are normalised too
@@ -206,9 +212,9 @@ def rope_kv_kernel(
                 BLOCK_DV, BLOCK_HKV, PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE,
                 V_SCALE_MODE, QK_NORM,
             )  # fmt: skip
-            cos, sin = cos_sin(
-                cs_row, pos_ptr + t, cs_stride, max_pos, c, c_ok, HALF, BLOCK_HALF, ROTATE,
-                POS_LAST,
+            cos, sin, eps = cos_sin(
+                cs_row, pos_at, cs_stride, max_pos, c, c_ok, eps, HALF, BLOCK_HALF, ROTATE,
+                POS_LAST, EMULATE_FP8,
             )  # fmt: skip
             if QK_NORM:  # the query's norm before the branch (query_out then only rotates)
                 a, b, qt = query_norm(
@@ -224,11 +230,11 @@ def rope_kv_kernel(
                     V_FP8_MAX, EMULATE_FP8, QK_NORM, SS_FP64, False,
                 )  # fmt: skip
         elif hb < NUM_KV_BLOCKS:
-            cos, sin = key_value(
+            cos, sin, eps = key_value(
                 t,
                 hb,
                 cs_row,
-                pos_ptr + t,
+                pos_at,
                 cs_stride,
                 max_pos,
                 c,
@@ -279,17 +285,19 @@ def rope_kv_kernel(
                 POS_LAST,
             )
         else:
-            cos, sin = cos_sin(
+            cos, sin, eps = cos_sin(
                 cs_row,
-                pos_ptr + t,
+                pos_at,
                 cs_stride,
                 max_pos,
                 c,
                 c_ok,
+                eps,
                 HALF,
                 BLOCK_HALF,
                 ROTATE,
                 POS_LAST,
+                EMULATE_FP8,
             )
         query_out(
             q_row,
@@ -328,17 +336,19 @@ def rope_kv_kernel(
             IS_BF16,
             QK_NORM,
         )
-        cos, sin = cos_sin(
+        cos, sin, eps = cos_sin(
             cs_row,
-            pos_ptr + t,
+            pos_at,
             cs_stride,
             max_pos,
             c,
             c_ok,
+            eps,
             HALF,
             BLOCK_HALF,
             ROTATE,
             POS_LAST,
+            EMULATE_FP8,
         )
         query_out(
             q_row,
@@ -367,7 +377,7 @@ def rope_kv_kernel(
             t,
             hb - NUM_Q_BLOCKS,
             cs_row,
-            pos_ptr + t,
+            pos_at,
             cs_stride,
             max_pos,
             c,

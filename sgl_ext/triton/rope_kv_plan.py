@@ -55,20 +55,23 @@ class LaunchConfig(NamedTuple):
     pos_last: bool = False  # load the position after the data loads (the kernel's POS_LAST)
     hoist: bool = False  # merged: every load before the key/value branch (the kernel's HOIST)
     early_release: bool = False  # PDL: release the next launch before the wait (EARLY_RELEASE)
+    load_barrier: bool = False  # every load, then a barrier, then cos/sin (the kernel's POS_LAST 3)
+    kv_block_h: int = 0  # key/value heads per program (0: as block_h; spread decides its own)
 
 
 def launch_config(
     num_tokens: int, max_heads: int, head_dim: int, fp8_cache: bool = False
 ) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism."""
-    # "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last[,hoist[,early_release]]]]]]]",
-    # for tuning only
+    # "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last[,hoist[,early_release
+    # [,load_barrier[,kv_block_h]]]]]]]]]]", for tuning only
     override = settings.get().triton_config
     if override:
         vals = list(override)
-        # ints, two flags as bools, maxnreg, three more flags; LaunchConfig rejects a bad length
+        # ints, two flags as bools, maxnreg, four more flags, an int; LaunchConfig rejects a bad
+        # length
         args: list[Any] = [*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6]]
-        return LaunchConfig(*args, *(bool(x) for x in vals[6:]))
+        return LaunchConfig(*args, *(bool(x) for x in vals[6:10]), *vals[10:])
     # Measured on the H100 (docs/performance.md, benchmarks/RESULTS.md; sweeps of 2026-11-22).
     # Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
@@ -81,7 +84,12 @@ def launch_config(
         return LaunchConfig(1, 4, ORDER_2D)
     if num_tokens <= 64:
         bh = min(_pow2_floor(512 // head_dim), 32, next_pow2(max_heads))
-        return LaunchConfig(bh, 4, ORDER_2D)
+        # D = 128 from 17 tokens, bf16 / fp16 caches: every load, then a barrier, then the
+        # cos/sin row (two round trips; ptxas otherwise issues V's load after the slot's or the
+        # position's has come back). Measured 0.93-0.99x at T = 32..64 (Qwen3-8B / -32B
+        # shapes, H100, 2026-11-27); up to 16 tokens and D = 64 not measured faster.
+        lb = head_dim == 128 and not fp8_cache and num_tokens > 16
+        return LaunchConfig(bh, 4, ORDER_2D, load_barrier=lb)
     maxnreg = 0
     if fp8_cache and num_tokens > 896 and head_dim in (64, 128):
         # fp8 caches from ~1K tokens: 16 heads x 4 warps, so each thread stores 8-byte pieces
@@ -111,27 +119,24 @@ QK_NORM_SUM_FP64 = False
 # Its layout by token count, D = 128 (Qwen3): the first row whose bound is >= T; None:
 # launch_config's bf16-cache layout. `benchmarks/tune_qk_norm.py` times candidates per row
 # against RoPE + KV alone and prints this table with the winners (`gpu_run.sh qknorm_sweep`).
-# Separate programs of 4 query heads (or a key/value block) x 4 warps at small T (the session 8
-# sweep; one head x one warp was the 2026-11-24 choice up to 8 tokens, 1.06-1.09x now); merged
-# programs of 4 query heads at T ~ 128 (1.08 / 1.07x RoPE + KV alone, against 1.38 / 1.31x with
-# launch_config's 8) and of 16 heads from ~1K tokens (0.97-1.03x, against 1.01-1.04x). POS_LAST
-# (see rope_kv_kernel) where a program's latency is the time (small T): the norm then overlaps
-# the position -> cos/sin round trips instead of following them. HOIST (merged programs load
-# everything before the key/value branch) at 257..447 tokens, and EARLY_RELEASE (the PDL order
-# of the other kernels; this kernel waits first by default) up to 8 and from 257 to 1023.
+# Separate programs of 4 query heads (or a key/value block) x 4 warps up to 64 tokens, of 8
+# heads beyond. POS_LAST (see rope_kv_kernel) up to 32 tokens, where a program's latency is the
+# time: the norm overlaps the position -> cos/sin round trips instead of following them;
+# EARLY_RELEASE (the PDL order of the other kernels; this kernel waits first by default) up to
+# 8. From 33 tokens LOAD_BARRIER (POS_LAST 3): every load, a barrier, then the cos/sin row, the
+# norm under its round trip; without it ptxas issued V's (or the slot's) load after the key's
+# norm, three round trips in a key/value program. (Merged programs, HOIST: the session 4 / 11
+# tables, 1.07-1.22x at T 65..447.)
 QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
-    # Worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the row's swept T (H100). Rows to 8
-    # and from 257: 2026-11-27 (tune_qk_norm.py with the HOIST / EARLY_RELEASE candidates, T 1,
-    # 8, 384, 512); T 9..64: session 8 (POS_LAST without its barrier in separate programs);
-    # T 65..256 and from 1024: the session 4 sweep (merged programs keep the barrier).
+    # Worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the row's swept T (H100). Rows to
+    # 32: 2026-11-27 and session 8; from 33: LOAD_BARRIER layouts (2026-11-27, .scratch A/B of
+    # 12 candidates at T 16..8192, 3 rounds; benchmarks/RESULTS.md "Session 12").
     (8, LaunchConfig(4, 4, ORDER_2D, pos_last=True, early_release=True)),  # 1.023 (wait: 1.060)
-    (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.055 (1 x 1 with POS_LAST: 1.094)
-    (64, LaunchConfig(4, 4, ORDER_2D)),  # 1.058 (with POS_LAST: 1.111)
-    (256, LaunchConfig(4, 4, ORDER_TOKEN, merged=True)),  # 1.09 / 1.17
-    (447, LaunchConfig(16, 4, ORDER_TOKEN, merged=True, hoist=True, early_release=True)),  # 1.042
-    # 1.021 (1.039 waiting first; 1.19 at T = 384, where the row above takes over)
-    (1023, LaunchConfig(16, 4, ORDER_TOKEN, merged=True, pos_last=True, early_release=True)),
-    (1 << 62, LaunchConfig(16, 4, ORDER_TOKEN, merged=True)),
+    (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.017 (1 x 1 with POS_LAST: 1.094)
+    (64, LaunchConfig(4, 4, ORDER_2D, load_barrier=True)),  # 1.048 (POS_LAST: 1.082)
+    # separate programs of 8 heads: 1.06 at 96 / 128, 1.04 at 160..256 (merged 4 x 4: 1.08-1.24)
+    (256, LaunchConfig(8, 4, ORDER_2D, load_barrier=True)),
+    (1 << 62, LaunchConfig(8, 4, ORDER_TOKEN, load_barrier=True)),  # 0.98-1.03 (T 320..8192)
 )
 # Other head sizes: one head x one warp up to 8 tokens, then launch_config's layout.
 QK_NORM_LAYOUTS_OTHER: tuple[tuple[int, LaunchConfig | None], ...] = (
@@ -154,6 +159,15 @@ def qk_norm_launch_config(num_tokens: int, max_heads: int, head_dim: int) -> Lau
         cfg = launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
         return cfg._replace(pos_last=num_tokens <= QK_NORM_POS_LAST_TOKENS)
     return cfg._replace(block_h=min(cfg.block_h, next_pow2(max_heads)))
+
+
+def _pos_last_mode(cfg: LaunchConfig, merged: bool) -> int:
+    """The kernel's POS_LAST for a layout (see rope_kv_kernel)."""
+    if cfg.load_barrier:
+        return 3
+    if cfg.pos_last:
+        return 2 if merged and not cfg.hoist else 1
+    return 0
 
 
 def plan_rope_kv(
@@ -201,7 +215,7 @@ def plan_rope_kv(
     block_h = cfg.block_h
     num_q_blocks = _cdiv(num_q_heads, block_h)
     merged = cfg.merged and num_q_blocks > 0
-    block_hkv = min(block_h, next_pow2(k.num_heads))
+    block_hkv = min(cfg.kv_block_h or block_h, next_pow2(k.num_heads))
     if merged and cfg.spread:
         block_hkv = next_pow2(_cdiv(k.num_heads, num_q_blocks))
     num_kv_blocks = _cdiv(k.num_heads, block_hkv)
@@ -275,7 +289,7 @@ def plan_rope_kv(
         USE_PDL=use_pdl,
         QK_NORM=norm is not None,
         SS_FP64=norm is not None and QK_NORM_SUM_FP64,
-        POS_LAST=(2 if merged and not cfg.hoist else 1) if cfg.pos_last and rotate else 0,
+        POS_LAST=_pos_last_mode(cfg, merged) if rotate else 0,
         HOIST=merged and cfg.hoist,
         EARLY_RELEASE=use_pdl and cfg.early_release,
     )

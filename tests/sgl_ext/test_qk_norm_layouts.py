@@ -34,10 +34,17 @@ def _layouts():
         LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, early_release=True),
         LaunchConfig(2, 4, ORDER_KV_FIRST, merged=True, pos_last=True, hoist=True),
         LaunchConfig(4, 2, ORDER_TOKEN, merged=True, spread=True, pos_last=True, hoist=True),
+        LaunchConfig(1, 1, ORDER_2D, load_barrier=True),
+        LaunchConfig(4, 4, ORDER_TOKEN, load_barrier=True),
+        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, load_barrier=True),
+        LaunchConfig(2, 4, ORDER_KV_FIRST, merged=True, hoist=True, load_barrier=True),
+        LaunchConfig(4, 2, ORDER_TOKEN, merged=True, spread=True, load_barrier=True),
+        LaunchConfig(4, 4, ORDER_2D, load_barrier=True, kv_block_h=1),
     ]
 
 
 IDS = ["1x1", "4x4", "merged", "kv-first", "spread", "hoist", "hoist-kv-first", "hoist-spread"]
+IDS += ["lb-1x1", "lb-4x4", "lb-merged", "lb-hoist-kv-first", "lb-spread", "lb-kv1"]
 
 
 @pytest.fixture
@@ -99,6 +106,7 @@ def test_plan_pos_last_follows_the_table(num_tokens):
     cfg = qk_norm_launch_config(num_tokens, 32, 128)
     # 2: behind a barrier (merged programs without HOIST)
     want = (2 if cfg.merged and not cfg.hoist else 1) if cfg.pos_last else 0
+    want = 3 if cfg.load_barrier else want
     for kv_dtype in (None, torch.bfloat16, torch.float8_e4m3fn):
         c = _plan(num_tokens, kv_dtype).constexprs
         assert c["POS_LAST"] == want and c["HOIST"] == (cfg.merged and cfg.hoist)
@@ -125,9 +133,17 @@ def test_cuda_pos_last_keeps_the_bits(backend, layout, num_tokens):
 
     backend("triton")
     cfg = qk_norm_launch_config(num_tokens, 32, 128)
+    plain = cfg._replace(pos_last=False, hoist=False, load_barrier=False)
+    variants = (
+        plain,
+        plain._replace(pos_last=True, hoist=cfg.merged),
+        plain._replace(load_barrier=True),
+        plain._replace(load_barrier=True, hoist=cfg.merged),
+    )
     outs = []
-    for pos_last in (False, True):
-        layout(cfg._replace(pos_last=pos_last, hoist=pos_last and cfg.merged))
+    for v in variants:
+        layout(v)
         outs.append(_qk_with_and_without_kv("cuda", num_tokens, 32, 8, 128, torch.bfloat16, 7))
-    for (f0, q0, k0), (f1, q1, k1) in zip(*outs, strict=True):
-        assert f0 == f1 and torch.equal(q0, q1) and torch.equal(k0, k1)
+    for other in outs[1:]:
+        for (f0, q0, k0), (f1, q1, k1) in zip(outs[0], other, strict=True):
+            assert f0 == f1 and torch.equal(q0, q1) and torch.equal(k0, k1)

@@ -176,9 +176,10 @@ def test_triton_rope_kv(backend, case):
     run_case(device=device, num_tokens=case.pop("num_tokens", 5), **case)
 
 
-# "heads per program, warps, grid order, merged, spread[, maxnreg, pos_last, hoist]": every
-# program layout the launcher can pick (order 0: 2-D grid, 1: token-major, 2: key/value programs
-# first; hoist: merged programs issue every load before the key/value branch).
+# "heads per program, warps, grid order, merged, spread[, maxnreg, pos_last, hoist,
+# early_release, load_barrier, kv_block_h]": every program layout the launcher can pick (order
+# 0: 2-D grid, 1: token-major, 2: key/value programs first; hoist: merged programs issue every
+# load before the key/value branch; load_barrier: every load, a barrier, then cos/sin).
 LAUNCH_CONFIGS = [
     "1,4,1,0",
     "2,2,0,0",
@@ -192,6 +193,10 @@ LAUNCH_CONFIGS = [
     "2,1,1,1,0,0,0,1",
     "4,2,1,1,1,0,0,1",
     "2,4,2,1,0,0,1,1,1",
+    "2,2,0,0,0,0,0,0,0,1",
+    "4,2,1,1,0,0,0,0,0,1",
+    "2,4,2,1,0,0,0,1,0,1",
+    "4,4,1,0,0,0,0,0,0,1,1",
 ]
 
 
