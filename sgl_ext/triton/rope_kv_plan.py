@@ -120,13 +120,14 @@ QK_NORM_SUM_FP64 = False
 # launch_config's bf16-cache layout. `benchmarks/tune_qk_norm.py` times candidates per row
 # against RoPE + KV alone and prints this table with the winners (`gpu_run.sh qknorm_sweep`).
 # Separate programs of 4 query heads (or a key/value block) x 4 warps up to 64 tokens, then of
-# 8 query heads (2 key/value heads up to 160 tokens). POS_LAST (see rope_kv_kernel) up to 32
-# tokens, where a program's latency is the time: the norm overlaps the position -> cos/sin
-# round trips instead of following them; EARLY_RELEASE (the PDL order of the other kernels;
-# this kernel waits first by default) up to 8. From 33 tokens LOAD_BARRIER (POS_LAST 3): every
-# load, a barrier, then the cos/sin row, the norm under its round trip; without it ptxas issued
-# V's (or the slot's) load after the key's norm, three round trips in a key/value program.
-# (Merged programs, HOIST: the session 4 / 11 tables, 1.07-1.22x at T 65..447.)
+# 8 query heads (2 key/value heads up to 160 tokens, 8 up to 256, then 4). POS_LAST (see
+# rope_kv_kernel) up to 32 tokens, where a program's latency is the time: the norm overlaps the
+# position -> cos/sin round trips instead of following them; EARLY_RELEASE (the PDL order of
+# the other kernels; this kernel waits first by default) up to 8. From 33 tokens LOAD_BARRIER
+# (POS_LAST 3): every load, a barrier, then the cos/sin row, the norm under its round trip;
+# without it ptxas issued V's (or the slot's) load after the key's norm, three round trips in a
+# key/value program. (Merged programs, HOIST: the session 4 / 11 tables, 1.07-1.22x at T
+# 65..447.)
 QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # Worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the row's swept T (H100). Rows to
     # 32: 2026-11-27 and session 8; from 33: LOAD_BARRIER layouts (2026-11-27, .scratch A/B of
@@ -139,7 +140,9 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # at 192 on Qwen3-32B, 1.09 waves)
     (160, LaunchConfig(8, 4, ORDER_2D, load_barrier=True, kv_block_h=2)),
     (256, LaunchConfig(8, 4, ORDER_2D, load_barrier=True)),  # 1.037
-    (1 << 62, LaunchConfig(8, 4, ORDER_TOKEN, load_barrier=True)),  # 0.98-1.03 (T 320..8192)
+    # 4 key/value heads a program: bf16 1.00-1.04 (8: 0.98-1.04), fp8 e4m3 0.96-1.05 (8:
+    # 1.05-1.18) at T 300..4096
+    (1 << 62, LaunchConfig(8, 4, ORDER_TOKEN, load_barrier=True, kv_block_h=4)),
 )
 # Other head sizes: one head x one warp up to 8 tokens, then launch_config's layout.
 QK_NORM_LAYOUTS_OTHER: tuple[tuple[int, LaunchConfig | None], ...] = (
