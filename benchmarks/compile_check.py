@@ -133,6 +133,22 @@ def _sass(kernel) -> list[str]:
     return [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
 
 
+def _loads_after_barriers(ops: list[str], barrier: str) -> tuple[list[int], list[int]]:
+    """The SASS lines holding `barrier`, and the loads after each up to its path's end (the
+    next branch or exit)."""
+    import re
+
+    bars = [i for i, ln in enumerate(ops) if barrier in ln]
+    after = []
+    for b in bars:
+        end = next(
+            (i for i in range(b, len(ops)) if re.search(r"\*/\s+(BRA|EXIT)\b", ops[i])),
+            len(ops),
+        )
+        after.append(sum(" LDG" in ln for ln in ops[b:end]))
+    return bars, after
+
+
 def pos_last_misplaced() -> list[str]:
     """POS_LAST in the SASS. Separate programs (POS_LAST 1: the position loaded in each program
     kind's own path, after its data loads in program order) must not order the loads with a
@@ -142,26 +158,18 @@ def pos_last_misplaced() -> list[str]:
     must be followed by exactly three loads on its path (the position, then cos and sin) and the
     data loads must come before the first one. Returns the layouts where that fails (empty: all
     hold)."""
-    import re
 
     bad = []
     for bh, merged, warps, mode in ((1, False, 1, 1), (4, False, 4, 1), (4, True, 4, 2)):
         for kv, ks in (("bf16", 0), ("e4m3", 2)):
             args = ("bf16", kv, True, True, 0, 0, ks, 0, True, bh, merged)
             ops = _sass(compile_one(*args, qk_norm=True, num_warps=warps, pos_last=mode))
-            bars = [i for i, ln in enumerate(ops) if "BAR.SYNC" in ln]
+            bars, after = _loads_after_barriers(ops, "BAR.SYNC")
             name = f"{bh} heads x {warps} warps{' merged' if merged else ''}, {kv}"
             if mode == 1:
                 if bars:
                     bad.append(f"{name}: {len(bars)} barriers")
                 continue
-            after = []
-            for b in bars:
-                end = next(
-                    (i for i in range(b, len(ops)) if re.search(r"\*/\s+(BRA|EXIT)\b", ops[i])),
-                    len(ops),
-                )
-                after.append(sum(" LDG" in ln for ln in ops[b:end]))
             before = sum(" LDG" in ln for ln in ops[: bars[0]]) if bars else 0
             if not bars or before < 4 or any(n != 3 for n in after):
                 bad.append(f"{name}: {before} loads first, {after}")
@@ -173,21 +181,13 @@ def load_barrier_misplaced() -> list[str]:
     (BAR.RED.POPC, whose result the position's clamp takes), every load of the path but the cos
     and sin rows before it and exactly those two after it. Returns the layouts where that fails
     (empty: all hold)."""
-    import re
 
     bad = []
     for qk, bh, warps, merged in ((True, 4, 4, False), (True, 8, 4, False), (False, 8, 4, True)):
         for kv, ks in (("bf16", 0), ("e4m3", 2)):
             args = ("bf16", kv, True, True, 0, 0, ks, 0, True, bh, merged)
             ops = _sass(compile_one(*args, qk_norm=qk, num_warps=warps, pos_last=3))
-            bars = [i for i, ln in enumerate(ops) if "BAR.RED.POPC" in ln]
-            after = []
-            for b in bars:
-                end = next(
-                    (i for i in range(b, len(ops)) if re.search(r"\*/\s+(BRA|EXIT)\b", ops[i])),
-                    len(ops),
-                )
-                after.append(sum(" LDG" in ln for ln in ops[b:end]))
+            bars, after = _loads_after_barriers(ops, "BAR.RED.POPC")
             name = f"{bh} heads x {warps} warps{' merged' if merged else ''}, {kv}, norm {qk}"
             if len(bars) != 2 or any(n != 2 for n in after):
                 bad.append(f"{name}: {len(bars)} barriers, loads after each {after}")

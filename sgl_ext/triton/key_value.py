@@ -62,11 +62,14 @@ def cos_sin(
     POS_LAST: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
-    """The token's cos and sin rows as [1, BLOCK_HALF] fp32 (zeros without rotation).
+    """The token's cos and sin rows as [1, BLOCK_HALF] fp32 (zeros without rotation), and
+    the norm's epsilon eps to use from here on.
 
     cs_row: the token's cos/sin row, from the position loaded at the start of the program; with
     POS_LAST the table itself, and the position is loaded here from pos_at (POS_LAST 2: behind a
-    barrier; see rope_kv_kernel). Called after every other load of the program.
+    barrier; see rope_kv_kernel). POS_LAST 3: pos_at is the position, loaded with the data, and
+    a barrier comes first; the clamp and the returned eps (eps + 0) take its result, so the
+    arithmetic on them stays behind it. Called after every other load of the program.
     """
     if ROTATE:
         if POS_LAST == 3:
