@@ -80,16 +80,23 @@ def launch_config(
     # position and its cos/sin row), ~1K (D=128) or ~2K (D=64) elements per program, about 4
     # elements of each half tile per thread.
     # The 2-D grid (no index division) measured 0.1-0.2 µs faster than the 1-D grid at T <= 8.
+    # LOAD_BARRIER (load_barrier): every load, then a barrier, then the cos/sin row (two round
+    # trips; ptxas otherwise issues V's load after the slot's or the position's has come back),
+    # with bf16 / fp16 caches where it measured faster (H100, 2026-11-27, benchmarks/RESULTS.md
+    # "Session 12"): D = 128 at T = 17..64 (0.93-0.99x, Qwen3-8B / -32B shapes; slower from 96
+    # and up to 16), D = 64 at T <= 1024 but 9..16 (0.91-0.99x, gpt-oss-20b shape).
+    d64 = head_dim == 64 and not fp8_cache
     if num_tokens <= 8:
+        if d64:  # 8 query heads or 2 key/value heads a program (0.91-0.97x one-head programs)
+            bh = min(8, next_pow2(max_heads))
+            return LaunchConfig(bh, 4, ORDER_2D, load_barrier=True, kv_block_h=2)
         return LaunchConfig(1, 4, ORDER_2D)
     if num_tokens <= 64:
         bh = min(_pow2_floor(512 // head_dim), 32, next_pow2(max_heads))
-        # D = 128 from 17 tokens, bf16 / fp16 caches: every load, then a barrier, then the
-        # cos/sin row (two round trips; ptxas otherwise issues V's load after the slot's or the
-        # position's has come back). Measured 0.93-0.99x at T = 32..64 (Qwen3-8B / -32B
-        # shapes, H100, 2026-11-27); up to 16 tokens and D = 64 not measured faster.
-        lb = head_dim == 128 and not fp8_cache and num_tokens > 16
+        lb = (head_dim == 128 and not fp8_cache or d64) and num_tokens > 16
         return LaunchConfig(bh, 4, ORDER_2D, load_barrier=lb)
+    if d64 and num_tokens <= 384:  # separate programs of 16 heads (merged: 1.02-1.04x)
+        return LaunchConfig(min(16, next_pow2(max_heads)), 4, ORDER_2D, load_barrier=True)
     maxnreg = 0
     if fp8_cache and num_tokens > 896 and head_dim in (64, 128):
         # fp8 caches from ~1K tokens: 16 heads x 4 warps, so each thread stores 8-byte pieces
@@ -108,7 +115,8 @@ def launch_config(
     # (gpt-oss): no gain.
     lo, hi = (352, 896) if fp8_cache else (416, 704)
     order = ORDER_KV_FIRST if head_dim == 128 and lo < num_tokens <= hi else ORDER_TOKEN
-    return LaunchConfig(block_h, num_warps, order, merged=True, maxnreg=maxnreg)
+    lb = d64 and num_tokens <= 1024
+    return LaunchConfig(block_h, num_warps, order, merged=True, maxnreg=maxnreg, load_barrier=lb)
 
 
 # The q/k-norm variant (QK_NORM, issue 17): its choices, in one place.
