@@ -325,25 +325,27 @@ class ScheduleBatch:
         if idle:
             raise ValueError(f"request {idle[0].rid} was not prefilled (or was already freed)")
         ps = self.page_size
-        # int64 [4 or 5, B] host block: request row, new token's position, previous token's
-        # slot (from the host page list), input id (and the previous token's window slot);
-        # it later travels to the device in one copy.
+        # int64 [5 or 6, B] host block: input id, request row, sequence length with the new
+        # token, previous token's slot (from the host page list), new token's position (and the
+        # previous token's window slot); it travels to the device in one copy, and its first
+        # five rows are the batch's decode inputs (ForwardBatch.decode_inputs).
         block = [
-            [r.req_pool_idx for r in reqs],
-            [r.kv_len for r in reqs],
-            [r.kv_pages[(r.kv_len - 1) // ps] * ps + (r.kv_len - 1) % ps for r in reqs],
             [r.output_ids[-1] for r in reqs],
+            [r.req_pool_idx for r in reqs],
+            [r.kv_len + 1 for r in reqs],
+            [r.kv_pages[(r.kv_len - 1) // ps] * ps + (r.kv_len - 1) % ps for r in reqs],
+            [r.kv_len for r in reqs],
         ]
         if self.is_swa:
             block.append([self._swa_slot(r, r.kv_len - 1) for r in reqs])
         host = torch.tensor(block, dtype=torch.int64)
-        seq_lens_cpu = host[1] + 1  # [B]
+        seq_lens_cpu = host[2].clone()  # [B]
         swa_slots = None
         if self.is_swa:
-            got = self.allocator.alloc_decode(seq_lens_cpu, host[2], swa_last_loc=host[4])
+            got = self.allocator.alloc_decode(seq_lens_cpu, host[3], swa_last_loc=host[5])
             slots, swa_slots = (None, None) if got is None else (got.full, got.swa)
         else:
-            slots = self.allocator.alloc_decode(seq_lens_cpu, host[2])  # host int64 [B]
+            slots = self.allocator.alloc_decode(seq_lens_cpu, host[3])  # host int64 [B]
         if slots is None:
             raise RuntimeError(f"KV pool out of memory allocating {len(reqs)} decode slots")
         for i, (r, slot) in enumerate(zip(reqs, slots.tolist(), strict=True)):
@@ -352,22 +354,24 @@ class ScheduleBatch:
                 if swa_slots is not None:
                     r.swa_pages.append(int(swa_slots[i]) // ps)
             r.kv_len += 1
-        host[2] = slots  # the previous slots are no longer needed: the new ones travel instead
+        host[3] = slots  # the previous slots are no longer needed: the new ones travel instead
         if swa_slots is not None:
-            host[4] = swa_slots
-        dev = self._to_device(host)  # [4 or 5, B]
-        rows, pos, out_cache_loc, input_ids = dev[:4].unbind(0)  # [B] each
+            host[5] = swa_slots
+        dev = self._to_device(host)  # [5 or 6, B]
+        inputs = dev[:5]  # [5, B]
+        input_ids, rows, seq_lens, out_cache_loc, pos = inputs.unbind(0)  # [B] each
         self.req_to_token_pool.req_to_token[rows, pos] = out_cache_loc.to(torch.int32)
         if swa_slots is not None:
-            self.req_to_token_pool.req_to_swa_token[rows, pos] = dev[4].to(torch.int32)
+            self.req_to_token_pool.req_to_swa_token[rows, pos] = dev[5].to(torch.int32)
         return self._forward_batch(
             ForwardMode.DECODE,
             batch_size=len(reqs),
             input_ids=input_ids,
             req_pool_indices=rows,
-            seq_lens=pos + 1,
+            seq_lens=seq_lens,
             seq_lens_cpu=seq_lens_cpu,
             seq_lens_sum=int(seq_lens_cpu.sum()),
             out_cache_loc=out_cache_loc,
             positions=pos,
+            decode_inputs=inputs,
         )

@@ -40,6 +40,26 @@ def get_batch_sizes_to_capture(max_bs: int, bs_list: tuple[int, ...] | None = No
     return sorted(sizes)
 
 
+def _packed(fb: ForwardBatch, bs: int) -> bool:
+    """Whether fb's decode_inputs block holds its five decode inputs as its rows (int64 [5, bs],
+    rows contiguous): then one copy moves them all. A batch whose fields were replaced after it
+    was built fails the check and takes the five copies."""
+    block = fb.decode_inputs
+    if (
+        block is None
+        or block.shape != (5, bs)
+        or block.dtype != torch.int64
+        or block.stride(1) != 1
+    ):
+        return False
+    base, row = block.data_ptr(), block.stride(0) * 8
+    fields = (fb.input_ids, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, fb.positions)
+    return all(
+        f is not None and f.data_ptr() == base + i * row and f.shape == (bs,) and f.stride(0) == 1
+        for i, f in enumerate(fields)
+    )
+
+
 class CudaGraphRunner:
     """Captures and replays decode graphs for a ModelRunner.
 
@@ -63,14 +83,21 @@ class CudaGraphRunner:
         self.graph_memory_pool: Any = None
         backend = model_runner.attn_backend
         self.seq_len_fill_value = int(backend.get_cuda_graph_seq_len_fill_value())
-        # Static inputs, [max_bs] each; replays copy the real batch into their first rows.
-        with torch.device(self.device):
-            self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64)
-            self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64)
-            self.seq_lens = torch.full((self.max_bs,), self.seq_len_fill_value, dtype=torch.int64)
-            self.out_cache_loc = torch.zeros(self.max_bs, dtype=torch.int64)  # 0: padding slot
-            self.positions = torch.zeros(self.max_bs, dtype=torch.int64)
+        # Static inputs, [max_bs] each, the rows of one block in ForwardBatch.decode_inputs's
+        # order; replays copy the real batch into their first columns (one copy for a batch
+        # that carries decode_inputs). out_cache_loc 0: the padding slot.
+        self.decode_inputs = torch.zeros(5, self.max_bs, dtype=torch.int64, device=self.device)
+        rows = self.decode_inputs.unbind(0)
+        self.input_ids, self.req_pool_indices, self.seq_lens, self.out_cache_loc = rows[:4]
+        self.positions = rows[4]
+        self.seq_lens.fill_(self.seq_len_fill_value)
+        self._padding = self.decode_inputs.clone()  # what padding columns hold
         self.seq_lens_cpu = torch.full((self.max_bs,), self.seq_len_fill_value, dtype=torch.int64)
+        # per bucket, the views a replay hands the backend (made once: no slicing per replay)
+        self._views = {
+            bs: (self.req_pool_indices[:bs], self.seq_lens[:bs], self.seq_lens_cpu[:bs])
+            for bs in self.capture_bs
+        }
         backend.init_cuda_graph_state(self.max_bs, self.max_bs)
         self.capture()
 
@@ -154,31 +181,26 @@ class CudaGraphRunner:
         bs = self.bucket(raw_bs)
         fill = self.seq_len_fill_value
         if bs != raw_bs:  # padding rows: harmless inputs, KV write to the padding slot 0
-            self.input_ids[raw_bs:bs].zero_()
-            self.req_pool_indices[raw_bs:bs].zero_()
-            self.seq_lens[raw_bs:bs].fill_(fill)
-            self.out_cache_loc[raw_bs:bs].zero_()
-            self.positions[raw_bs:bs].zero_()
+            self.decode_inputs[:, raw_bs:bs].copy_(self._padding[:, raw_bs:bs])
             self.seq_lens_cpu[raw_bs:bs].fill_(fill)
-        self.input_ids[:raw_bs].copy_(forward_batch.input_ids)
-        self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
-        self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
-        self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
-        assert forward_batch.positions is not None  # decode batches carry their positions
-        self.positions[:raw_bs].copy_(forward_batch.positions)
+        if _packed(forward_batch, raw_bs):  # one copy: the host's work before the launch
+            self.decode_inputs[:, :raw_bs].copy_(forward_batch.decode_inputs)
+        else:
+            self.input_ids[:raw_bs].copy_(forward_batch.input_ids)
+            self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
+            self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
+            self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
+            assert forward_batch.positions is not None  # decode batches carry their positions
+            self.positions[:raw_bs].copy_(forward_batch.positions)
+        req_pool_indices, seq_lens, seq_lens_cpu = self._views[bs]
         if forward_batch.seq_lens_cpu is not None:
             self.seq_lens_cpu[:raw_bs].copy_(forward_batch.seq_lens_cpu)
-            seq_lens_cpu = self.seq_lens_cpu[:bs]
         else:
             seq_lens_cpu = None
         seq_lens_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * fill
         self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
-            bs,
-            self.req_pool_indices[:bs],
-            self.seq_lens[:bs],
-            seq_lens_sum,
-            ForwardMode.DECODE,
-            seq_lens_cpu,
+            bs, req_pool_indices, seq_lens, seq_lens_sum, ForwardMode.DECODE, seq_lens_cpu
         )
         self.graphs[bs].replay()
-        return self.outputs[bs][:raw_bs]
+        out = self.outputs[bs]
+        return out if raw_bs == bs else out[:raw_bs]

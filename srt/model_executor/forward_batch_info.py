@@ -76,6 +76,10 @@ class ForwardBatch:
     # hybrid SWAKVPool (-1: no window slot, not written); None with a uniform pool. Filled from
     # out_cache_loc by ModelRunner.model_forward (on the device, inside CUDA graphs).
     out_cache_loc_swa: torch.Tensor | None = None
+    # int64 [5, B], device (DECODE, optional): one block whose rows are input_ids,
+    # req_pool_indices, seq_lens, out_cache_loc and positions (those fields are views of it), so
+    # a CUDA-graph replay copies the batch into its static inputs in one launch.
+    decode_inputs: torch.Tensor | None = None
 
     # ---- EXTEND only ----
     # int32 [B], device: number of new tokens per request.

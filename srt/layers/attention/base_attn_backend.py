@@ -5,7 +5,7 @@ Life cycle per batch:
   CUDA graph: init_cuda_graph_state(max_bs, max_num_tokens) once; for each captured batch size
               init_forward_metadata_capture_cuda_graph(...) before capture, and
               init_forward_metadata_replay_cuda_graph(...) before every replay (it must only
-              copy into the fixed buffers allocated by init_cuda_graph_state).
+              copy into fixed buffers: init_cuda_graph_state's, or those of the capture).
 """
 
 from __future__ import annotations
@@ -122,12 +122,24 @@ class AttentionBackend(ABC):
 class DecodeGraphMixin:
     """CUDA-graph metadata of a decode-only backend, shared by the torch-native and Triton
     backends. The backend's `init_cuda_graph_state` sets `cuda_graph_metadata`: a dataclass
-    with the fixed buffers `req_pool_indices` and `seq_lens` (int64 [max_bs]); a replay copies
-    the batch into them and points `forward_metadata` at their first `bs` rows (the other
-    fields kept)."""
+    whose fields `req_pool_indices` and `seq_lens` are int64 [max_bs] buffers (the other fields
+    are kept as they are).
+
+    A capture points the metadata at the buffers the caller passes (the graph runner's static
+    inputs; its other fields from `cuda_graph_metadata`), and a replay passing the same buffers
+    again copies nothing: the host work before a replay is the runner's copy of the batch. A
+    replay passing other tensors copies them into the captured buffers. A batch size that was
+    never captured uses the `cuda_graph_metadata` buffers (copied into)."""
 
     cuda_graph_metadata: Any  # the backend's metadata dataclass (fixed buffers), or None
     forward_metadata: Any
+
+    def _graph_metadata(self) -> dict[int, Any]:
+        """Captured batch size -> its metadata (a dataclass of cuda_graph_metadata's type)."""
+        table = self.__dict__.get("_captured_metadata")
+        if table is None or table[0] is not self.cuda_graph_metadata:  # new graph state
+            table = self.__dict__["_captured_metadata"] = (self.cuda_graph_metadata, {})
+        return table[1]
 
     def init_forward_metadata_capture_cuda_graph(
         self,
@@ -139,9 +151,14 @@ class DecodeGraphMixin:
     ) -> None:
         if not forward_mode.is_decode():
             raise NotImplementedError(f"{type(self).__name__} captures decode only")
-        self.init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, 0, forward_mode, None
+        g = self.cuda_graph_metadata
+        if g is None:
+            raise RuntimeError("call init_cuda_graph_state before capturing")
+        meta = dataclasses.replace(
+            g, req_pool_indices=req_pool_indices[:bs], seq_lens=seq_lens[:bs]
         )
+        self._graph_metadata()[bs] = meta
+        self.forward_metadata = meta
 
     def init_forward_metadata_replay_cuda_graph(
         self,
@@ -155,11 +172,16 @@ class DecodeGraphMixin:
         g = self.cuda_graph_metadata
         if g is None:
             raise RuntimeError("call init_cuda_graph_state before capturing")
-        g.req_pool_indices[:bs].copy_(req_pool_indices[:bs])
-        g.seq_lens[:bs].copy_(seq_lens[:bs])
-        self.forward_metadata = dataclasses.replace(
-            g, req_pool_indices=g.req_pool_indices[:bs], seq_lens=g.seq_lens[:bs]
-        )
+        meta = self._graph_metadata().get(bs)
+        if meta is None:
+            meta = dataclasses.replace(
+                g, req_pool_indices=g.req_pool_indices[:bs], seq_lens=g.seq_lens[:bs]
+            )
+        if req_pool_indices.data_ptr() != meta.req_pool_indices.data_ptr():
+            meta.req_pool_indices.copy_(req_pool_indices[:bs])
+        if seq_lens.data_ptr() != meta.seq_lens.data_ptr():
+            meta.seq_lens.copy_(seq_lens[:bs])
+        self.forward_metadata = meta
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1

@@ -51,6 +51,13 @@ def test_host_pages_match_req_to_token_through_decode(page_size):
         fb = sb.prepare_for_decode(reqs)
         assert fb.out_cache_loc.tolist() == [_host_slots(r, page_size)[-1] for r in reqs]
         assert fb.positions.tolist() == [r.kv_len - 1 for r in reqs]
+        assert fb.seq_lens.tolist() == fb.seq_lens_cpu.tolist() == [r.kv_len for r in reqs]
+        assert fb.input_ids.tolist() == [step] * len(reqs)
+        # the five decode inputs are the rows of one block (one copy into a graph's inputs)
+        block = fb.decode_inputs
+        assert block.shape == (5, len(reqs)) and block.dtype == torch.int64
+        fields = (fb.input_ids, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, fb.positions)
+        assert all(f.data_ptr() == block[i].data_ptr() for i, f in enumerate(fields))
     table = sb.req_to_token_pool.req_to_token
     every = []
     for r in reqs:

@@ -67,14 +67,29 @@ def test_decode_width_is_fixed_so_eager_equals_graph():
     s = (q1.view(2, 8) @ kk.T) * 0.3  # [2 heads, 4 keys]
     ref = (torch.softmax(s, -1) @ vv).view(1, 16)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    # the graph path: fixed buffers, copied in place on replay
+    # the graph path: the metadata reads the capture's buffers (here fb's); a replay with the
+    # same buffers copies nothing, one with other tensors copies them in
     be.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
     be.init_forward_metadata_capture_cuda_graph(
         1, 1, fb.req_pool_indices, fb.seq_lens, fb.forward_mode
     )
     out_g = layer(q1, None, None, fb, save_kv_cache=False)
     assert torch.equal(out_g, out)
-    assert (
-        be.forward_metadata.req_pool_indices.data_ptr()
-        == be.cuda_graph_metadata.req_pool_indices.data_ptr()
+    meta = be.forward_metadata
+    assert meta.req_pool_indices.data_ptr() == fb.req_pool_indices.data_ptr()
+    assert meta.seq_lens.data_ptr() == fb.seq_lens.data_ptr()
+    be.init_forward_metadata_replay_cuda_graph(
+        1, fb.req_pool_indices, fb.seq_lens, 4, fb.forward_mode, None
     )
+    assert be.forward_metadata is meta
+    rpi, sl = torch.zeros_like(fb.req_pool_indices), torch.full_like(fb.seq_lens, 2)
+    be.init_forward_metadata_replay_cuda_graph(1, rpi, sl, 2, fb.forward_mode, None)
+    assert be.forward_metadata is meta and meta.seq_lens.tolist() == [2]
+    assert fb.req_pool_indices.tolist() == [0]  # copied into the captured buffers
+    # a batch size never captured: init_cuda_graph_state's buffers
+    be.init_forward_metadata_replay_cuda_graph(
+        2, rpi.repeat(2), sl.repeat(2), 4, fb.forward_mode, None
+    )
+    g = be.cuda_graph_metadata
+    assert be.forward_metadata.seq_lens.data_ptr() == g.seq_lens.data_ptr()
+    assert g.seq_lens[:2].tolist() == [2, 2]
