@@ -40,8 +40,8 @@
 #              qwen3-8b shapes); eager µs per call of every layer op, direct launch on / off
 #   profile    per-kernel breakdown of one decode step (PROFILE_PRESETS, default llama3-8b and
 #              qwen3-8b; bs 1 and 64), eager wall per decoder layer
-#   ablation   bench_graph_ablation: each per-layer kernel of a decode step launched twice or
-#              left out inside the re-captured graph (ABLATION_PRESET, default
+#   ablation   bench_graph_ablation --replays: each per-layer kernel of a decode step launched
+#              twice or left out, all variants' graphs replayed in turn (ABLATION_PRESET, default
 #              gpt-oss-20b-mxfp4, bs 1; ABLATION_VARIANTS overrides the list)
 #   small      small-T tables (T 1/8/32), bf16 and fp8, positions over the whole cos/sin table
 #              and below 1024 (cos/sin rows in L2), ours vs peers
@@ -205,7 +205,8 @@ t_ablation() {
     dup:kernel:moe_sum_kernel skip:kernel:moe_sum_kernel"
   # shellcheck disable=SC2086
   timeout 400 python benchmarks/bench_graph_ablation.py --model-preset \
-    "${ABLATION_PRESET:-gpt-oss-20b-mxfp4}" --batch-size 1 --rounds 2 --variants ${ABLATION_VARIANTS:-$v}
+    "${ABLATION_PRESET:-gpt-oss-20b-mxfp4}" --batch-size 1 --replays 40 --rounds 6 \
+    --variants ${ABLATION_VARIANTS:-$v}
 }
 t_cli() {
   timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests/srt/test_bench_one_batch.py \

@@ -49,6 +49,22 @@ def test_cli_rejects_a_bad_variant_in_one_line(capsys):
         t.parse_args(["--variants", "base", "dup:module"])
     assert e.value.code == 2
     assert "error: variant action 'dup:module'" in capsys.readouterr().err
+    for bad in (["--replays", "5", "--device", "cpu"], ["--replays", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            t.parse_args(bad)
+        assert e.value.code == 2
+        assert "error: --replays needs N >= 1 and CUDA graphs" in capsys.readouterr().err
+
+
+def test_table_least_or_median():
+    t = _tool()
+    steps = {"base": [2.0, 2.2, 2.1], "dup:module:x": [2.5, 2.3, 2.4]}
+    least = t.table(steps, 10).splitlines()
+    assert least[2] == "| base | 2.000 / 2.200 / 2.100 | 2.000 | +0 µs | +0.00 µs |"
+    assert least[3].endswith("| 2.300 | +300 µs | +30.00 µs |")
+    med = t.table(steps, 10, median=True).splitlines()
+    assert "median" in med[0] and med[2].split("|")[3].strip() == "2.1000"
+    assert med[3].endswith("| 2.4000 | +300 µs | +30.00 µs |")
 
 
 class _Count(torch.nn.Module):
