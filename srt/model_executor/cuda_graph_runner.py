@@ -183,8 +183,9 @@ class CudaGraphRunner:
         if bs != raw_bs:  # padding rows: harmless inputs, KV write to the padding slot 0
             self.decode_inputs[:, raw_bs:bs].copy_(self._padding[:, raw_bs:bs])
             self.seq_lens_cpu[raw_bs:bs].fill_(fill)
-        if _packed(forward_batch, raw_bs):  # one copy: the host's work before the launch
-            self.decode_inputs[:, :raw_bs].copy_(forward_batch.decode_inputs)
+        block = forward_batch.decode_inputs
+        if block is not None and _packed(forward_batch, raw_bs):  # one copy before the launch
+            self.decode_inputs[:, :raw_bs].copy_(block)
         else:
             self.input_ids[:raw_bs].copy_(forward_batch.input_ids)
             self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
@@ -192,11 +193,11 @@ class CudaGraphRunner:
             self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
             assert forward_batch.positions is not None  # decode batches carry their positions
             self.positions[:raw_bs].copy_(forward_batch.positions)
-        req_pool_indices, seq_lens, seq_lens_cpu = self._views[bs]
+        req_pool_indices, seq_lens, cpu_view = self._views[bs]
+        seq_lens_cpu: torch.Tensor | None = None
         if forward_batch.seq_lens_cpu is not None:
             self.seq_lens_cpu[:raw_bs].copy_(forward_batch.seq_lens_cpu)
-        else:
-            seq_lens_cpu = None
+            seq_lens_cpu = cpu_view
         seq_lens_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * fill
         self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, seq_lens_sum, ForwardMode.DECODE, seq_lens_cpu
