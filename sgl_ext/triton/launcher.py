@@ -216,12 +216,15 @@ def make_launcher(
     device: torch.device,
     call_names: tuple[str, ...] | None = None,
 ) -> KernelLauncher:
-    """A KernelLauncher for tensors on `device` (a tensor's device: CUDA ones carry their
-    index): direct launches on CUDA unless the settings turn them off
+    """A KernelLauncher for tensors on `device` (a tensor's device; a bare `cuda` means the
+    current device): direct launches on CUDA unless the settings turn them off
     (`SGL_EXT_DIRECT_LAUNCH=0`) or Triton interprets. call_names: see KernelLauncher."""
     s = settings.get()
     is_cuda = device.type == "cuda"
-    index = device.index if is_cuda else -1
+    index = -1
+    if is_cuda:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        device = torch.device("cuda", index)
     direct = is_cuda and s.direct_launch and not s.interpret
     constexprs, options = with_pdl(fn, constexprs, options, device)
     return KernelLauncher(fn, grid, fixed, constexprs, options, index, direct, call_names)

@@ -249,3 +249,14 @@ def test_cached_launcher_falls_back_to_jit(direct_on, compiled_mode):
         lau[(1,)](a, a, 5, X=1)
         lau[(1,)](a, a, 5, X=1)
     assert len(fn.jit_calls) == 10 and not fn.runs
+
+
+def test_bare_cuda_device_means_the_current_one(monkeypatch):
+    """make_launcher(..., torch.device("cuda")): the launcher keeps the current device's index
+    (a None index crashed the C fast path's plan)."""
+    monkeypatch.setattr(L.torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(L, "with_pdl", lambda fn, c, o, device: (c, {**o, "dev": device}))
+    lau = L.make_launcher(_FakeJit(), (1,), (5,), {"X": 1, "Y": 2}, {}, torch.device("cuda"))
+    assert lau.device_index == 3 and lau.options["dev"] == torch.device("cuda", 3)
+    lau = L.make_launcher(_FakeJit(), (1,), (5,), {"X": 1, "Y": 2}, {}, torch.device("cuda", 1))
+    assert lau.device_index == 1
