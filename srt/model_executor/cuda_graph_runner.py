@@ -40,10 +40,10 @@ def get_batch_sizes_to_capture(max_bs: int, bs_list: tuple[int, ...] | None = No
     return sorted(sizes)
 
 
-def _packed(fb: ForwardBatch, bs: int) -> bool:
-    """Whether fb's decode_inputs block holds its five decode inputs as its rows (int64 [5, bs],
-    rows contiguous): then one copy moves them all. A batch whose fields were replaced after it
-    was built fails the check and takes the five copies."""
+def _decode_block(fb: ForwardBatch, bs: int) -> torch.Tensor | None:
+    """fb's decode_inputs block where it holds the batch's five decode inputs as its rows
+    (int64 [5, bs], rows contiguous): one copy then moves them all. None otherwise, e.g. for a
+    batch whose fields were replaced after it was built (five copies then)."""
     block = fb.decode_inputs
     if (
         block is None
@@ -51,13 +51,14 @@ def _packed(fb: ForwardBatch, bs: int) -> bool:
         or block.dtype != torch.int64
         or block.stride(1) != 1
     ):
-        return False
+        return None
     base, row = block.data_ptr(), block.stride(0) * 8
     fields = (fb.input_ids, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, fb.positions)
-    return all(
+    packed = all(
         f is not None and f.data_ptr() == base + i * row and f.shape == (bs,) and f.stride(0) == 1
         for i, f in enumerate(fields)
     )
+    return block if packed else None
 
 
 class CudaGraphRunner:
@@ -87,9 +88,13 @@ class CudaGraphRunner:
         # order; replays copy the real batch into their first columns (one copy for a batch
         # that carries decode_inputs). out_cache_loc 0: the padding slot.
         self.decode_inputs = torch.zeros(5, self.max_bs, dtype=torch.int64, device=self.device)
-        rows = self.decode_inputs.unbind(0)
-        self.input_ids, self.req_pool_indices, self.seq_lens, self.out_cache_loc = rows[:4]
-        self.positions = rows[4]
+        (
+            self.input_ids,
+            self.req_pool_indices,
+            self.seq_lens,
+            self.out_cache_loc,
+            self.positions,
+        ) = self.decode_inputs.unbind(0)
         self.seq_lens.fill_(self.seq_len_fill_value)
         self._padding = self.decode_inputs.clone()  # what padding columns hold
         self.seq_lens_cpu = torch.full((self.max_bs,), self.seq_len_fill_value, dtype=torch.int64)
@@ -183,8 +188,8 @@ class CudaGraphRunner:
         if bs != raw_bs:  # padding rows: harmless inputs, KV write to the padding slot 0
             self.decode_inputs[:, raw_bs:bs].copy_(self._padding[:, raw_bs:bs])
             self.seq_lens_cpu[raw_bs:bs].fill_(fill)
-        block = forward_batch.decode_inputs
-        if block is not None and _packed(forward_batch, raw_bs):  # one copy before the launch
+        block = _decode_block(forward_batch, raw_bs)
+        if block is not None:  # one copy: the host's work before the launch
             self.decode_inputs[:, :raw_bs].copy_(block)
         else:
             self.input_ids[:raw_bs].copy_(forward_batch.input_ids)

@@ -241,10 +241,10 @@ def test_graph_runner_logic_with_simulated_graphs(monkeypatch, fused, page_size)
         for step in range(6):
             fb_g, fb_e = sb.prepare_for_decode(graph_reqs), sb.prepare_for_decode(eager_reqs)
             assert gr.can_run(fb_g) and gr.bucket(raw_bs) >= raw_bs
-            assert cgr._packed(fb_g, raw_bs)  # one copy of the decode inputs
+            assert cgr._decode_block(fb_g, raw_bs) is fb_g.decode_inputs  # one copy
             if step % 2:  # a replaced field: the five copies (same values)
                 fb_g = dataclasses.replace(fb_g, input_ids=fb_g.input_ids.clone())
-                assert not cgr._packed(fb_g, raw_bs)
+                assert cgr._decode_block(fb_g, raw_bs) is None
             k_before = pool.get_key_buffer(1).clone()
             out_g = runner.forward(fb_g).clone()
             changed = _changed_slots(k_before, pool.get_key_buffer(1))
