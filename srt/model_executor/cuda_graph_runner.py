@@ -42,23 +42,22 @@ def get_batch_sizes_to_capture(max_bs: int, bs_list: tuple[int, ...] | None = No
 
 def _decode_block(fb: ForwardBatch, bs: int) -> torch.Tensor | None:
     """fb's decode_inputs block where it holds the batch's five decode inputs as its rows
-    (int64 [5, bs], rows contiguous): one copy then moves them all. None otherwise, e.g. for a
-    batch whose fields were replaced after it was built (five copies then)."""
+    (int64 [5, bs], rows contiguous, each field a [bs] tensor at its row): one copy then moves
+    them all. None otherwise, e.g. for a batch whose fields were replaced after it was built
+    (five copies then). Runs before every replay's launch: ~0.2 µs a check."""
     block = fb.decode_inputs
-    if (
-        block is None
-        or block.shape != (5, bs)
-        or block.dtype != torch.int64
-        or block.stride(1) != 1
-    ):
+    if block is None or block.shape != (5, bs) or block.dtype != torch.int64:
         return None
-    base, row = block.data_ptr(), block.stride(0) * 8
-    fields = (fb.input_ids, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, fb.positions)
-    packed = all(
-        f is not None and f.data_ptr() == base + i * row and f.shape == (bs,) and f.stride(0) == 1
-        for i, f in enumerate(fields)
-    )
-    return block if packed else None
+    row, col = block.stride()
+    if col != 1:
+        return None
+    base, row = block.data_ptr(), row * 8
+    for i, f in enumerate(
+        (fb.input_ids, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, fb.positions)
+    ):
+        if f is None or f.data_ptr() != base + i * row or f.shape != (bs,):
+            return None
+    return block
 
 
 class CudaGraphRunner:
