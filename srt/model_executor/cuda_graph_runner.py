@@ -198,9 +198,9 @@ class CudaGraphRunner:
             assert forward_batch.positions is not None  # decode batches carry their positions
             self.positions[:raw_bs].copy_(forward_batch.positions)
         req_pool_indices, seq_lens, cpu_view = self._views[bs]
-        seq_lens_cpu: torch.Tensor | None = None
-        if forward_batch.seq_lens_cpu is not None:
-            self.seq_lens_cpu[:raw_bs].copy_(forward_batch.seq_lens_cpu)
+        seq_lens_cpu = forward_batch.seq_lens_cpu  # the batch's own when nothing is padded
+        if seq_lens_cpu is not None and bs != raw_bs:
+            self.seq_lens_cpu[:raw_bs].copy_(seq_lens_cpu)
             seq_lens_cpu = cpu_view
         seq_lens_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * fill
         self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
