@@ -44,18 +44,18 @@ def _decode_block(fb: ForwardBatch, bs: int) -> torch.Tensor | None:
     """fb's decode_inputs block where it holds the batch's five decode inputs as its rows
     (int64 [5, bs], rows contiguous, each field a [bs] tensor at its row): one copy then moves
     them all. None otherwise, e.g. for a batch whose fields were replaced after it was built
-    (five copies then). Runs before every replay's launch: ~0.2 µs a check."""
+    (five copies then). Runs before every replay's launch (~3 µs on the dev CPU)."""
     block = fb.decode_inputs
     if block is None or block.shape != (5, bs) or block.dtype != torch.int64:
         return None
-    row, col = block.stride()
-    if col != 1:
+    row_stride, col_stride = block.stride()
+    if col_stride != 1:
         return None
-    base, row = block.data_ptr(), row * 8
+    base, row_bytes = block.data_ptr(), row_stride * 8
     for i, f in enumerate(
         (fb.input_ids, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, fb.positions)
     ):
-        if f is None or f.data_ptr() != base + i * row or f.shape != (bs,):
+        if f is None or f.data_ptr() != base + i * row_bytes or f.shape != (bs,):
             return None
     return block
 
