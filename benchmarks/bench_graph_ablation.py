@@ -203,15 +203,22 @@ def _bench_args(a: argparse.Namespace) -> argparse.Namespace:
     )
 
 
-def run(a: argparse.Namespace) -> tuple[dict[str, list[float]], int]:
-    """Per variant, the median decode step (ms) of each round; the model's decoder layers."""
-    from srt.bench_one_batch import build_server_args, run_batch
+def _model_runner(a: argparse.Namespace) -> Any:
+    """The model, built once the way srt.bench_one_batch builds it."""
+    from srt.bench_one_batch import build_server_args
     from srt.model_executor.model_builder import build_model_config
     from srt.model_executor.model_runner import ModelRunner
 
-    variants = {v: parse_variant(v) for v in a.variants}
     sargs = build_server_args(_bench_args(a), True)
-    runner = ModelRunner(sargs, build_model_config(sargs), None)
+    return ModelRunner(sargs, build_model_config(sargs), None)
+
+
+def run(a: argparse.Namespace) -> tuple[dict[str, list[float]], int]:
+    """Per variant, the median decode step (ms) of each round; the model's decoder layers."""
+    from srt.bench_one_batch import run_batch
+
+    variants = {v: parse_variant(v) for v in a.variants}
+    runner = _model_runner(a)
     graphs = runner.cuda_graph_runner is not None
     steps: dict[str, list[float]] = {v: [] for v in variants}
     for rnd in range(a.rounds):
@@ -249,13 +256,10 @@ def _capture(runner: Any, bs: int, stream: torch.cuda.Stream) -> torch.cuda.CUDA
 
 def run_replays(a: argparse.Namespace) -> tuple[dict[str, list[float]], int]:
     """Per variant, the decode graph's ms per replay in each round (--replays; see the module)."""
-    from srt.bench_one_batch import build_server_args, run_batch
-    from srt.model_executor.model_builder import build_model_config
-    from srt.model_executor.model_runner import ModelRunner
+    from srt.bench_one_batch import run_batch
 
     variants = {v: parse_variant(v) for v in a.variants}
-    sargs = build_server_args(_bench_args(a), True)
-    runner = ModelRunner(sargs, build_model_config(sargs), None)
+    runner = _model_runner(a)
     run_batch(runner, a.batch_size, a.input_len, a.output_len, True, 0)  # real static inputs
     bs = runner.cuda_graph_runner.bucket(a.batch_size)
     stream = torch.cuda.Stream()
