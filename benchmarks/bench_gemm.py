@@ -25,8 +25,8 @@ configurations that beat F.linear by more than --min-gain) and the per-layer sum
 today's table, those lines.
 
 Usage: python benchmarks/bench_gemm.py [--presets llama3-8b qwen3-8b gpt-oss-20b]
-           [--m 1 2 4 8 16 32 64] [--sweep full|quick|none] [--configs "fma n16 k512 w4 s3 x1"]
-           [--budget-s 360] [--json-out F]
+           [--m 1 2 4 8 16 32 64] [--lm-head] [--sweep full|quick|none]
+           [--configs "fma n16 k512 w4 s3 x1"] [--budget-s 360] [--json-out F]
 """
 
 from __future__ import annotations
@@ -85,17 +85,22 @@ LINEARS = {  # preset -> (name, N, K, bias); qkv = (Hq + 2 Hkv) D
         ("router", 32, 2880, True),
     ],
 }
+# --lm-head: each preset's LM head (once a step, not per layer), weight [vocab, hidden]
+LM_HEADS = {"llama3-8b": 128256, "qwen3-8b": 151936, "gpt-oss-20b": 201088}
+HIDDEN = {"llama3-8b": 4096, "qwen3-8b": 4096, "gpt-oss-20b": 2880}
 MS = [1, 2, 4, 8, 16, 32, 64]
 DT = torch.bfloat16
 
 
-def shapes_of(presets: list[str]) -> list[Shape]:
-    """Distinct (n, k, bias) in order of first use, each with the presets that use it."""
+def shapes_of(presets: list[str], lm_head: bool = False) -> list[Shape]:
+    """Distinct (n, k, bias) in order of first use, each with the presets that use it (with
+    lm_head: their LM heads instead of the decoder layers' linears)."""
     out: dict[tuple[int, int, bool], Shape] = {}
     for p in presets:
-        for name, n, k, b in LINEARS[p]:
+        linears = [("lm_head", LM_HEADS[p], HIDDEN[p], False)] if lm_head else LINEARS[p]
+        for name, n, k, b in linears:
             s = out.get((n, k, b))
-            users = ((p, LAYERS[p]),)
+            users = ((p, 1 if lm_head else LAYERS[p]),)
             out[(n, k, b)] = Shape(name, n, k, b, users if s is None else s.users + users)
     return list(out.values())
 
@@ -385,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", nargs="+", default=list(LINEARS), choices=list(LINEARS))
     ap.add_argument("--m", nargs="+", type=int, default=MS)
+    ap.add_argument("--lm-head", action="store_true", help="the presets' LM heads instead")
     ap.add_argument("--sweep", choices=("full", "quick", "none"), default="full")
     ap.add_argument("--configs", nargs="*", default=[], help="extra Triton configs (tags)")
     ap.add_argument("--min-copies", type=int, default=4)
@@ -418,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         f"replays; sweep {a.sweep}, budget {a.budget_s:.0f} s"
     )
     runner = Runner(a, start + a.budget_s)
-    shapes = shapes_of(a.presets)
+    shapes = shapes_of(a.presets, a.lm_head)
     probs = {}
     try:
         for sh in shapes:

@@ -89,6 +89,30 @@ GEMM_CHOICES: dict[tuple[int, int, int], GemmConfig] = {
     (24576, 4096, 32): _dot(64, 128, 4, 3),  # gate_up 71.1 vs 74.7
     (2880, 4096, 32): _dot(64, 256, 4, 4),  # o_proj 12.8 vs 15.1
     (28672, 4096, 64): _dot(64, 128, 4, 3),  # gate_up 84.9 vs 87.6
+    # LM heads (once a step; `bench_gemm.py --lm-head --m 1 2 4 8 --sweep quick`, then --m 16 32
+    # 64, H100, session 14): µs per call, Triton vs F.linear (floor: the weight over the copy
+    # bandwidth; the Triton kernel streams at 0.94-1.01x it)
+    (128256, 4096, 1): _fma(2, 4096, 8, 1),  # llama3-8b 330.6 vs 395.0 (floor 352.4)
+    (151936, 4096, 1): _fma(2, 4096, 4, 1),  # qwen3-8b 392.6 vs 438.4 (floor 417.5)
+    (201088, 2880, 1): _fma(4, 4096, 4, 1),  # gpt-oss-20b 375.9 vs 411.5 (floor 388.5)
+    (128256, 4096, 2): _dot(64, 256, 4, 5),  # llama3-8b 341.2 vs 372.1
+    (151936, 4096, 2): _dot(64, 256, 4, 5),  # qwen3-8b 401.5 vs 435.2
+    (201088, 2880, 2): _dot(64, 256, 4, 4),  # gpt-oss-20b 379.6 vs 410.0
+    (128256, 4096, 4): _dot(64, 256, 4, 4),  # llama3-8b 343.2 vs 375.4
+    (151936, 4096, 4): _dot(64, 256, 4, 4),  # qwen3-8b 405.0 vs 439.4
+    (201088, 2880, 4): _dot(64, 256, 4, 4),  # gpt-oss-20b 379.0 vs 414.2
+    (128256, 4096, 8): _dot(64, 256, 4, 3),  # llama3-8b 346.7 vs 382.8
+    (151936, 4096, 8): _dot(64, 256, 4, 4),  # qwen3-8b 405.7 vs 442.5
+    (201088, 2880, 8): _dot(64, 256, 4, 5),  # gpt-oss-20b 383.1 vs 414.9
+    (128256, 4096, 16): _dot(64, 256, 4, 4),  # llama3-8b 348.1 vs 379.6
+    (151936, 4096, 16): _dot(64, 256, 4, 4),  # qwen3-8b 411.0 vs 441.2
+    (201088, 2880, 16): _dot(64, 256, 4, 4),  # gpt-oss-20b 390.1 vs 417.3
+    (128256, 4096, 32): _dot(128, 128, 4, 3),  # llama3-8b 352.8 vs 383.6
+    (151936, 4096, 32): _dot(128, 128, 4, 3),  # qwen3-8b 417.0 vs 445.1
+    (201088, 2880, 32): _dot(128, 128, 4, 4),  # gpt-oss-20b 402.2 vs 423.2
+    (128256, 4096, 64): _dot(128, 128, 8, 3),  # llama3-8b 359.1 vs 390.9
+    (151936, 4096, 64): _dot(128, 128, 8, 3),  # qwen3-8b 423.8 vs 455.5
+    (201088, 2880, 64): _dot(64, 128, 4, 5),  # gpt-oss-20b 416.4 vs 440.9
 }
 
 # Rows another GPU measured better with a different choice, keyed by a substring of its name

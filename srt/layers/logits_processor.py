@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from srt.distributed import tensor_model_parallel_all_gather
+from srt.layers.gemm_choice import dispatch_linear
 
 if TYPE_CHECKING:
     from srt.model_executor.forward_batch_info import ForwardBatch
@@ -39,9 +40,8 @@ class LogitsProcessor(nn.Module):
     def _project(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         weight: torch.Tensor = lm_head.weight  # type: ignore[assignment]  # [V / tp, hidden]
         bias: torch.Tensor | None = getattr(lm_head, "bias", None)
-        logits = hidden.to(weight.dtype) @ weight.T  # [N, V / tp]
-        if bias is not None:
-            logits = logits + bias
+        # [N, V / tp]: the skinny Triton GEMM at decode sizes (gemm_choice's LM-head rows)
+        logits = dispatch_linear(hidden.to(weight.dtype), weight, bias)
         if getattr(lm_head, "tp_size", 1) > 1:
             logits = tensor_model_parallel_all_gather(logits, dim=-1)  # [N, Vp * tp]
         logits = logits[:, : self.vocab_size].float()

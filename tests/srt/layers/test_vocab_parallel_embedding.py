@@ -66,3 +66,38 @@ def test_logits_processor_prunes_extend_and_keeps_decode():
     torch.testing.assert_close(out.next_token_logits.double(), full[:3], atol=1e-5, rtol=1e-5)
     capped = LogitsProcessor(11, final_logit_softcapping=0.5)(dec.input_ids, h[:3], head, dec)
     assert capped.next_token_logits.abs().max() <= 0.5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_cuda_decode_logits_take_the_table_gemm(monkeypatch, m):
+    """On CUDA the LM head's projection goes through gemm_choice: a table row for its (V, H, M
+    bucket) sends it to the skinny Triton GEMM, within bf16 rounding of float64."""
+    from sgl_ext.gemm import GemmConfig
+    from srt.layers import gemm_choice as gc
+
+    calls = []
+    real = gc.linear_small_m
+    monkeypatch.setattr(gc, "linear_small_m", lambda *a: calls.append(a[1].shape) or real(*a))
+    torch.manual_seed(m)
+    V, H = 1031, 264  # odd sizes: a partial N tile, K not a multiple of the block
+    head = ParallelLMHead(V, H, params_dtype=torch.bfloat16).cuda()
+    head.weight.data.normal_(std=H**-0.5)
+    h = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+    dec = ForwardBatch(
+        ForwardMode.DECODE,
+        m,
+        torch.zeros(m, dtype=torch.int64),
+        torch.arange(m),
+        torch.full((m,), 5),
+        torch.zeros(m, dtype=torch.int64),
+        5 * m,
+    )
+    lp = LogitsProcessor(vocab_size=V - 2)
+    cfg = GemmConfig(block_n=4, block_k=256, dot=False)
+    with gc.use_gemm_choices({(V, H, gc.m_bucket(m)): cfg}):
+        out = lp(dec.input_ids, h, head, dec).next_token_logits
+    assert calls == [(V, H)]
+    want = (h.double() @ head.weight.double().T)[:, : V - 2]
+    assert out.dtype == torch.float32 and out.shape == (m, V - 2)
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=1.6e-2)
