@@ -7,6 +7,8 @@ from sgl_ext.kv_cache import set_kv_buffer, set_kv_buffer_native
 from sgl_ext.norm import (
     fused_add_rmsnorm,
     fused_add_rmsnorm_native,
+    moe_sum_add_rmsnorm,
+    moe_sum_add_rmsnorm_native,
     rmsnorm,
     rmsnorm_native,
 )
@@ -29,6 +31,8 @@ __all__ = [
     "apply_rope_native",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_native",
+    "moe_sum_add_rmsnorm",
+    "moe_sum_add_rmsnorm_native",
     "rmsnorm",
     "rmsnorm_native",
     "apply_rope_with_cos_sin_cache_inplace",

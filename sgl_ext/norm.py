@@ -57,24 +57,47 @@ def fused_add_rmsnorm_native(
     return rmsnorm_native(s, weight, eps, weight_in_fp32), s
 
 
+def moe_sum_add_rmsnorm_native(
+    pairs: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    top_k: int,
+    weight_in_fp32: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: s = round(sum over j of pairs[t * top_k + j]) + residual (the sum in float32,
+    j in order: moe_sum's bits); returns (rmsnorm(s), s), new tensors."""
+    p = pairs.view(-1, top_k, pairs.shape[-1])  # [T, k, N]
+    acc = p[:, 0].float()
+    for j in range(1, top_k):
+        acc = acc + p[:, j].float()
+    return fused_add_rmsnorm_native(acc.to(pairs.dtype), residual, weight, eps, weight_in_fp32)
+
+
 def _check(
-    input: object, weight: object, eps: object, weight_in_fp32: bool, residual: object = None
+    input: object,
+    weight: object,
+    eps: object,
+    weight_in_fp32: bool,
+    residual: object = None,
+    name: str = "input",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Validate (metadata only) and return [rows, N] views of input and residual; no copies."""
-    C.check_tensor("input", input, C.INPUT_DTYPES)
+    """Validate (metadata only) and return [rows, N] views of input (called `name` in errors)
+    and residual; no copies."""
+    C.check_tensor(name, input, C.INPUT_DTYPES)
     C.check_tensor("weight", weight, C.INPUT_DTYPES)
     assert isinstance(input, torch.Tensor) and isinstance(weight, torch.Tensor)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative float, got {eps!r}")
     n = input.shape[-1] if input.ndim else 0
     if n == 0 or n > MAX_HIDDEN:
-        raise ValueError(f"input must be [..., hidden], 0 < hidden <= {MAX_HIDDEN}, got {n}")
+        raise ValueError(f"{name} must be [..., hidden], 0 < hidden <= {MAX_HIDDEN}, got {n}")
     if weight.shape != (n,) or weight.stride(0) != 1:
-        raise ValueError(f"weight must be contiguous [{n}] (input's last dim)")
+        raise ValueError(f"weight must be contiguous [{n}] ({name}'s last dim)")
     if not weight_in_fp32 and weight.dtype != input.dtype:
-        raise TypeError(f"weight dtype {weight.dtype} must equal input dtype {input.dtype}")
+        raise TypeError(f"weight dtype {weight.dtype} must equal {name} dtype {input.dtype}")
     C.check_device("weight", weight, input.device)
-    x2 = _rows("input", input)
+    x2 = _rows(name, input)
     if residual is None:
         return x2, None
     C.check_tensor("residual", residual)
@@ -312,3 +335,94 @@ def fused_add_rmsnorm(
     if out is not None:
         out.copy_(y)
     return (y if out is None else out), (s if residual_out is None else residual_out)
+
+
+def _plan_moe_sum(
+    pairs: object,
+    residual: object,
+    weight: object,
+    eps: object,
+    top_k: object,
+    weight_in_fp32: bool,
+    out: object,
+) -> NormPlan:
+    """Check a moe_sum_add_rmsnorm call (metadata only) and choose its backend and launch."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    p2, _ = _check(pairs, weight, eps, weight_in_fp32, name="pairs")
+    C.check_tensor("residual", residual, (p2.dtype,))
+    assert isinstance(residual, torch.Tensor) and isinstance(pairs, torch.Tensor)
+    n = p2.shape[1]
+    if residual.ndim != 2 or residual.shape[1] != n or pairs.ndim != 2:
+        raise ValueError(f"pairs must be [T * top_k, {n}] and residual [T, {n}] (2-D)")
+    if pairs.shape[0] != residual.shape[0] * top_k:
+        raise ValueError(
+            f"pairs has {pairs.shape[0]} rows; residual's {residual.shape[0]} tokens x top_k "
+            f"{top_k} = {residual.shape[0] * top_k}"
+        )
+    C.check_device("residual", residual, pairs.device)
+    r2 = _rows("residual", residual)
+    o2 = None if out is None else _dest("out", out, residual)
+    backend = select_backend(pairs.device)
+    if backend != "triton":
+        return NormPlan(backend, None)
+    from sgl_ext.triton.norm import plan_rmsnorm
+
+    strides = (p2.stride(0), r2.stride(0), n if o2 is None else o2.stride(0), r2.stride(0))
+    assert isinstance(eps, (int, float))
+    lau = plan_rmsnorm(
+        r2.shape[0], n, strides, eps, True, weight_in_fp32, pairs.device, x_rows=top_k
+    )
+    return NormPlan(backend, lau)
+
+
+def moe_sum_add_rmsnorm(
+    pairs: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    top_k: int,
+    weight_in_fp32: bool = False,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE's top-k combine, the residual add and RMSNorm in one pass: residual += each
+    token's top_k expert rows of pairs summed (float32 in order, rounded once, as `moe_sum`);
+    out = RMSNorm(residual) * weight. Replaces moe_sum + fused_add_rmsnorm (one launch fewer,
+    the same bits).
+
+    Parameters
+    ----------
+    pairs : [T * top_k, N] bf16/fp16/fp32, last dim contiguous: token t's rows t*top_k ..
+        t*top_k + top_k - 1 (the routed experts' weighted outputs).
+    residual : [T, N], pairs' dtype, last dim contiguous; receives the sum (in place).
+    weight : [N], as for `rmsnorm`. eps : variance epsilon.
+    top_k : rows of pairs per token (>= 1).
+    weight_in_fp32 : gpt-oss rounding order (see `rmsnorm`).
+    out : optional [T, N] destination of pairs' dtype; a new tensor if None.
+
+    Returns
+    -------
+    (normalised, residual) : [T, N] each, pairs' dtype; residual is the tensor passed in.
+    """
+    key: tuple | None = None
+    plan = None
+    if not _is_compiling():
+        try:
+            key = (tensor_key(pairs), tensor_key(residual), tensor_key(weight))
+            key = (key, optional_key(out), eps.__class__, eps, bool(weight_in_fp32), top_k)
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+            key = None
+    if plan is None:
+        args = (pairs, residual, weight, eps, top_k, weight_in_fp32, out)
+        plan = _PLANS.put(key, _plan_moe_sum(*args))
+    if plan.backend == "triton":
+        o = out if out is not None else _new(residual)
+        return _launch(plan, pairs, residual, weight, o, residual)
+    y, s = moe_sum_add_rmsnorm_native(pairs, residual, weight, eps, top_k, weight_in_fp32)
+    residual.copy_(s)
+    if out is None:
+        return y, residual
+    out.copy_(y)
+    return out, residual

@@ -37,6 +37,7 @@ def _rmsnorm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EMULATE: tl.constexpr,
+    X_ROWS: tl.constexpr = 1,  # rows of X per row: summed in float32 in order, rounded once
     USE_PDL: tl.constexpr = False,
 ):
     pdl_enter(USE_PDL)
@@ -44,7 +45,13 @@ def _rmsnorm_kernel(
     cols = tl.arange(0, BLOCK_N)
     cm = cols < N
     mask = (rows < n_rows)[:, None] & cm[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x_rows = X + (rows * X_ROWS)[:, None] * stride_x + cols[None, :]
+    x = tl.load(x_rows, mask=mask, other=0.0)
+    if X_ROWS > 1:  # a token's top-k expert rows (moe_sum's arithmetic)
+        acc = x.to(tl.float32)
+        for j in tl.static_range(1, X_ROWS):
+            acc += tl.load(x_rows + j * stride_x, mask=mask, other=0.0).to(tl.float32)
+        x = cast_rne(acc, X.dtype.element_ty, EMULATE)
     if HAS_RESIDUAL:
         r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
         x = cast_rne(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty, EMULATE)
@@ -69,11 +76,12 @@ def plan_rmsnorm(
     has_residual: bool,
     weight_in_fp32: bool,
     device: torch.device,
+    x_rows: int = 1,
 ) -> KernelLauncher | None:
     """The launch of checked [rows, N] operands (None for zero rows).
 
     strides: row strides of (x, residual, out, residual_out); without a residual pass x's and
-    out's. Per call, `launch` (tensors) or `direct` (pointers) takes x, residual, weight, out,
+    out's. x_rows > 1: x holds x_rows rows per row ([rows * x_rows, N]), summed first. Per call, `launch` (tensors) or `direct` (pointers) takes x, residual, weight, out,
     residual_out in that order (x and out for the missing residual ones).
     """
     if n_rows == 0:
@@ -90,6 +98,8 @@ def plan_rmsnorm(
         BLOCK_N=block_n,
         EMULATE=settings.get().interpret,
     )
+    if x_rows > 1:  # (a kernel of its own; the plain norm's compiled variants unchanged)
+        constexprs["X_ROWS"] = x_rows
     fixed = (n_rows, n, *strides, float(eps))
     grid = (-(-n_rows // block_m),)
     return make_launcher(_rmsnorm_kernel, grid, fixed, constexprs, {"num_warps": num_warps}, device)

@@ -10,7 +10,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sgl_ext.norm import fused_add_rmsnorm, fused_add_rmsnorm_native, rmsnorm, rmsnorm_native
+from sgl_ext.norm import (
+    fused_add_rmsnorm,
+    fused_add_rmsnorm_native,
+    moe_sum_add_rmsnorm,
+    rmsnorm,
+    rmsnorm_native,
+)
+from srt.layers.moe.topk_pairs import TopKPairs
 
 
 class RMSNorm(nn.Module):
@@ -31,7 +38,11 @@ class RMSNorm(nn.Module):
         self.weight_in_fp32 = weight_in_fp32
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, inplace: bool = False
+        self,
+        x: torch.Tensor | TopKPairs,
+        residual: torch.Tensor | None = None,
+        *,
+        inplace: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x: [..., hidden]. With `residual`, returns (norm(x + residual), x + residual).
 
@@ -39,7 +50,14 @@ class RMSNorm(nn.Module):
         residual (SGLang's CUDA behaviour, for a caller that owns both tensors: the decoder
         layers), x receives the normalised output and residual the sum, and both are returned:
         no new tensors. Outputs have x's dtype.
+
+        x may be a MoE layer's TopKPairs (rows [T * k, hidden]): its top-k combine then happens
+        here, in the same kernel as the residual add (`moe_sum_add_rmsnorm`; residual [T,
+        hidden] takes the sum in place, the normalised output is a new tensor).
         """
+        if x.__class__ is TopKPairs:
+            return self._forward_pairs(x, residual)  # type: ignore[arg-type]
+        assert isinstance(x, torch.Tensor)
         eps, fp32w = self.variance_epsilon, self.weight_in_fp32
         if not self._fits(x, residual):
             out = self.forward_native(x, residual)
@@ -54,6 +72,21 @@ class RMSNorm(nn.Module):
         if residual is None:
             return rmsnorm(x, w, eps, weight_in_fp32=fp32w)
         return fused_add_rmsnorm(x, residual, w, eps, weight_in_fp32=fp32w, inplace=inplace)
+
+    def _forward_pairs(
+        self, x: TopKPairs, residual: torch.Tensor | None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """TopKPairs x: the combine fused into the residual add where the op takes the operands,
+        else moe_sum first (the result is the caller's: in place)."""
+        rows = x.rows
+        if residual is not None and residual.ndim == 2 and self._fits(rows, None):
+            if residual.dtype == rows.dtype and residual.stride(-1) == 1:
+                w: torch.Tensor = self._parameters["weight"]  # type: ignore[assignment]
+                eps, fp32w = self.variance_epsilon, self.weight_in_fp32
+                return moe_sum_add_rmsnorm(
+                    rows, residual, w, eps, top_k=x.top_k, weight_in_fp32=fp32w
+                )
+        return self.forward(x.combine(), residual, inplace=True)
 
     def _fits(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
         """Whether the sgl_ext ops take these operands as they are (else: native math)."""

@@ -32,6 +32,7 @@ from srt.models.weight_utils import LLAMA_STACKED_PARAMS, StackedParams, load_st
 
 if TYPE_CHECKING:
     from sgl_ext import FusedSetKVBufferArg
+    from srt.layers.moe.topk_pairs import TopKPairs
     from srt.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -237,11 +238,12 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        hidden_states: torch.Tensor,
+        hidden_states: torch.Tensor | TopKPairs,
         forward_batch: ForwardBatch,
         residual: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden_states, residual: [T, hidden] -> (mlp output, residual), both [T, hidden]."""
+    ) -> tuple[torch.Tensor | TopKPairs, torch.Tensor]:
+        """hidden_states, residual: [T, hidden] -> (mlp output, residual), both [T, hidden]. A
+        MoE MLP may hand over its pair rows uncombined (TopKPairs): the next norm adds them up."""
         # submodules read directly: no nn.Module.__getattr__ per call
         mods: dict[str, Any] = self._modules
         # The norms with a residual run in place: this layer owns both tensors (the attention /

@@ -21,6 +21,7 @@ from srt.configs.model_config import ModelConfig
 from srt.layers.linear import ReplicatedLinear
 from srt.layers.moe import TopKExperts, select_experts
 from srt.layers.moe.topk import select_experts_x_f16
+from srt.layers.moe.topk_pairs import TopKPairs
 from srt.models.common import CausalLM, DecoderLayer, DecoderModel, RopeAttention
 from srt.models.weight_utils import QKV_STACKED_PARAMS
 
@@ -53,14 +54,16 @@ class GptOssMLP(nn.Module):
             quant_method=_experts_quant_method(config),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | TopKPairs:
+        """x [T, H] -> [T, H], or the experts' weighted pair rows (TopKPairs, Triton path at tp 1)
+        that the next layer's input norm (or the final norm) adds up with its residual."""
         logits, _ = self.router(x)  # [T, E]
         if self.experts.takes_x_f16(x):  # x's fp16 words for the experts, with the routing
             weights, ids, x_f16 = select_experts_x_f16(logits, self.top_k, x, weights_dtype=x.dtype)
-            return self.experts(x, weights, ids, x_f16=x_f16)
+            return self.experts(x, weights, ids, x_f16=x_f16, combine=False)
         # [T, k] weights in x's dtype, expert ids
         weights, ids = select_experts(logits, self.top_k, weights_dtype=x.dtype)
-        return self.experts(x, weights, ids)
+        return self.experts(x, weights, ids, combine=False)
 
 
 class GptOssAttention(RopeAttention):

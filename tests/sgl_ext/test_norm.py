@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_ext import fused_add_rmsnorm, fused_add_rmsnorm_native, rmsnorm, rmsnorm_native
+from sgl_ext import (
+    fused_add_rmsnorm,
+    fused_add_rmsnorm_native,
+    moe_sum_add_rmsnorm,
+    moe_sum_add_rmsnorm_native,
+    rmsnorm,
+    rmsnorm_native,
+)
 from tests.sgl_ext.sgl_ext_testutil import TOL, bits, poison
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -159,3 +166,82 @@ def test_triton_row_bits_independent_of_row_count(backend, n):
     part = fused_add_rmsnorm(x[:3], r[:3], w, 1e-6, inplace=False)
     assert torch.equal(bits(part[0]), bits(full[0][:3]))
     assert torch.equal(bits(rmsnorm(x[:1], w)), bits(rmsnorm(x, w)[:1]))
+
+
+def _pairs(T: int, k: int, n: int, dtype: torch.dtype, seed: int, device: str = DEV):
+    g = torch.Generator().manual_seed(seed)
+    pairs = (torch.randn(T * k, n, generator=g) * 2).to(device, dtype)
+    r = torch.randn(T, n, generator=g).to(device, dtype)
+    w = (torch.rand(n, generator=g) + 0.5).to(device, dtype)
+    return pairs, r, w
+
+
+def _combine64(pairs: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """float64 top-k sum rounded once to dtype (what the op adds to the residual)."""
+    return pairs.double().view(-1, k, pairs.shape[1]).sum(1).to(dtype)
+
+
+@pytest.mark.parametrize("name", ["native", "triton"])
+@pytest.mark.parametrize(
+    "dtype, T, k, n",
+    [(torch.float32, 1, 4, 33), (torch.bfloat16, 7, 4, 257), (torch.float16, 3, 1, 64),
+     (torch.bfloat16, 33, 2, 128)],
+)  # fmt: skip
+def test_moe_sum_add_rmsnorm(backend, name, dtype, T, k, n):
+    """residual += round(sum of each token's k rows); out = norm(residual): against float64
+    (the sum within one rounding of the float64 sum), pairs untouched, residual in place."""
+    backend(name)
+    pairs, r, w = _pairs(T, k, n, dtype, seed=7)
+    p0, r0 = pairs.clone(), r.clone()
+    out = poison(torch.empty(T, n, dtype=dtype, device=DEV))
+    got = moe_sum_add_rmsnorm(pairs, r, w, 1e-6, top_k=k, out=out)
+    assert got[0] is out and got[1] is r
+    assert torch.equal(bits(pairs), bits(p0))
+    s = _combine64(p0, k, dtype).double() + r0.double()
+    torch.testing.assert_close(r.double(), s, atol=TOL[dtype], rtol=TOL[dtype])
+    _check(out, _ref(r, w, 1e-6), dtype)
+    r1 = r0.clone()
+    new, _ = moe_sum_add_rmsnorm(pairs, r1, w, 1e-6, top_k=k)  # a fresh output
+    assert torch.equal(bits(r1), bits(r)) and torch.equal(bits(new), bits(out))
+    ref_out, ref_res = moe_sum_add_rmsnorm_native(p0, r0, w, 1e-6, k)
+    assert torch.equal(bits(ref_res), bits(r))  # the sum's order is fixed: exact
+    torch.testing.assert_close(out, ref_out, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("name", ["native", "triton"])
+def test_moe_sum_add_rmsnorm_bad_input_raises_before_launch(backend, name):
+    backend(name)
+    pairs, r, w = _pairs(5, 4, 33, torch.float32, seed=8)
+    p0, r0 = pairs.clone(), r.clone()
+    cases = [
+        (ValueError, "top_k", lambda: moe_sum_add_rmsnorm(pairs, r, w, top_k=0)),
+        (ValueError, "top_k", lambda: moe_sum_add_rmsnorm(pairs, r, w, top_k=True)),
+        (ValueError, "pairs has", lambda: moe_sum_add_rmsnorm(pairs, r, w, top_k=3)),
+        (ValueError, "residual", lambda: moe_sum_add_rmsnorm(pairs, r[:, :32], w, top_k=4)),
+        (TypeError, "residual", lambda: moe_sum_add_rmsnorm(pairs, r.half(), w, top_k=4)),
+        (TypeError, "pairs", lambda: moe_sum_add_rmsnorm(pairs.int(), r, w, top_k=4)),
+        (ValueError, "weight", lambda: moe_sum_add_rmsnorm(pairs, r, w[:32], top_k=4)),
+        (ValueError, "out", lambda: moe_sum_add_rmsnorm(pairs, r, w, top_k=4, out=r[:2])),
+        (ValueError, "pairs", lambda: moe_sum_add_rmsnorm(pairs.t(), r, w, top_k=4)),
+    ]
+    for exc, word, call in cases:
+        with pytest.raises(exc, match=word):
+            call()
+    assert torch.equal(pairs, p0) and torch.equal(r, r0)
+
+
+@gpu
+@pytest.mark.parametrize("T", [1, 7, 64])
+@pytest.mark.parametrize("weight_in_fp32", [False, True])
+def test_cuda_moe_sum_add_rmsnorm_equals_moe_sum_then_norm(T, weight_in_fp32):
+    """gpt-oss shape: the same bits as moe_sum followed by fused_add_rmsnorm (what it replaces)."""
+    from srt.layers.moe.fused_moe_triton.fused_moe import moe_sum
+
+    k, n = 4, 2880
+    pairs, r, w = _pairs(T, k, n, torch.bfloat16, seed=9, device="cuda")
+    w = w.float() if weight_in_fp32 else w
+    x = moe_sum(pairs, T, k)
+    r_ref = r.clone()
+    out_ref, _ = fused_add_rmsnorm(x, r_ref, w, 1e-5, weight_in_fp32=weight_in_fp32)
+    out, res = moe_sum_add_rmsnorm(pairs, r, w, 1e-5, top_k=k, weight_in_fp32=weight_in_fp32)
+    assert torch.equal(bits(res), bits(r_ref)) and torch.equal(bits(out), bits(out_ref))

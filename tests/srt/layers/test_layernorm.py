@@ -5,6 +5,7 @@ import torch
 
 from srt.layers.activation import SiluAndMul
 from srt.layers.layernorm import RMSNorm
+from srt.layers.moe.topk_pairs import TopKPairs
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -76,3 +77,26 @@ def test_rmsnorm_inplace_writes_both_tensors(backend, name):
     out, res = norm(x, r, inplace=True)
     assert out is x and res is r
     assert torch.equal(x, want_out) and torch.equal(r, want_res)
+
+
+@pytest.mark.parametrize("name", ["native", "triton"])
+@pytest.mark.parametrize("fp32_weight", [False, True])
+def test_rmsnorm_adds_up_topk_pairs(backend, name, fp32_weight):
+    """A MoE layer's TopKPairs as x: the same bits as combining first (moe_sum) and then the
+    in-place fused add + norm; residual takes the sum in place."""
+    backend(name)
+    dev = "cuda" if (name == "triton" and torch.cuda.is_available()) else "cpu"
+    g = torch.Generator().manual_seed(3)
+    norm = RMSNorm(33, eps=1e-6, weight_in_fp32=fp32_weight)
+    norm.weight.copy_(torch.randn(33, generator=g))
+    norm = norm.to(dev, torch.bfloat16)
+    if fp32_weight:
+        norm.weight.data = norm.weight.data.float()
+    T, k = 7, 4
+    pairs = TopKPairs(torch.randn(T * k, 33, generator=g).to(dev, torch.bfloat16), k)
+    r = torch.randn(T, 33, generator=g).to(dev, torch.bfloat16)
+    r_want = r.clone()
+    want_out, want_res = norm(pairs.combine(), r_want, inplace=True)
+    out, res = norm(pairs, r, inplace=True)
+    assert res is r and torch.equal(res, want_res) and torch.equal(out, want_out)
+    torch.testing.assert_close(norm(pairs), norm(pairs.combine()), atol=0, rtol=0)

@@ -14,6 +14,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
+from sgl_ext import settings
 from sgl_ext.triton.launcher import cached_launcher
 from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
     INTERPRETER_CONFIG,
@@ -35,6 +36,7 @@ from srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block
 from srt.layers.moe.fused_moe_triton.moe_gemv import ExpertWeightArgs, run_gemv
 from srt.layers.moe.fused_moe_triton.moe_gemv_f16 import f16_products_apply, run_gemv_f16
 from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16
+from srt.layers.moe.topk_pairs import TopKPairs
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,8 @@ def fused_experts(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     x_f16: XF16 | None = None,
-) -> torch.Tensor:
+    combine: bool = True,
+) -> torch.Tensor | TopKPairs:
     """Each token's top-k experts, weighted and summed, reading only the routed experts.
 
     Parameters
@@ -80,10 +83,12 @@ def fused_experts(
         scaled-dot kernels fail to compile, a warning is logged and "split" is used).
     x_f16 : hidden_states' fp16 words (moe_x_f16.XF16, made with the routing by
         `select_experts_x_f16`); used when the fp16-product GEMVs run, else ignored.
+    combine : False returns the weighted pair rows as TopKPairs ([T * k, H]) for the caller's
+        next RMSNorm to add up (`sgl_ext.moe_sum_add_rmsnorm`), skipping moe_sum's launch.
 
     Returns
     -------
-    [T, H], hidden_states.dtype.
+    [T, H], hidden_states.dtype (TopKPairs with combine=False, T > 0).
     """
     mxfp4 = w13.dtype == torch.uint8
     _check(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, activation)
@@ -117,7 +122,21 @@ def fused_experts(
             pairs = run_gemv_f16(*gemv_args, x_f16)  # fp16 products: fewer instructions a byte
         else:
             pairs = run_gemv(*gemv_args)
-        return moe_sum(pairs, T, topk_ids.shape[1])
+        return _combine(pairs, T, topk_ids.shape[1], combine)
+    pairs = _run_grouped(
+        hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale, w2_scale,
+        cfg, mxfp4, kw,
+    )  # fmt: skip
+    return _combine(pairs, T, topk_ids.shape[1], combine)
+
+
+def _run_grouped(
+    hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale, w2_scale, cfg,
+    mxfp4, kw,
+) -> torch.Tensor:  # fmt: skip
+    """The grouped kernels (tokens aligned per expert) -> [T * k, H] pair rows: MXFP4's
+    dot_scaled mode falling back to split, shallower pipelines where shared memory runs out."""
+    dtype = hidden_states.dtype
     mode = 0
     if mxfp4:
         cfg = fit_mxfp4(cfg)  # whole scale groups per K block
@@ -153,8 +172,8 @@ _DOT_SCALED_FAILED: dict[tuple[MoeConfig, torch.dtype], str] = {}
 def _run_gemms(
     x, w13, w2, topk_weights, w13_bias, w2_bias, w13_scale, w2_scale, align, cfg, mode, **kw
 ) -> torch.Tensor:
-    """The two grouped GEMMs on the alignment and the top-k sum; mode 0 (unquantised weights),
-    1 (MXFP4 split) or 2 (MXFP4 dot_scaled)."""
+    """The two grouped GEMMs on the alignment -> [T * k, H] pair rows; mode 0 (unquantised
+    weights), 1 (MXFP4 split) or 2 (MXFP4 dot_scaled)."""
     T, H = x.shape
     inter = w13.shape[1] // 2
     k = align.num_pairs // T
@@ -232,7 +251,12 @@ def _run_gemms(
         num_warps=d.num_warps,
         num_stages=d.num_stages,
     )
-    return moe_sum(out, T, k)  # top-k combine -> [T, H]
+    return out  # [T * k, H] pair rows (pair order)
+
+
+def _combine(pairs: torch.Tensor, T: int, k: int, combine: bool) -> torch.Tensor | TopKPairs:
+    """[T * k, H] pair rows -> [T, H] (moe_sum), or TopKPairs for the caller to combine."""
+    return moe_sum(pairs, T, k) if combine else TopKPairs(pairs, k)
 
 
 def moe_sum(pairs: torch.Tensor, T: int, k: int) -> torch.Tensor:
@@ -242,7 +266,7 @@ def moe_sum(pairs: torch.Tensor, T: int, k: int) -> torch.Tensor:
     out = torch.empty(T, H, dtype=pairs.dtype, device=pairs.device)
     block_h = min(1024, triton.next_power_of_2(H))
     cached_launcher(moe_sum_kernel)[(T, triton.cdiv(H, block_h))](
-        pairs, out, H, TOP_K=k, BLOCK_H=block_h, num_warps=4
+        pairs, out, H, TOP_K=k, BLOCK_H=block_h, EMULATE=settings.get().interpret, num_warps=4
     )
     return out
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
+from srt.layers.moe.topk_pairs import TopKPairs
 from srt.layers.mxfp4 import dequantize_mxfp4
 
 if TYPE_CHECKING:  # kernel modules load lazily (TRITON_INTERPRET may be set after import)
@@ -291,7 +292,9 @@ class TopKExperts(nn.Module):
         cfg = get_config(x.shape[0], x.device, x.dtype, mxfp4=True)
         return f16_products_apply(cfg, x, True, self.activation, self.alpha, self.limit)
 
-    def _forward_triton(self, x, topk_weights, topk_ids, x_f16=None) -> torch.Tensor:
+    def _forward_triton(
+        self, x, topk_weights, topk_ids, x_f16=None, combine=True
+    ) -> torch.Tensor | TopKPairs:
         """Routed experts only, grouped by expert (static shapes, sync-free, graph-safe)."""
         from srt.layers.moe.fused_moe_triton.fused_moe import fused_experts
 
@@ -309,6 +312,7 @@ class TopKExperts(nn.Module):
             w13_scale=self.w13_weight_scale,
             w2_scale=self.w2_weight_scale,
             x_f16=x_f16,
+            combine=combine,
         )
 
     def forward(
@@ -317,7 +321,8 @@ class TopKExperts(nn.Module):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         x_f16: XF16 | None = None,
-    ) -> torch.Tensor:
+        combine: bool = True,
+    ) -> torch.Tensor | TopKPairs:
         """Each token's top-k experts, weighted by the routing weights and summed.
 
         Parameters
@@ -326,10 +331,13 @@ class TopKExperts(nn.Module):
         topk_weights : float [T, k]
         topk_ids : int64/int32 [T, k]
         x_f16 : x's fp16 words for the fp16-product GEMVs (see takes_x_f16), or None.
+        combine : False lets the Triton path return its weighted pair rows (TopKPairs, for the
+            next RMSNorm to add up) at tp 1; the other paths combine.
 
         Returns
         -------
-        [T, H], x.dtype (this rank's partial sum when tp > 1 and not reduce_results).
+        [T, H], x.dtype (this rank's partial sum when tp > 1 and not reduce_results), or
+        TopKPairs (combine=False, see above).
 
         On CUDA (backend "auto") the Triton kernels read only the routed experts. The torch
         paths: small batches (decode; always under CUDA-graph capture) take a static-shape,
@@ -340,7 +348,12 @@ class TopKExperts(nn.Module):
         T, k = topk_ids.shape
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
         if self.uses_triton(x):
-            out = self._forward_triton(x, topk_weights, topk_ids, x_f16)
+            # pair rows only at tp 1: a partial sum over I is all-reduced (here or by the caller)
+            out = self._forward_triton(
+                x, topk_weights, topk_ids, x_f16, combine or self.tp_size > 1
+            )
+            if isinstance(out, TopKPairs):
+                return out
         else:
             w = self._dense_weights(x.dtype)
             if capturing or T <= self.dense_max_tokens:
