@@ -97,9 +97,8 @@ def plan_rmsnorm(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         EMULATE=settings.get().interpret,
+        X_ROWS=x_rows,
     )
-    if x_rows > 1:  # (a kernel of its own; the plain norm's compiled variants unchanged)
-        constexprs["X_ROWS"] = x_rows
     fixed = (n_rows, n, *strides, float(eps))
     grid = (-(-n_rows // block_m),)
     return make_launcher(_rmsnorm_kernel, grid, fixed, constexprs, {"num_warps": num_warps}, device)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_ext._backend import select_backend
+
 
 @dataclass(frozen=True)
 class TopKPairs:
@@ -22,7 +24,15 @@ class TopKPairs:
     top_k: int
 
     def combine(self) -> torch.Tensor:
-        """[T, H]: each token's rows summed in float32 in order, rounded once (moe_sum)."""
-        from srt.layers.moe.fused_moe_triton.fused_moe import moe_sum
+        """[T, H]: each token's rows summed in float32 in order, rounded once (moe_sum where
+        sgl_ext's backend is Triton, else the same arithmetic in torch)."""
+        T, k = self.rows.shape[0] // self.top_k, self.top_k
+        if select_backend(self.rows.device) == "triton":
+            from srt.layers.moe.fused_moe_triton.fused_moe import moe_sum
 
-        return moe_sum(self.rows, self.rows.shape[0] // self.top_k, self.top_k)
+            return moe_sum(self.rows, T, k)
+        p = self.rows.view(T, k, self.rows.shape[1])  # [T, k, H]
+        acc = p[:, 0].float()
+        for j in range(1, k):
+            acc = acc + p[:, j].float()
+        return acc.to(self.rows.dtype)
