@@ -81,8 +81,9 @@ def plan_rmsnorm(
     """The launch of checked [rows, N] operands (None for zero rows).
 
     strides: row strides of (x, residual, out, residual_out); without a residual pass x's and
-    out's. x_rows > 1: x holds x_rows rows per row ([rows * x_rows, N]), summed first. Per call, `launch` (tensors) or `direct` (pointers) takes x, residual, weight, out,
-    residual_out in that order (x and out for the missing residual ones).
+    out's. x_rows > 1: x holds x_rows rows per row ([rows * x_rows, N]), summed first. Per
+    call, `launch` (tensors) or `direct` (pointers) takes x, residual, weight, out, residual_out
+    in that order (x and out for the missing residual ones).
     """
     if n_rows == 0:
         return None

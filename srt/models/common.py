@@ -248,7 +248,8 @@ class DecoderLayer(nn.Module):
         mods: dict[str, Any] = self._modules
         # The norms with a residual run in place: this layer owns both tensors (the attention /
         # MLP output and the residual stream), so no new tensors per call.
-        if residual is None:
+        if residual is None:  # the first layer: hidden_states are the embeddings
+            assert isinstance(hidden_states, torch.Tensor)
             residual = hidden_states
             hidden_states = mods["input_layernorm"](hidden_states)
         else:
