@@ -3,7 +3,7 @@ out, re-capture the decode graph and time the step.
 
     python benchmarks/bench_graph_ablation.py --model-preset gpt-oss-20b-mxfp4 --batch-size 1 \
         --variants base dup:module:input_layernorm skip:module:post_attention_layernorm \
-        dup:kernel:moe_gemv_f16_gate_up_kernel skip:kernel:moe_sum_kernel
+        dup:kernel:moe_gemv_f16_gate_up_kernel skip:kernel:_topk_softmax_kernel
     python benchmarks/bench_graph_ablation.py --replays 40 --rounds 8 --variants base ...
 
 The model is built once the way `srt.bench_one_batch` builds it (a preset's shape, dummy

@@ -202,7 +202,7 @@ t_ablation() {
     dup:module:self_attn.qkv_proj dup:module:self_attn.o_proj dup:module:self_attn.attn
     dup:kernel:rope_kv_kernel dup:module:mlp.router dup:kernel:_topk_softmax_kernel
     dup:kernel:moe_gemv_f16_gate_up_kernel dup:kernel:moe_gemv_f16_down_kernel
-    dup:kernel:moe_sum_kernel skip:kernel:moe_sum_kernel"
+    dup:kernel:_rmsnorm_kernel skip:kernel:_topk_softmax_kernel"
   # shellcheck disable=SC2086
   timeout 400 python benchmarks/bench_graph_ablation.py --model-preset \
     "${ABLATION_PRESET:-gpt-oss-20b-mxfp4}" --batch-size 1 --replays 40 --rounds 6 \
