@@ -112,6 +112,13 @@ def test_native_rounding_order_matches_torch_layer_math():
     assert torch.equal(rmsnorm_native(x, w, 1e-6), expect)
 
 
+def _raise_each(cases) -> None:
+    """Each (exception type, word its message names, call) raises that."""
+    for exc, word, call in cases:
+        with pytest.raises(exc, match=word):
+            call()
+
+
 @pytest.mark.parametrize("name", ["native", "triton"])
 def test_bad_input_raises_before_launch(backend, name):
     backend(name)
@@ -133,9 +140,7 @@ def test_bad_input_raises_before_launch(backend, name):
             lambda: fused_add_rmsnorm(x, r, w, inplace=False, residual_out=r.half()),
         ),
     ]
-    for exc, word, call in cases:
-        with pytest.raises(exc, match=word):
-            call()
+    _raise_each(cases)
     assert torch.equal(x, x0) and torch.equal(r, r0)
 
 
@@ -224,9 +229,7 @@ def test_moe_sum_add_rmsnorm_bad_input_raises_before_launch(backend, name):
         (ValueError, "out", lambda: moe_sum_add_rmsnorm(pairs, r, w, top_k=4, out=r[:2])),
         (ValueError, "pairs", lambda: moe_sum_add_rmsnorm(pairs.t(), r, w, top_k=4)),
     ]
-    for exc, word, call in cases:
-        with pytest.raises(exc, match=word):
-            call()
+    _raise_each(cases)
     assert torch.equal(pairs, p0) and torch.equal(r, r0)
 
 

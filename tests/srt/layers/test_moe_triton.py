@@ -124,15 +124,19 @@ def test_repeated_expert_per_token_silu_no_bias_int32_ids():
     )
 
 
-def test_bf16_matches_reference_and_torch_layer():
-    T, E, H, inter, k = 9, 6, 64, 32, 2
+def _bf16_layer(T: int, E: int, H: int, inter: int, k: int, seed: int):
+    """A bf16 TopKExperts (tp 1) holding _problem's weights, and that problem."""
     m = TopKExperts(E, H, inter, swiglu_alpha=ALPHA, swiglu_limit=LIMIT, tp_rank=0, tp_size=1)
-    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, torch.bfloat16, DEV, seed=3)
+    prob = _problem(T, E, H, inter, k, torch.bfloat16, DEV, seed=seed)
     m.to(device=DEV, dtype=torch.bfloat16)
-    for p, v in zip(
-        (m.w13_weight, m.w13_bias, m.w2_weight, m.w2_bias), (w13, b13, w2, b2), strict=True
-    ):
+    params = (m.w13_weight, m.w13_bias, m.w2_weight, m.w2_bias)
+    for p, v in zip(params, prob[1:5], strict=True):
         p.data.copy_(v)
+    return m, prob
+
+
+def test_bf16_matches_reference_and_torch_layer():
+    m, (x, w13, b13, w2, b2, wts, ids) = _bf16_layer(9, 6, 64, 32, 2, seed=3)
     m.moe_runner_backend = "torch"
     torch_out = m(x, wts.bfloat16(), ids)
     m.moe_runner_backend = "triton"
@@ -146,14 +150,8 @@ def test_bf16_matches_reference_and_torch_layer():
 def test_layer_hands_over_pair_rows_uncombined():
     """combine=False (tp 1, Triton path): TopKPairs whose combine() has the combined call's
     bits; the torch path and tp > 1 always combine."""
-    T, E, H, inter, k = 5, 6, 64, 32, 3
-    m = TopKExperts(E, H, inter, swiglu_alpha=ALPHA, swiglu_limit=LIMIT, tp_rank=0, tp_size=1)
-    x, w13, b13, w2, b2, wts, ids = _problem(T, E, H, inter, k, torch.bfloat16, DEV, seed=4)
-    m.to(device=DEV, dtype=torch.bfloat16)
-    for p, v in zip(
-        (m.w13_weight, m.w13_bias, m.w2_weight, m.w2_bias), (w13, b13, w2, b2), strict=True
-    ):
-        p.data.copy_(v)
+    T, H, k = 5, 64, 3
+    m, (x, _, _, _, _, wts, ids) = _bf16_layer(T, 6, H, 32, k, seed=4)
     m.moe_runner_backend = "triton"
     pairs = m(x, wts.bfloat16(), ids, combine=False)
     assert isinstance(pairs, TopKPairs) and pairs.top_k == k
