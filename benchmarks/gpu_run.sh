@@ -60,7 +60,8 @@
 #   gemm       issue 15 decode GEMMs: skinny Triton GEMM + gemm_choice GPU tests, then
 #              bench_gemm (F.linear / mv / x@w_t / Triton sweep at M 1..64, L2-cold graph timing,
 #              floors); ends with GEMM_CHOICES lines for srt/layers/gemm_choice.py and the
-#              per-layer sums (GEMM_ARGS: extra bench_gemm arguments)
+#              per-layer sums (GEMM_ARGS: extra bench_gemm arguments; "--lm-head": the
+#              presets' LM heads instead of the decoder layers' linears)
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -279,7 +280,8 @@ t_attn() {
 }
 t_gemm() {
   timeout 150 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_gemm.py \
-    tests/srt/layers/test_gemm_choice.py tests/srt/layers/test_linear.py
+    tests/srt/layers/test_gemm_choice.py tests/srt/layers/test_linear.py \
+    tests/srt/layers/test_vocab_parallel_embedding.py tests/srt/test_bench_gemm.py
   timeout 320 python benchmarks/bench_gemm.py --budget-s 230 --hard-extra-s 40 \
     --json-out "$LOGS/gemm.json" ${GEMM_ARGS:-}
 }
