@@ -3,28 +3,14 @@ each preset's LM head once a step) and its CLI errors."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.srt.benchmark_scripts import load_benchmark
 
 
 def _tool():
-    """The script as a module (once per process: its dataclasses need it in sys.modules)."""
-    name = "bench_gemm"
-    if name not in sys.modules:
-        sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # its bench_util import
-        spec = importlib.util.spec_from_file_location(
-            name, os.path.join(ROOT, "benchmarks", f"{name}.py")
-        )
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return load_benchmark("bench_gemm")
 
 
 def test_lm_head_shapes_are_each_presets_vocab_by_hidden_once_a_step():

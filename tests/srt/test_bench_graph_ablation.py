@@ -4,9 +4,7 @@ eager run on the embedded tiny model."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 import pytest
 import torch
@@ -14,20 +12,11 @@ import triton
 import triton.language as tl
 
 from sgl_ext.triton.launcher import cached_launcher, make_launcher
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.srt.benchmark_scripts import load_benchmark
 
 
 def _tool():
-    """The script as a module (once per process: its dataclasses need it in sys.modules)."""
-    name = "bench_graph_ablation"
-    if name not in sys.modules:
-        path = os.path.join(ROOT, "benchmarks", f"{name}.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return load_benchmark("bench_graph_ablation")
 
 
 def test_variant_grammar():
