@@ -26,6 +26,8 @@
 #   moe        MoE tests (test_moe*.py incl. the GEMV kernels, gpt-oss MXFP4 model tests, GPU ones included) + bench_moe
 #              (gpt-oss-20b shape): routed-expert kernel vs torch, read floor; bf16 experts, then
 #              MXFP4 experts (ours = table mode, alt = the other MXFP4 mode)
+#   router     gpt-oss's fused router (router GEMM + top-k + x's fp16 words in one launch): its
+#              tests, the top-k and gpt-oss MXFP4 model GPU tests, bench_router (vs two launches)
 #   moe_sweep  bench_moe --sweep: launch configurations per T, best printed as MOE_CONFIGS lines
 #              (MOE_SWEEP_ARGS=--mxfp4 for the MXFP4 kernels)
 #   moe_sweep_mxfp4  bench_moe --mxfp4 --sweep at decode sizes (T 1 8 32 64; dot_scaled, the
@@ -163,6 +165,11 @@ t_moe() {
     tests/srt/layers/test_moe_gemv.py tests/srt/models/test_gpt_oss_mxfp4.py -k "mxfp4" -rfE
   timeout 240 python benchmarks/bench_moe.py
   timeout 300 python benchmarks/bench_moe.py --mxfp4
+}
+t_router() {
+  timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests/srt/layers/test_router_topk.py \
+    tests/srt/layers/test_topk.py tests/srt/models/test_gpt_oss_mxfp4.py
+  timeout 200 python benchmarks/bench_router.py
 }
 t_moe_sweep() {
   timeout 560 python benchmarks/bench_moe.py --tokens 1 8 32 64 512 4096 --sweep ${MOE_SWEEP_ARGS:-}

@@ -20,6 +20,11 @@ from torch import nn
 from srt.configs.model_config import ModelConfig
 from srt.layers.linear import ReplicatedLinear
 from srt.layers.moe import TopKExperts, select_experts
+from srt.layers.moe.router_topk import (
+    TicketCounts,
+    fused_route_fits,
+    router_select_experts_x_f16,
+)
 from srt.layers.moe.topk import select_experts_x_f16
 from srt.layers.moe.topk_pairs import TopKPairs
 from srt.models.common import CausalLM, DecoderLayer, DecoderModel, RopeAttention
@@ -53,14 +58,26 @@ class GptOssMLP(nn.Module):
             tp_size=tp_size,
             quant_method=_experts_quant_method(config),
         )
+        self._route_counts = TicketCounts()  # the fused router's ticket counters
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | TopKPairs:
         """x [T, H] -> [T, H], or the experts' weighted pair rows (TopKPairs, Triton path at tp 1)
         that the next layer's input norm (or the final norm) adds up with its residual."""
-        logits, _ = self.router(x)  # [T, E]
         if self.experts.takes_x_f16(x):  # x's fp16 words for the experts, with the routing
-            weights, ids, x_f16 = select_experts_x_f16(logits, self.top_k, x, weights_dtype=x.dtype)
+            p = self.router._parameters  # read directly: no nn.Module.__getattr__ per call
+            if fused_route_fits(x, p["weight"], self.top_k):
+                # the router GEMM, the routing and the words in one launch
+                counts = self._route_counts.get(x.shape[0], x.device)
+                weights, ids, x_f16 = router_select_experts_x_f16(
+                    x, p["weight"], p["bias"], self.top_k, counts, weights_dtype=x.dtype
+                )
+            else:
+                logits, _ = self.router(x)  # [T, E]
+                weights, ids, x_f16 = select_experts_x_f16(
+                    logits, self.top_k, x, weights_dtype=x.dtype
+                )
             return self.experts(x, weights, ids, x_f16=x_f16, combine=False)
+        logits, _ = self.router(x)  # [T, E]
         # [T, k] weights in x's dtype, expert ids
         weights, ids = select_experts(logits, self.top_k, weights_dtype=x.dtype)
         return self.experts(x, weights, ids, combine=False)

@@ -21,6 +21,40 @@ _MAX_TOP_K = 16
 
 
 @triton.jit
+def topk_softmax_row(
+    x,
+    valid,
+    weights_row,
+    ids_row,
+    TOP_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One token's routing from its logits x float32 [BLOCK_E] (valid: the real experts): the
+    TOP_K largest (ties: the lowest expert id first) in descending order, their softmax
+    (float32, stored in the weights' dtype) and their expert ids (int64)."""
+    e = tl.arange(0, BLOCK_E)
+    kk = tl.arange(0, BLOCK_K)
+    vals = tl.full([BLOCK_K], float("-inf"), tl.float32)
+    ids = tl.zeros([BLOCK_K], tl.int32)
+    free = valid
+    for j in tl.static_range(TOP_K):
+        m = tl.max(tl.where(free, x, float("-inf")), axis=0)
+        # the lowest free expert holding the maximum; a free one even if every logit left is
+        # NaN (no match): ids stay distinct and in range
+        first = tl.min(tl.where(free & (x == m), e, BLOCK_E), axis=0)
+        first = tl.where(first < BLOCK_E, first, tl.min(tl.where(free, e, BLOCK_E), axis=0))
+        vals = tl.where(kk == j, tl.max(tl.where(e == first, x, float("-inf")), axis=0), vals)
+        ids = tl.where(kk == j, first, ids)
+        free = free & (e != first)
+    in_k = kk < TOP_K
+    p = tl.where(in_k, tl.exp(vals - tl.max(vals, axis=0)), 0.0)
+    p = p / tl.sum(p, axis=0)
+    tl.store(weights_row + kk, p.to(weights_row.dtype.element_ty), mask=in_k)
+    tl.store(ids_row + kk, ids.to(tl.int64), mask=in_k)
+
+
+@triton.jit
 def _topk_softmax_kernel(
     logits_ptr,
     weights_ptr,
@@ -48,24 +82,9 @@ def _topk_softmax_kernel(
     e = tl.arange(0, BLOCK_E)
     valid = e < num_experts
     x = tl.load(logits_ptr + t * stride_t + e, mask=valid, other=float("-inf")).to(tl.float32)
-    kk = tl.arange(0, BLOCK_K)
-    vals = tl.full([BLOCK_K], float("-inf"), tl.float32)
-    ids = tl.zeros([BLOCK_K], tl.int32)
-    free = valid
-    for j in tl.static_range(TOP_K):
-        m = tl.max(tl.where(free, x, float("-inf")), axis=0)
-        # the lowest free expert holding the maximum; a free one even if every logit left is
-        # NaN (no match): ids stay distinct and in range
-        first = tl.min(tl.where(free & (x == m), e, BLOCK_E), axis=0)
-        first = tl.where(first < BLOCK_E, first, tl.min(tl.where(free, e, BLOCK_E), axis=0))
-        vals = tl.where(kk == j, tl.max(tl.where(e == first, x, float("-inf")), axis=0), vals)
-        ids = tl.where(kk == j, first, ids)
-        free = free & (e != first)
-    in_k = kk < TOP_K
-    p = tl.where(in_k, tl.exp(vals - tl.max(vals, axis=0)), 0.0)
-    p = p / tl.sum(p, axis=0)
-    tl.store(weights_ptr + t * TOP_K + kk, p.to(weights_ptr.dtype.element_ty), mask=in_k)
-    tl.store(ids_ptr + t * TOP_K + kk, ids.to(tl.int64), mask=in_k)
+    topk_softmax_row(
+        x, valid, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, BLOCK_E, BLOCK_K
+    )
     if X16:
         row_to_f16(x_ptr + t * stride_xm, x16_ptr + t * stride_hm, inv_ptr + t, K, BLOCK_X)
 

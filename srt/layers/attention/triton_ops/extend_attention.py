@@ -19,7 +19,7 @@ import triton.language as tl
 
 from sgl_ext._backend import interpreting
 from sgl_ext.triton.launcher import cached_launcher
-from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, load_kv_tile
+from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, load_kv_tiles, softmax_step
 from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
 
@@ -110,56 +110,51 @@ def _extend_kernel(
         j = n0 + tl.arange(0, BLOCK_N)
         jm = j < hi
         slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
-        k = load_kv_tile(
+        k, v = load_kv_tiles(
             K,
+            V,
             slot,
-            jm[:, None] & (d[None, :] < D),
+            jm,
             kvh,
             d,
+            dv,
+            D,
+            DV,
             k_page_stride,
             k_off_stride,
             k_head_stride,
-            KScale,
-            k_scale_f,
-            PAGE_SIZE,
-            KV_FP8,
-            K_SCALE_MODE,
-            TILE_F32,
-        )
-        v = load_kv_tile(
-            V,
-            slot,
-            jm[:, None] & (dv[None, :] < DV),
-            kvh,
-            dv,
             v_page_stride,
             v_off_stride,
             v_head_stride,
+            KScale,
             VScale,
+            k_scale_f,
             v_scale_f,
             PAGE_SIZE,
             KV_FP8,
+            K_SCALE_MODE,
             V_SCALE_MODE,
             TILE_F32,
         )
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [ROWS, BLOCK_N]
-        if USE_CAP:
-            s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
-        vis = jm[None, :] & (j[None, :] <= qpos[:, None])
+        vis = jm[None, :] & (j[None, :] <= qpos[:, None])  # [ROWS, BLOCK_N]
         if USE_WINDOW:
             vis = vis & (j[None, :] >= qpos[:, None] - window)
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if P_LOW:  # 16-bit caches: the probabilities are rounded to V's dtype for the dot
-            p = p.to(V.dtype.element_ty)
-            if TILE_F32:  # interpreter: exact float32 products of the same rounded values
-                p = p.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(
+            q,
+            k,
+            v,
+            vis,
+            m_i,
+            l_i,
+            acc,
+            sm_scale,
+            logit_cap,
+            V,
+            USE_CAP,
+            DOT_PRECISION,
+            TILE_F32,
+            P_LOW,
+        )
     l_i = tl.where(mm, l_i, 1.0)  # padding rows (not stored): avoid 0 / 0
     out = acc / l_i[:, None]
     o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :]

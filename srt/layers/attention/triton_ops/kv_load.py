@@ -1,4 +1,5 @@
-"""Triton helpers shared by the attention kernels: load a tile of cached K or V.
+"""Triton helpers shared by the attention kernels: tiles of cached K and V, and one step of the
+online softmax over a tile.
 
 A KV buffer is addressed through its strides: slot s lives at
 (s // PAGE_SIZE) * page_stride + (s % PAGE_SIZE) * off_stride + head * head_stride + d.
@@ -74,3 +75,104 @@ def load_kv_tile(
     if OUT_F32:
         x = x.to(tl.float32)
     return x
+
+
+@triton.jit
+def load_kv_tiles(
+    K,
+    V,
+    slot,
+    rows,
+    kvh,
+    d,
+    dv,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    k_page_stride,
+    k_off_stride,
+    k_head_stride,
+    v_page_stride,
+    v_off_stride,
+    v_head_stride,
+    KScale,
+    VScale,
+    k_scale_f,
+    v_scale_f,
+    PAGE_SIZE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr,
+    V_SCALE_MODE: tl.constexpr,
+    TILE_F32: tl.constexpr,
+):
+    """(K [BLOCK_N, BLOCK_D], V [BLOCK_N, BLOCK_DV]): the cached rows `slot` (int64 [BLOCK_N])
+    of KV head kvh (load_kv_tile); rows outside `rows` are zero."""
+    k = load_kv_tile(
+        K,
+        slot,
+        rows[:, None] & (d[None, :] < D),
+        kvh,
+        d,
+        k_page_stride,
+        k_off_stride,
+        k_head_stride,
+        KScale,
+        k_scale_f,
+        PAGE_SIZE,
+        KV_FP8,
+        K_SCALE_MODE,
+        TILE_F32,
+    )
+    v = load_kv_tile(
+        V,
+        slot,
+        rows[:, None] & (dv[None, :] < DV),
+        kvh,
+        dv,
+        v_page_stride,
+        v_off_stride,
+        v_head_stride,
+        VScale,
+        v_scale_f,
+        PAGE_SIZE,
+        KV_FP8,
+        V_SCALE_MODE,
+        TILE_F32,
+    )
+    return k, v
+
+
+@triton.jit
+def softmax_step(
+    q,
+    k,
+    v,
+    vis,
+    m_i,
+    l_i,
+    acc,
+    sm_scale,
+    logit_cap,
+    V,
+    USE_CAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    TILE_F32: tl.constexpr,
+    P_LOW: tl.constexpr,
+):
+    """One tile of the online softmax: (m_i, l_i, acc) of the query rows q [ROWS, BLOCK_D] after
+    keys k [BLOCK_N, BLOCK_D] / values v, where vis ([ROWS or 1, BLOCK_N]) marks the visible
+    keys. Products in tensor-core dots with float32 accumulation (DOT_PRECISION)."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # [ROWS, BLOCK_N]
+    if USE_CAP:
+        s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)  # cap * tanh(s / cap)
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if P_LOW:  # 16-bit caches: the probabilities are rounded to V's dtype for the dot
+        p = p.to(V.dtype.element_ty)
+        if TILE_F32:  # interpreter: exact float32 products of the same rounded values
+            p = p.to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc

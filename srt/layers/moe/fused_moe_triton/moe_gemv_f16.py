@@ -44,7 +44,7 @@ from srt.layers.moe.fused_moe_triton.moe_gemv import (
     _scale_2e14,
     _store_down,
 )
-from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, _pair_position, act_f16_shift, x_to_f16
+from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, act_f16_shift, pair_position, x_to_f16
 
 
 @triton.jit
@@ -264,7 +264,7 @@ def moe_gemv_f16_gate_up_kernel(
     gate, up = _add_gate_up_bias(gate, up, b_ptr, expert, stride_be, cols, n_ok, N, HAS_BIAS)
     act = tl.where(e_ok, _swiglu(gate, up, alpha, limit, ACTIVATION), 0.0)
     act = cast_rne(act, ACT_DTYPE, EMULATE).to(tl.float32) * act_up
-    out = act16_ptr + pair.to(tl.int64) * stride_am + _pair_position(cols)
+    out = act16_ptr + pair.to(tl.int64) * stride_am + pair_position(cols)
     tl.store(out, act.to(tl.float16), mask=cols < N)
 
 

@@ -23,7 +23,7 @@ from sgl_ext.triton.pdl import pdl_enter
 
 
 @triton.jit
-def _pair_position(k):
+def pair_position(k):
     """Element k of a row (K index) -> its fp16 slot in the pair-ordered row (see the module)."""
     r = k % 32
     j = r // 8
@@ -42,7 +42,7 @@ def row_to_f16(x_row, x16_row, inv_ptr, K, BLOCK: tl.constexpr):
     e = ((m.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)  # biased exponent of the max
     s = tl.minimum(tl.maximum(141 - e, -126), 126)  # 14 - floor(log2 max), 0 and tiny: 126
     up = ((s + 127) << 23).to(tl.float32, bitcast=True)  # 2**s
-    tl.store(x16_row + _pair_position(k), (x * up).to(tl.float16), mask=ok)
+    tl.store(x16_row + pair_position(k), (x * up).to(tl.float16), mask=ok)
     tl.store(inv_ptr, ((127 - s) << 23).to(tl.float32, bitcast=True))
 
 

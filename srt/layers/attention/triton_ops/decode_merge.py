@@ -1,0 +1,53 @@
+"""Flash-decoding's second kernel: one program per (request, query head) merges the float32
+partial outputs and log-sum-exps of the request's KV chunks (decode_attention.py, NUM_SPLITS > 1)
+and adds the attention-sink column. A separate launch on purpose: with programmatic dependent
+launch its programs are resident before the chunks finish, and merging in the chunks' last
+program instead (a ticket counter with release / acquire) made the decode step slower
+(docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from sgl_ext.triton.pdl import pdl_enter
+
+
+@triton.jit
+def merge_kernel(
+    MidO,
+    MidLse,
+    Out,
+    Sinks,
+    stride_mid_b,
+    stride_mid_h,
+    stride_ot,
+    stride_oh,
+    DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    """Out[b, h] = the chunks' partial outputs weighted by their softmax mass (+ the sink)."""
+    pdl_enter(USE_PDL)
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, NUM_SPLITS)
+    dv = tl.arange(0, BLOCK_DV)
+    row = b * stride_mid_b + h * stride_mid_h + s  # [NUM_SPLITS]
+    lse = tl.load(MidLse + row)
+    m = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(Sinks + h).to(tl.float32)
+        m = tl.maximum(m, sink)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m)  # [NUM_SPLITS]; 0 for empty chunks
+    den = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        den += tl.exp(sink - m)
+    o = tl.load(MidO + row[:, None] * BLOCK_DV + dv[None, :])  # [NUM_SPLITS, BLOCK_DV]
+    out = tl.sum(w[:, None] * o, axis=0) / den
+    o_ptr = Out + b * stride_ot + h * stride_oh + dv
+    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=dv < DV)

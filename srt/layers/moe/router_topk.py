@@ -1,0 +1,201 @@
+"""gpt-oss's router in one launch: logits = x @ W^T + b, the top-k softmax routing and x's fp16
+words for the MXFP4 expert GEMVs.
+
+At decode the router GEMM (32 x 2880) and the routing kernel were two launches of ~1.5-2 µs each
+in the gpt-oss-20b bs-1 decode graph, for ~0.2 MB of weight. Here program (t, j) computes token
+t's logits of experts [j * EPB, (j + 1) * EPB) (float32 sums, rounded once to x's dtype as the
+router GEMM's output is; the weight rows are loaded before the wait for the previous kernel),
+stores them and converts its share of row t to fp16 words
+(moe_x_f16.row_to_f16's order and scale), then takes a ticket from token t's counter. The
+program that draws the last ticket has every logit of the token visible (acquire after the
+others' release), runs the routing (topk.topk_softmax_row) and resets the counter for the next
+launch. Which program finishes last changes nothing in the results: the logits are computed and
+read the same way whatever the order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_ext._backend import interpreting
+from sgl_ext._common import next_pow2
+from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.triton.pdl import pdl_enter
+from sgl_ext.triton.rounding import cast_rne
+from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, pair_position
+from srt.layers.moe.topk import topk_softmax_row
+
+MAX_TOKENS = 64  # more tokens: the router GEMM and the routing kernel (L2 re-reads grow with T)
+MAX_EXPERTS = 256
+MAX_TOP_K = 16
+MAX_HIDDEN = 8192  # one tile of x a program
+
+
+@triton.jit
+def _router_topk_kernel(
+    X,  # [T, K] bf16
+    W,  # [E, K] router weight
+    Bias,  # [E] (a dummy without HAS_BIAS)
+    Logits,  # [T, E] x's dtype (scratch)
+    Count,  # int32 [T], zero between launches
+    Weights,  # [T, TOP_K]
+    Ids,  # int64 [T, TOP_K]
+    X16,  # fp16 [T, K], pair order
+    Inv,  # float32 [T]
+    K,
+    E,
+    stride_xm,
+    stride_wn,
+    stride_hm,
+    TOP_K: tl.constexpr,
+    EPB: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_TOPK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EMULATE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    t = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+    progs = tl.num_programs(1)
+    k = tl.arange(0, BLOCK_K)
+    km = k < K
+    e = j * EPB + tl.arange(0, EPB)  # [EPB] this program's experts
+    em = e < E
+    # the weights are no kernel's output: read while the previous kernel still runs
+    w_ptrs = W + e[:, None].to(tl.int64) * stride_wn + k[None, :]
+    w = tl.load(w_ptrs, mask=em[:, None] & km[None, :], other=0.0)
+    if HAS_BIAS:
+        b = tl.load(Bias + e, mask=em, other=0.0)
+    pdl_enter(USE_PDL)
+    x = tl.load(X + t * stride_xm + k, mask=km, other=0.0).to(tl.float32)  # [BLOCK_K]
+    logit = tl.sum(w.to(tl.float32) * x[None, :], axis=1)  # [EPB]
+    if HAS_BIAS:
+        logit += b.to(tl.float32)
+    tl.store(Logits + t * E + e, cast_rne(logit, Logits.dtype.element_ty, EMULATE), mask=em)
+    # this program's share of row t's fp16 words (the scale needs the whole row's max)
+    m = tl.max(tl.abs(x), axis=0)
+    ex = ((m.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
+    s = tl.minimum(tl.maximum(141 - ex, -126), 126)
+    up = ((s + 127) << 23).to(tl.float32, bitcast=True)
+    share = tl.cdiv(K, progs)
+    mine = km & (k >= j * share) & (k < (j + 1) * share)
+    tl.store(X16 + t * stride_hm + pair_position(k), (x * up).to(tl.float16), mask=mine)
+    if j == 0:
+        tl.store(Inv + t, ((127 - s) << 23).to(tl.float32, bitcast=True))
+    # every thread's stores are issued, then one release + acquire ticket for the program
+    tl.debug_barrier()
+    ticket = tl.atomic_add(Count + t, 1, sem="acq_rel", scope="gpu")
+    if ticket == progs - 1:  # the token's last program: all its logits are in
+        tl.store(Count + t, 0)  # no other program of this launch touches it again
+        ee = tl.arange(0, BLOCK_E)
+        valid = ee < E
+        row = tl.load(
+            Logits + t * E + ee, mask=valid, other=float("-inf"), cache_modifier=".cg"
+        ).to(tl.float32)
+        topk_softmax_row(
+            row, valid, Weights + t * TOP_K, Ids + t * TOP_K, TOP_K, BLOCK_E, BLOCK_TOPK
+        )
+
+
+class TicketCounts:
+    """int32 zeros for `router_select_experts_x_f16`, one per token, kept for the owner's life
+    (captured graphs hold their pointers): buffers per power-of-two row count, views per T."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def get(self, T: int, device: torch.device) -> torch.Tensor:
+        key = (next_pow2(max(T, 1)), device)
+        buf = self._bufs.get(key)
+        if buf is None:
+            buf = self._bufs[key] = torch.zeros(key[0], dtype=torch.int32, device=device)
+        return buf[:T]
+
+
+def fused_route_fits(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
+    """Whether `router_select_experts_x_f16` covers this call (else: router GEMM + routing)."""
+    T, H = x.shape
+    E = weight.shape[0]
+    return (
+        1 <= T <= MAX_TOKENS
+        and H <= MAX_HIDDEN
+        and H % 32 == 0
+        and E <= MAX_EXPERTS
+        and 1 <= top_k <= min(E, MAX_TOP_K)
+        and x.dtype == torch.bfloat16
+        and x.stride(1) == 1
+        and weight.shape[1] == H
+        and weight.stride(1) == 1
+    )
+
+
+def router_select_experts_x_f16(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    counts: torch.Tensor,
+    *,
+    weights_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, XF16]:
+    """Router logits, top-k softmax routing and x's fp16 words in one launch.
+
+    Parameters
+    ----------
+    x : bf16 [T, H], rows contiguous, H % 32 == 0, T <= MAX_TOKENS (`fused_route_fits`).
+    weight : [E, H] router weight (rows contiguous); bias : [E] or None.
+    top_k : experts per token.
+    counts : int32 [T], zero (`TicketCounts.get`); the launch leaves it zero. One launch may use
+        it at a time.
+    weights_dtype : the routing weights' dtype.
+
+    Returns
+    -------
+    (weights weights_dtype [T, k], expert ids int64 [T, k], XF16 of x): what
+    `select_experts_x_f16(x @ weight.T + bias, top_k, x)` returns for the same logits (the
+    logits rounded to x's dtype, ties to the lowest expert id).
+    """
+    if not fused_route_fits(x, weight, top_k):
+        raise ValueError("router_select_experts_x_f16: shapes outside fused_route_fits")
+    T, H = x.shape
+    E = weight.shape[0]
+    if counts.dtype != torch.int32 or tuple(counts.shape) != (T,) or counts.stride(0) != 1:
+        raise ValueError(f"counts must be contiguous int32 [{T}] (TicketCounts.get)")
+    if bias is not None and tuple(bias.shape) != (E,):
+        raise ValueError(f"bias must be [{E}], got {tuple(bias.shape)}")
+    dev = x.device
+    logits = torch.empty(T, E, dtype=x.dtype, device=dev)
+    weights = torch.empty(T, top_k, dtype=weights_dtype, device=dev)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=dev)
+    xf = XF16.empty(T, H, dev)
+    epb = 1
+    block_k = triton.next_power_of_2(H)
+    cached_launcher(_router_topk_kernel)[(T, triton.cdiv(E, epb))](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        logits,
+        counts,
+        weights,
+        ids,
+        xf.words,
+        xf.inv,
+        H,
+        E,
+        x.stride(0),
+        weight.stride(0),
+        xf.words.stride(0),
+        TOP_K=top_k,
+        EPB=epb,
+        BLOCK_E=triton.next_power_of_2(E),
+        BLOCK_TOPK=triton.next_power_of_2(top_k),
+        BLOCK_K=block_k,
+        HAS_BIAS=bias is not None,
+        EMULATE=interpreting(),
+        num_warps=4 if block_k > 512 else 1,
+    )
+    return weights, ids, xf
