@@ -9,7 +9,7 @@ in L2). Columns, µs per call (median of graph replays):
   fused     router_select_experts_x_f16: one launch
   floor     the router's weight + bias bytes over the copy bandwidth measured here
 
-Usage: python benchmarks/bench_router.py [--tokens 1 2 4 8 16 32 64] [--layers 24]
+Usage: python benchmarks/bench_router.py [--tokens 1 2 4 8 16 32] [--layers 24]
 """
 
 from __future__ import annotations
@@ -25,11 +25,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_util import copy_bandwidth, graph_time_us  # noqa: E402  (benchmarks/)
 
 from srt.layers.gemm_choice import dispatch_linear  # noqa: E402
-from srt.layers.moe.router_topk import TicketCounts, router_select_experts_x_f16  # noqa: E402
+from srt.layers.moe.router_topk import (  # noqa: E402
+    MAX_TOKENS,
+    TicketCounts,
+    router_select_experts_x_f16,
+)
 from srt.layers.moe.topk import select_experts_x_f16  # noqa: E402
 
 H, E, TOP_K = 2880, 32, 4  # gpt-oss-20b
-TOKENS = [1, 2, 4, 8, 16, 32, 64]
+TOKENS = [1, 2, 4, 8, 16, 32]
 
 
 def rows(tokens: list[int], n_layers: int, bw: float) -> None:
@@ -66,8 +70,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("error: bench_router needs CUDA", file=sys.stderr)
         sys.exit(2)
-    if args.layers < 1 or any(not 1 <= t <= 64 for t in args.tokens):
-        print("error: --layers must be >= 1 and --tokens in [1, 64]", file=sys.stderr)
+    if args.layers < 1 or any(not 1 <= t <= MAX_TOKENS for t in args.tokens):
+        print(f"error: --layers must be >= 1 and --tokens in [1, {MAX_TOKENS}]", file=sys.stderr)
         sys.exit(2)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     bw = copy_bandwidth()
