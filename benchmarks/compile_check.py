@@ -245,6 +245,22 @@ def pdl_wait_first() -> bool:
     return order == [True, False]
 
 
+def pre_wait_misplaced() -> list[str]:
+    """POS_LAST 4 (PRE_WAIT): the position and both halves of the cos/sin row are loaded before
+    the kernel waits for the previous one (ACQBULK), every other load after it. Checked for
+    separate programs (Llama-3 decode, q/k-norm decode) and merged programs with HOIST."""
+    bad = []
+    for qk, bh, merged, hoist in ((False, 1, False, False), (True, 4, False, False),
+                                  (False, 8, True, True)):  # fmt: skip
+        args = ("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh, merged)
+        ops = _sass(compile_one(*args, qk_norm=qk, pos_last=4, hoist=hoist))
+        wait = next((i for i, ln in enumerate(ops) if "ACQBULK" in ln), -1)
+        before = sum("LDG" in ln for ln in ops[:wait]) if wait >= 0 else 0
+        if wait < 0 or before < 3:  # position, cos, sin
+            bad.append(f"{bh} heads{' merged' if merged else ''}, norm {qk}: {before} loads")
+    return bad
+
+
 def main() -> int:
     n = 0
     cases = [
@@ -299,7 +315,12 @@ def main() -> int:
         print(f"  {line}")
     wait_first = pdl_wait_first()
     print(f"PDL: rope_kv waits before it releases the next launch: {wait_first}")
+    pw_bad = pre_wait_misplaced()
+    print(f"PRE_WAIT: the position and cos/sin row loaded before the wait: {not pw_bad}")
+    for line in pw_bad:
+        print(f"  {line}")
     ok = after == 0 and before > 0 and not bad and not misplaced and not lb_bad and wait_first
+    ok = ok and not pw_bad
     return 0 if ok else 1
 
 

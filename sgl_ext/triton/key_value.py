@@ -69,9 +69,14 @@ def cos_sin(
     POS_LAST the table itself, and the position is loaded here from pos_at (POS_LAST 2: behind a
     barrier; see rope_kv_kernel). POS_LAST 3: pos_at is the position, loaded with the data, and
     a barrier comes first; the clamp and the returned eps (eps + 0) take its result, so the
-    arithmetic on them stays behind it. Called after every other load of the program.
+    arithmetic on them stays behind it. POS_LAST 4: cs_row and pos_at are the cos and sin rows
+    themselves, loaded before the wait for the previous kernel. Called after every other load
+    of the program.
     """
-    if ROTATE:
+    if ROTATE and POS_LAST == 4:
+        cos = cs_row
+        sin = pos_at
+    elif ROTATE:
         if POS_LAST == 3:
             # every load of the program is in (pos_at: the position); the clamp and the norm
             # (through its epsilon) wait for the barrier

@@ -142,7 +142,8 @@ def rope_kv_kernel(
     # (LOAD_BARRIER): the position loaded with the data at the start, then every other load,
     # then a barrier whose result the position's clamp and the norm's epsilon take (ptxas moves
     # arithmetic across a plain barrier), then the cos/sin row: two round trips in every
-    # program kind, the norm under the second.
+    # program kind, the norm under the second. 4 (PRE_WAIT): the position and the cos/sin row
+    # before the PDL wait (decode sizes), then the data: one round trip after the wait.
     POS_LAST: tl.constexpr = 0,
     # HOIST (merged programs): every load of the program (query, key/value block, slot, scales,
     # norm weights) before the branch to the key/value part, and the query's norm before it
@@ -181,15 +182,26 @@ def rope_kv_kernel(
     # other kernel's order) a CUDA graph of back-to-back calls ran the q/k-norm variant
     # 1.10-1.35x RoPE + KV alone at T = 32..256 against 1.02-1.16x, and RoPE + KV alone was no
     # faster (H100, 2026-11-27; decode end to end the same either way: docs/performance.md).
+    if ROTATE and POS_LAST == 4:
+        # PRE_WAIT: the position and its cos/sin row before the wait. No kernel that may still
+        # run writes them (positions come from the host or from kernels that have completed;
+        # see pdl.py), so the position -> cos/sin chain overlaps the previous kernel.
+        cs_pre = cos_sin_ptr + clamp_position(tl.load(pos_ptr + t), max_pos) * cs_stride
+        cos_pre = tl.load(cs_pre + c, mask=c_ok, other=0.0).to(tl.float32)
+        sin_pre = tl.load(cs_pre + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
     pdl_enter(USE_PDL, WAIT_FIRST=not EARLY_RELEASE)
     # Loads are issued in order: the position first (the longest chain: position -> cos/sin
     # row), then the slot and the data, then the cos/sin row (cos_sin, which waits on the
     # position), all before the first store.
-    if ROTATE and not POS_LAST:
-        cs_row = cos_sin_ptr + clamp_position(tl.load(pos_ptr + t), max_pos) * cs_stride
-    else:  # plain KV write (no rotation), or the position is loaded by cos_sin
-        cs_row = cos_sin_ptr
-    pos_at = position_at(pos_ptr + t, ROTATE and POS_LAST == 3)
+    if ROTATE and POS_LAST == 4:  # cos_sin hands these back
+        cs_row = cos_pre
+        pos_at = sin_pre
+    else:
+        if ROTATE and not POS_LAST:
+            cs_row = cos_sin_ptr + clamp_position(tl.load(pos_ptr + t), max_pos) * cs_stride
+        else:  # plain KV write (no rotation), or the position is loaded by cos_sin
+            cs_row = cos_sin_ptr
+        pos_at = position_at(pos_ptr + t, ROTATE and POS_LAST == 3)
     q_mask = (heads < num_q_heads) & c_ok  # all false past the last query block
     q_row = q_ptr + t * q_tok_stride + heads * q_head_stride
     if QK_NORM and BLOCK_TAIL > 0:  # the query's pass-through dims are normalised too

@@ -57,6 +57,7 @@ class LaunchConfig(NamedTuple):
     early_release: bool = False  # PDL: release the next launch before the wait (EARLY_RELEASE)
     load_barrier: bool = False  # every load, then a barrier, then cos/sin (the kernel's POS_LAST 3)
     kv_block_h: int = 0  # key/value heads per program (0: as block_h; spread decides its own)
+    pre_wait: bool = False  # the position and cos/sin row before the PDL wait (POS_LAST 4)
 
 
 def launch_config(
@@ -64,14 +65,15 @@ def launch_config(
 ) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism."""
     # "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last[,hoist[,early_release
-    # [,load_barrier[,kv_block_h]]]]]]]]]]", for tuning only
+    # [,load_barrier[,kv_block_h[,pre_wait]]]]]]]]]]]", for tuning only
     override = settings.get().triton_config
     if override:
         vals = list(override)
-        # ints, two flags as bools, maxnreg, four more flags, an int; LaunchConfig rejects a bad
-        # length
+        # ints, two flags as bools, maxnreg, four more flags, an int, a flag; LaunchConfig
+        # rejects a bad length
         args: list[Any] = [*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6]]
-        return LaunchConfig(*args, *(bool(x) for x in vals[6:10]), *vals[10:])
+        args += [*(bool(x) for x in vals[6:10]), *vals[10:11], *(bool(x) for x in vals[11:])]
+        return LaunchConfig(*args)
     # Measured on the H100 (docs/performance.md, benchmarks/RESULTS.md; sweeps of 2026-11-22).
     # Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
@@ -85,12 +87,14 @@ def launch_config(
     # with bf16 / fp16 caches where it measured faster (H100, 2026-11-27, benchmarks/RESULTS.md
     # "Session 12"): D = 128 at T = 17..64 (0.93-0.99x, Qwen3-8B / -32B shapes; slower from 96
     # and up to 16), D = 64 at T <= 1024 but 9..16 (0.91-0.99x, gpt-oss-20b shape).
+    # PRE_WAIT (pre_wait) at decode sizes: the position and its cos/sin row are loaded while the
+    # previous kernel still runs, one round trip less after the wait (docs/performance.md).
     d64 = head_dim == 64 and not fp8_cache
     if num_tokens <= 8:
         if d64:  # 8 query heads or 2 key/value heads a program (0.91-0.97x one-head programs)
             bh = min(8, next_pow2(max_heads))
-            return LaunchConfig(bh, 4, ORDER_2D, load_barrier=True, kv_block_h=2)
-        return LaunchConfig(1, 4, ORDER_2D)
+            return LaunchConfig(bh, 4, ORDER_2D, kv_block_h=2, pre_wait=True)
+        return LaunchConfig(1, 4, ORDER_2D, pre_wait=True)
     if num_tokens <= 64:
         bh = min(_pow2_floor(512 // head_dim), 32, next_pow2(max_heads))
         lb = head_dim in (64, 128) and not fp8_cache and num_tokens > 16
@@ -140,7 +144,7 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # Worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the row's swept T (H100). Rows to
     # 32: 2026-11-27 and session 8; from 33: LOAD_BARRIER layouts (2026-11-27, .scratch A/B of
     # 12 candidates at T 16..8192, 3 rounds; benchmarks/RESULTS.md "Session 12").
-    (8, LaunchConfig(4, 4, ORDER_2D, pos_last=True, early_release=True)),  # 1.023 (wait: 1.060)
+    (8, LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True)),
     (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.017 (1 x 1 with POS_LAST: 1.094)
     (64, LaunchConfig(4, 4, ORDER_2D, load_barrier=True)),  # 1.071 (POS_LAST: 1.130)
     # separate programs of 8 query heads or 2 key/value heads up to 160 tokens: 1.052-1.065
@@ -154,7 +158,7 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
 )
 # Other head sizes: one head x one warp up to 8 tokens, then launch_config's layout.
 QK_NORM_LAYOUTS_OTHER: tuple[tuple[int, LaunchConfig | None], ...] = (
-    (8, LaunchConfig(1, 1, ORDER_2D, pos_last=True)),
+    (8, LaunchConfig(1, 1, ORDER_2D, pre_wait=True)),
     (1 << 62, None),
 )
 # The rows with None (launch_config's layout) load the position last up to this many tokens.
@@ -177,6 +181,8 @@ def qk_norm_launch_config(num_tokens: int, max_heads: int, head_dim: int) -> Lau
 
 def _pos_last_mode(cfg: LaunchConfig, merged: bool) -> int:
     """The kernel's POS_LAST for a layout (see rope_kv_kernel)."""
+    if cfg.pre_wait:
+        return 4
     if cfg.load_barrier:
         return 3
     if cfg.pos_last:

@@ -40,11 +40,14 @@ def _layouts():
         LaunchConfig(2, 4, ORDER_KV_FIRST, merged=True, hoist=True, load_barrier=True),
         LaunchConfig(4, 2, ORDER_TOKEN, merged=True, spread=True, load_barrier=True),
         LaunchConfig(4, 4, ORDER_2D, load_barrier=True, kv_block_h=1),
+        LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True),
+        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, pre_wait=True),
     ]
 
 
 IDS = ["1x1", "4x4", "merged", "kv-first", "spread", "hoist", "hoist-kv-first", "hoist-spread"]
 IDS += ["lb-1x1", "lb-4x4", "lb-merged", "lb-hoist-kv-first", "lb-spread", "lb-kv1"]
+IDS += ["pw-4x4", "pw-hoist"]
 
 
 @pytest.fixture
@@ -107,6 +110,7 @@ def test_plan_pos_last_follows_the_table(num_tokens):
     # 2: behind a barrier (merged programs without HOIST)
     want = (2 if cfg.merged and not cfg.hoist else 1) if cfg.pos_last else 0
     want = 3 if cfg.load_barrier else want
+    want = 4 if cfg.pre_wait else want  # PRE_WAIT: the position and cos/sin before the wait
     for kv_dtype in (None, torch.bfloat16, torch.float8_e4m3fn):
         c = _plan(num_tokens, kv_dtype).constexprs
         assert c["POS_LAST"] == want and c["HOIST"] == (cfg.merged and cfg.hoist)
