@@ -144,6 +144,9 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # Worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the row's swept T (H100). Rows to
     # 32: 2026-11-27 and session 8; from 33: LOAD_BARRIER layouts (2026-11-27, .scratch A/B of
     # 12 candidates at T 16..8192, 3 rounds; benchmarks/RESULTS.md "Session 12").
+    # Up to 8: PRE_WAIT (2026-11-27, tune_qk_norm.py row 8, 2 rounds): 0.97-1.08 µs against
+    # 0.98-1.15 with POS_LAST 1 (the old row); ratio 1.229 / 1.063 at T = 1 (8B / 32B), where
+    # RoPE + KV alone with PRE_WAIT takes 0.80 / 0.91 µs, 1.04 / 1.00 at 4, 1.04 / 0.87 at 8.
     (8, LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True)),
     (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.017 (1 x 1 with POS_LAST: 1.094)
     (64, LaunchConfig(4, 4, ORDER_2D, load_barrier=True)),  # 1.071 (POS_LAST: 1.130)
