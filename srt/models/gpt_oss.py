@@ -65,11 +65,12 @@ class GptOssMLP(nn.Module):
         that the next layer's input norm (or the final norm) adds up with its residual."""
         if self.experts.takes_x_f16(x):  # x's fp16 words for the experts, with the routing
             p = self.router._parameters  # read directly: no nn.Module.__getattr__ per call
-            if fused_route_fits(x, p["weight"], self.top_k):
+            w = cast(torch.Tensor, p["weight"])
+            if fused_route_fits(x, w, self.top_k):
                 # the router GEMM, the routing and the words in one launch
                 counts = self._route_counts.get(x.shape[0], x.device)
                 weights, ids, x_f16 = router_select_experts_x_f16(
-                    x, p["weight"], p["bias"], self.top_k, counts, weights_dtype=x.dtype
+                    x, w, p["bias"], self.top_k, counts, weights_dtype=x.dtype
                 )
             else:
                 logits, _ = self.router(x)  # [T, E]
