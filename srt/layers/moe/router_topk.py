@@ -24,7 +24,7 @@ from sgl_ext._common import next_pow2
 from sgl_ext.triton.launcher import cached_launcher
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne
-from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, pair_position
+from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, pair_position, row_f16_scale
 from srt.layers.moe.topk import topk_softmax_row
 
 MAX_TOKENS = 32  # more: router GEMM + routing kernel (bench_router: 9.5 vs 11.0 µs at 64)
@@ -77,15 +77,12 @@ def _router_topk_kernel(
         logit += b.to(tl.float32)
     tl.store(Logits + t * E + e, cast_rne(logit, Logits.dtype.element_ty, EMULATE), mask=em)
     # this program's share of row t's fp16 words (the scale needs the whole row's max)
-    m = tl.max(tl.abs(x), axis=0)
-    ex = ((m.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
-    s = tl.minimum(tl.maximum(141 - ex, -126), 126)
-    up = ((s + 127) << 23).to(tl.float32, bitcast=True)
+    up, inv = row_f16_scale(x)
     share = tl.cdiv(K, progs)
     mine = km & (k >= j * share) & (k < (j + 1) * share)
     tl.store(X16 + t * stride_hm + pair_position(k), (x * up).to(tl.float16), mask=mine)
     if j == 0:
-        tl.store(Inv + t, ((127 - s) << 23).to(tl.float32, bitcast=True))
+        tl.store(Inv + t, inv)
     # every thread's stores are issued, then one release + acquire ticket for the program
     tl.debug_barrier()
     ticket = tl.atomic_add(Count + t, 1, sem="acq_rel", scope="gpu")

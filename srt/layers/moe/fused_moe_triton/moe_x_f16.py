@@ -32,18 +32,26 @@ def pair_position(k):
 
 
 @triton.jit
-def row_to_f16(x_row, x16_row, inv_ptr, K, BLOCK: tl.constexpr):
-    """One row of x (K elements) -> its fp16 words in pair order, times 2**s (the row's max |x|
-    * 2**s in [2**14, 2**15)), and 2**-s to *inv_ptr."""
-    k = tl.arange(0, BLOCK)
-    ok = k < K
-    x = tl.load(x_row + k, mask=ok, other=0.0).to(tl.float32)
+def row_f16_scale(x):
+    """(2**s, 2**-s) of a float32 row x: the row's max |x| * 2**s in [2**14, 2**15)."""
     m = tl.max(tl.abs(x), axis=0)
     e = ((m.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)  # biased exponent of the max
     s = tl.minimum(tl.maximum(141 - e, -126), 126)  # 14 - floor(log2 max), 0 and tiny: 126
     up = ((s + 127) << 23).to(tl.float32, bitcast=True)  # 2**s
+    inv = ((127 - s) << 23).to(tl.float32, bitcast=True)  # 2**-s
+    return up, inv
+
+
+@triton.jit
+def row_to_f16(x_row, x16_row, inv_ptr, K, BLOCK: tl.constexpr):
+    """One row of x (K elements) -> its fp16 words in pair order, times 2**s (row_f16_scale),
+    and 2**-s to *inv_ptr."""
+    k = tl.arange(0, BLOCK)
+    ok = k < K
+    x = tl.load(x_row + k, mask=ok, other=0.0).to(tl.float32)
+    up, inv = row_f16_scale(x)
     tl.store(x16_row + pair_position(k), (x * up).to(tl.float16), mask=ok)
-    tl.store(inv_ptr, ((127 - s) << 23).to(tl.float32, bitcast=True))
+    tl.store(inv_ptr, inv)
 
 
 @triton.jit
