@@ -173,10 +173,10 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         self._kv_args[layer.layer_id] = (pool, layer.k_scale, layer.v_scale, kv)
         return kv
 
-    def _splits(self, batch_size: int, num_kv_heads: int) -> int:
+    def _splits(self, batch_size: int, num_kv_heads: int, window: int = -1) -> int:
         if self.num_kv_splits is not None:
             return self.num_kv_splits
-        return num_kv_splits(batch_size, num_kv_heads, self._num_sms)
+        return num_kv_splits(batch_size, num_kv_heads, self._num_sms, window)
 
     def _decode_scratch(
         self, B: int, Hq: int, Dv: int, splits: int, device: torch.device
@@ -271,7 +271,7 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         """The decode launch of this call shape and the scratch it writes."""
         B, Hq, _ = q3.shape
         Dv = o.shape[-1]
-        splits = self._splits(B, layer.tp_k_head_num)
+        splits = self._splits(B, layer.tp_k_head_num, layer.sliding_window_size)
         mid_o, mid_lse = (
             self._decode_scratch(B, Hq, Dv, splits, q3.device) if splits > 1 else (None, None)
         )

@@ -264,6 +264,9 @@ MAX_KV_SPLITS = 16
 SPLIT_ALIGN = 16  # chunk boundaries are multiples of this many keys
 # Programs per SM the split heuristic aims for (enough resident programs to keep loads in flight).
 _WAVES = 2
+# Sliding windows with fewer keys than this take one program per (request, KV head): three
+# 64-key tiles at most
+WINDOW_ONE_SPLIT_KEYS = 192
 
 
 @dataclass(frozen=True)
@@ -285,13 +288,18 @@ def decode_config(batch_size: int, num_splits: int, head_dim: int) -> DecodeConf
     return DecodeConfig(64, 4, 3)
 
 
-def num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
-    """KV splits per request: enough programs for ~_WAVES per SM, a power of two.
+def num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int, window: int = -1) -> int:
+    """KV splits per request: enough programs for ~_WAVES per SM, a power of two; one for a
+    sliding window of at most WINDOW_ONE_SPLIT_KEYS keys (window >= 0: window-left W, W + 1
+    keys), whose few tiles one program streams faster than split programs plus the merge kernel
+    (gpt-oss-20b bs 1, window 128: decode graph -9 to -13 µs, 12 such layers; RESULTS.md).
 
     Depends on the batch size rounded up to a power of two, so a CUDA-graph bucket (1, 2, 4, 8,
     then multiples of 8, always within the same power-of-two range) splits exactly like the eager
     batch it serves and both give the same bits.
     """
+    if 0 <= window < WINDOW_ONE_SPLIT_KEYS:
+        return 1
     b = _pow2(max(1, batch_size))
     want = max(1, _WAVES * num_sms // (b * num_kv_heads))
     return min(MAX_KV_SPLITS, 1 << (want.bit_length() - 1))

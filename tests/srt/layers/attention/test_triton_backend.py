@@ -120,6 +120,22 @@ def test_num_kv_splits_same_for_graph_bucket_and_eager_batch():
     assert num_kv_splits(1, 8, 132) == 16 and num_kv_splits(64, 8, 132) == 1
 
 
+def test_num_kv_splits_short_window_takes_one_program():
+    """A sliding window of fewer than WINDOW_ONE_SPLIT_KEYS keys runs unsplit (no merge kernel);
+    longer windows and full attention split as before."""
+    from srt.layers.attention.triton_ops.decode_attention import (
+        WINDOW_ONE_SPLIT_KEYS,
+        num_kv_splits,
+    )
+
+    for b in (1, 7, 64):
+        assert num_kv_splits(b, 8, 132, window=0) == 1
+        assert num_kv_splits(b, 8, 132, window=WINDOW_ONE_SPLIT_KEYS - 1) == 1
+        for w in (WINDOW_ONE_SPLIT_KEYS, 4096, -1):
+            assert num_kv_splits(b, 8, 132, window=w) == num_kv_splits(b, 8, 132)
+    assert num_kv_splits(1, 8, 132, window=127) == 1  # gpt-oss's sliding layers
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["triton", "native"])
 def test_decode_cuda_graph_replay_equals_eager(name):
