@@ -254,7 +254,15 @@ class DecoderLayer(nn.Module):
             hidden_states = mods["input_layernorm"](hidden_states)
         else:
             hidden_states, residual = mods["input_layernorm"](hidden_states, residual, inplace=True)
-        hidden_states = mods["self_attn"](positions, hidden_states, forward_batch)
+        attn_out: torch.Tensor = mods["self_attn"](positions, hidden_states, forward_batch)
+        return self.norm_and_mlp(attn_out, residual)
+
+    def norm_and_mlp(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor | TopKPairs, torch.Tensor]:
+        """The post-attention norm (residual add in place), then the MLP: (its output,
+        residual). A layer whose MLP can take the norm into its first kernel overrides this."""
+        mods: dict[str, Any] = self._modules
         hidden_states, residual = mods["post_attention_layernorm"](
             hidden_states, residual, inplace=True
         )

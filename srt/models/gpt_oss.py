@@ -18,10 +18,12 @@ import torch
 from torch import nn
 
 from srt.configs.model_config import ModelConfig
+from srt.layers.layernorm import RMSNorm
 from srt.layers.linear import ReplicatedLinear
 from srt.layers.moe import TopKExperts, select_experts
 from srt.layers.moe.router_topk import (
     TicketCounts,
+    add_rmsnorm_router_select_experts_x_f16,
     fused_route_fits,
     router_select_experts_x_f16,
 )
@@ -83,6 +85,39 @@ class GptOssMLP(nn.Module):
         weights, ids = select_experts(logits, self.top_k, weights_dtype=x.dtype)
         return self.experts(x, weights, ids, combine=False)
 
+    def forward_add_norm(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> TopKPairs | torch.Tensor | None:
+        """forward(norm(hidden, residual, inplace=True)[0]) with the norm inside the fused
+        router's launch (residual takes the sum in place; hidden is left as it is), where that
+        launch serves the call; None (nothing done) otherwise."""
+        p = self.router._parameters  # read directly: no nn.Module.__getattr__ per call
+        w = cast(torch.Tensor, p["weight"])
+        nw = cast(torch.Tensor, norm._parameters["weight"])
+        if not (
+            norm.weight_in_fp32
+            and self.experts.takes_x_f16(hidden)
+            and fused_route_fits(hidden, w, self.top_k)
+            and residual.shape == hidden.shape
+            and residual.dtype == hidden.dtype
+            and residual.stride(1) == 1
+            and nw.is_cuda
+        ):
+            return None
+        counts = self._route_counts.get(hidden.shape[0], hidden.device)
+        r = add_rmsnorm_router_select_experts_x_f16(
+            hidden,
+            residual,
+            nw,
+            norm.variance_epsilon,
+            w,
+            p["bias"],
+            self.top_k,
+            counts,
+            weights_dtype=hidden.dtype,
+        )
+        return self.experts(r.x, r.weights, r.ids, x_f16=r.x_f16, combine=False)
+
 
 class GptOssAttention(RopeAttention):
     """qkv (with bias) -> YaRN RoPE (+ fused KV write) -> attention with sinks (and a sliding
@@ -99,6 +134,19 @@ class GptOssDecoderLayer(DecoderLayer):
 
     def build_mlp(self, config: ModelConfig, tp_rank: int, tp_size: int) -> nn.Module:
         return GptOssMLP(config, tp_rank, tp_size)
+
+    def norm_and_mlp(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor | TopKPairs, torch.Tensor]:
+        """The post-attention norm inside the fused router's launch where it serves the call
+        (GptOssMLP.forward_add_norm), else the norm, then the MLP."""
+        mods = self._modules
+        out = mods["mlp"].forward_add_norm(  # type: ignore[union-attr,operator]
+            hidden_states, residual, mods["post_attention_layernorm"]
+        )
+        if out is None:
+            return super().norm_and_mlp(hidden_states, residual)
+        return out, residual
 
 
 class GptOssModel(DecoderModel):

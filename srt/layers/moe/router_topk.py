@@ -15,6 +15,8 @@ read the same way whatever the order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -49,6 +51,12 @@ def _router_topk_kernel(
     stride_xm,
     stride_wn,
     stride_hm,
+    R,  # ADD_NORM: [T, K] residual (read; the token's last program writes X + R into it)
+    NW,  # ADD_NORM: [K] the norm's weight (applied in float32)
+    XN,  # ADD_NORM: [T, K] x's dtype: the normalised row
+    stride_rm,
+    stride_nm,
+    eps,
     TOP_K: tl.constexpr,
     EPB: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -56,6 +64,7 @@ def _router_topk_kernel(
     BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EMULATE: tl.constexpr,
+    ADD_NORM: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
@@ -70,16 +79,26 @@ def _router_topk_kernel(
     w = tl.load(w_ptrs, mask=em[:, None] & km[None, :], other=0.0)
     if HAS_BIAS:
         b = tl.load(Bias + e, mask=em, other=0.0)
+    if ADD_NORM:
+        nw = tl.load(NW + k, mask=km, other=0.0).to(tl.float32)
     pdl_enter(USE_PDL)
     x = tl.load(X + t * stride_xm + k, mask=km, other=0.0).to(tl.float32)  # [BLOCK_K]
+    share = tl.cdiv(K, progs)
+    mine = km & (k >= j * share) & (k < (j + 1) * share)
+    if ADD_NORM:  # fused_add_rmsnorm's arithmetic (weight in float32), row t in every program
+        res = tl.load(R + t * stride_rm + k, mask=km, other=0.0).to(tl.float32)
+        xs = cast_rne(x + res, Logits.dtype.element_ty, EMULATE)  # the residual stream
+        x = xs.to(tl.float32)
+        var = tl.sum(x * x, axis=0) / K
+        x = cast_rne(x * tl.rsqrt(var + eps) * nw, Logits.dtype.element_ty, EMULATE)
+        tl.store(XN + t * stride_nm + k, x, mask=mine)
+        x = x.to(tl.float32)
     logit = tl.sum(w.to(tl.float32) * x[None, :], axis=1)  # [EPB]
     if HAS_BIAS:
         logit += b.to(tl.float32)
     tl.store(Logits + t * E + e, cast_rne(logit, Logits.dtype.element_ty, EMULATE), mask=em)
     # this program's share of row t's fp16 words (the scale needs the whole row's max)
     up, inv = row_f16_scale(x)
-    share = tl.cdiv(K, progs)
-    mine = km & (k >= j * share) & (k < (j + 1) * share)
     tl.store(X16 + t * stride_hm + pair_position(k), (x * up).to(tl.float16), mask=mine)
     if j == 0:
         tl.store(Inv + t, inv)
@@ -88,6 +107,8 @@ def _router_topk_kernel(
     ticket = tl.atomic_add(Count + t, 1, sem="acq_rel", scope="gpu")
     if ticket == progs - 1:  # the token's last program: all its logits are in
         tl.store(Count + t, 0)  # no other program of this launch touches it again
+        if ADD_NORM:  # every program has read row t of R: the sum may replace it
+            tl.store(R + t * stride_rm + k, xs, mask=km)
         ee = tl.arange(0, BLOCK_E)
         valid = ee < E
         row = tl.load(
@@ -156,19 +177,102 @@ def router_select_experts_x_f16(
     `select_experts_x_f16(x @ weight.T + bias, top_k, x)` returns for the same logits (the
     logits rounded to x's dtype, ties to the lowest expert id).
     """
+    _check(x, weight, bias, top_k, counts)
+    r = _launch(x, weight, bias, top_k, counts, weights_dtype, None)
+    return r.weights, r.ids, r.x_f16
+
+
+@dataclass(frozen=True)
+class FusedRoute:
+    """What `add_rmsnorm_router_select_experts_x_f16` returns: the normalised input x [T, H]
+    (x's dtype), the routing (weights [T, k], int64 ids [T, k]) and x's fp16 words."""
+
+    x: torch.Tensor
+    weights: torch.Tensor
+    ids: torch.Tensor
+    x_f16: XF16
+
+
+def add_rmsnorm_router_select_experts_x_f16(
+    hidden: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    counts: torch.Tensor,
+    *,
+    weights_dtype: torch.dtype,
+) -> FusedRoute:
+    """The residual add + RMSNorm before the router (weight applied in float32, gpt-oss's
+    order: `fused_add_rmsnorm(..., weight_in_fp32=True)`'s arithmetic) and
+    `router_select_experts_x_f16` of its output, in one launch.
+
+    Parameters
+    ----------
+    hidden : bf16 [T, H] (the attention block's output), as x of `router_select_experts_x_f16`.
+    residual : bf16 [T, H], rows contiguous: receives hidden + residual (rounded to bf16), as
+        the in-place fused_add_rmsnorm leaves it.
+    norm_weight : [H] contiguous, any float dtype (applied in float32); eps : the norm's epsilon.
+    weight, bias, top_k, counts, weights_dtype : as in `router_select_experts_x_f16`.
+
+    Returns
+    -------
+    FusedRoute: the normalised row (a new tensor; hidden is not written), the routing of its
+    logits and its fp16 words.
+    """
+    _check(hidden, weight, bias, top_k, counts)
+    T, H = hidden.shape
+    if residual.shape != hidden.shape or residual.dtype != hidden.dtype:
+        raise ValueError(
+            f"residual must be {hidden.dtype} {tuple(hidden.shape)}, got {residual.dtype} "
+            f"{tuple(residual.shape)}"
+        )
+    if residual.stride(1) != 1 or residual.device != hidden.device:
+        raise ValueError("residual must have contiguous rows on hidden's device")
+    if tuple(norm_weight.shape) != (H,) or norm_weight.stride(0) != 1:
+        raise ValueError(f"norm_weight must be contiguous [{H}], got {tuple(norm_weight.shape)}")
+    if not norm_weight.is_floating_point() or norm_weight.device != hidden.device:
+        raise ValueError("norm_weight must be a float tensor on hidden's device")
+    return _launch(hidden, weight, bias, top_k, counts, weights_dtype, (residual, norm_weight, eps))
+
+
+def _check(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, counts
+) -> None:
     if not fused_route_fits(x, weight, top_k):
         raise ValueError("router_select_experts_x_f16: shapes outside fused_route_fits")
-    T, H = x.shape
+    T = x.shape[0]
     E = weight.shape[0]
     if counts.dtype != torch.int32 or tuple(counts.shape) != (T,) or counts.stride(0) != 1:
         raise ValueError(f"counts must be contiguous int32 [{T}] (TicketCounts.get)")
     if bias is not None and tuple(bias.shape) != (E,):
         raise ValueError(f"bias must be [{E}], got {tuple(bias.shape)}")
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    counts: torch.Tensor,
+    weights_dtype: torch.dtype,
+    norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+) -> FusedRoute:
+    """One launch on checked arguments; norm: (residual, norm weight, eps) for ADD_NORM."""
+    T, H = x.shape
+    E = weight.shape[0]
     dev = x.device
     logits = torch.empty(T, E, dtype=x.dtype, device=dev)
     weights = torch.empty(T, top_k, dtype=weights_dtype, device=dev)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=dev)
     xf = XF16.empty(T, H, dev)
+    if norm is not None:
+        residual, norm_weight, eps = norm
+        xn = torch.empty_like(x, memory_format=torch.contiguous_format)
+    else:  # dummies, never read or written without ADD_NORM
+        residual, norm_weight, eps, xn = x, x, 0.0, x
     epb = 1
     block_k = triton.next_power_of_2(H)
     cached_launcher(_router_topk_kernel)[(T, triton.cdiv(E, epb))](
@@ -186,6 +290,12 @@ def router_select_experts_x_f16(
         x.stride(0),
         weight.stride(0),
         xf.words.stride(0),
+        residual,
+        norm_weight,
+        xn,
+        residual.stride(0),
+        xn.stride(0),
+        float(eps),
         TOP_K=top_k,
         EPB=epb,
         BLOCK_E=triton.next_power_of_2(E),
@@ -193,6 +303,7 @@ def router_select_experts_x_f16(
         BLOCK_K=block_k,
         HAS_BIAS=bias is not None,
         EMULATE=interpreting(),
+        ADD_NORM=norm is not None,
         num_warps=4 if block_k > 512 else 1,
     )
-    return weights, ids, xf
+    return FusedRoute(xn, weights, ids, xf)

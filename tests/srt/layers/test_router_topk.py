@@ -5,9 +5,11 @@ CPU, compiled on CUDA."""
 import pytest
 import torch
 
+from sgl_ext.norm import fused_add_rmsnorm, fused_add_rmsnorm_native
 from srt.layers.moe.fused_moe_triton.moe_x_f16 import x_to_f16
 from srt.layers.moe.router_topk import (
     TicketCounts,
+    add_rmsnorm_router_select_experts_x_f16,
     fused_route_fits,
     router_select_experts_x_f16,
 )
@@ -133,3 +135,89 @@ def test_graph_replay_equals_eager_and_unfused_routing():
         same = (uids == eids).all(dim=1)  # cuBLAS may round a logit differently
         assert same.float().mean() >= 0.75
         assert torch.equal(uw[same], ew[same])
+
+
+def _norm_problem(T, H, E, seed):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(T, H, generator=g).to(DEV, torch.bfloat16)
+    r = (torch.randn(T, H, generator=g) * 4).to(DEV, torch.bfloat16)
+    nw = (1 + 0.3 * torch.randn(H, generator=g)).to(DEV)  # float32, as gpt-oss keeps it
+    w = (torch.randn(E, H, generator=g) * 0.05).to(DEV, torch.bfloat16)
+    b = torch.randn(E, generator=g).to(DEV, torch.bfloat16)
+    return h, r, nw, w, b
+
+
+@pytest.mark.parametrize("T, H", [(1, 2880), (7, 2880), (3, 96)])
+def test_add_norm_variant_is_the_norm_then_the_router(T, H):
+    """The residual add + RMSNorm inside the router launch: residual takes hidden + residual
+    exactly, the normalised row is fused_add_rmsnorm's (float32 weight) to bf16 rounding, and
+    the routing and fp16 words are the plain fused router's on that row, bit for bit."""
+    E, k, eps = 32, 4, 1e-5
+    h, r, nw, w, b = _norm_problem(T, H, E, seed=T + H)
+    h0, r0 = h.clone(), r.clone()
+    counts = TicketCounts().get(T, h.device)
+    out = add_rmsnorm_router_select_experts_x_f16(
+        h, r, nw, eps, w, b, k, counts, weights_dtype=torch.bfloat16
+    )
+    ref_x, ref_sum = fused_add_rmsnorm_native(h0, r0, nw, eps, weight_in_fp32=True)
+    assert torch.equal(r, ref_sum) and torch.equal(h, h0)  # hidden is not written
+    assert out.x.dtype == torch.bfloat16 and out.x.shape == (T, H)
+    torch.testing.assert_close(out.x.double(), ref_x.double(), atol=1e-2, rtol=1e-2)
+    again = TicketCounts().get(T, h.device)
+    rw, rids, rxf = router_select_experts_x_f16(out.x, w, b, k, again, weights_dtype=torch.bfloat16)
+    assert torch.equal(out.ids, rids) and torch.equal(out.weights, rw)
+    assert torch.equal(out.x_f16.words, rxf.words) and torch.equal(out.x_f16.inv, rxf.inv)
+    assert not counts.any()
+
+
+def test_add_norm_bad_arguments_raise_before_launch():
+    T, H, E = 2, 64, 8
+    h, r, nw, w, b = _norm_problem(T, H, E, seed=5)
+    r0 = r.clone()
+    counts = TicketCounts().get(T, h.device)
+    call = add_rmsnorm_router_select_experts_x_f16
+    with pytest.raises(ValueError, match="residual"):
+        call(h, r[:1], nw, 1e-5, w, b, 2, counts, weights_dtype=torch.float32)
+    with pytest.raises(ValueError, match="residual"):
+        call(h, r.float(), nw, 1e-5, w, b, 2, counts, weights_dtype=torch.float32)
+    with pytest.raises(ValueError, match="residual"):
+        call(h, r.t().contiguous().t(), nw, 1e-5, w, b, 2, counts, weights_dtype=torch.float32)
+    with pytest.raises(ValueError, match="norm_weight"):
+        call(h, r, nw[:-1], 1e-5, w, b, 2, counts, weights_dtype=torch.float32)
+    with pytest.raises(ValueError, match="norm_weight"):
+        call(h, r, nw.int(), 1e-5, w, b, 2, counts, weights_dtype=torch.float32)
+    with pytest.raises(ValueError, match="bias"):
+        call(h, r, nw, 1e-5, w, w[0], 2, counts, weights_dtype=torch.float32)
+    assert torch.equal(r, r0) and not counts.any()
+
+
+@gpu
+def test_add_norm_variant_graph_equals_eager_and_norm_kernel():
+    """Captured once, replayed on new inputs: the eager call's bits; the normalised row against
+    the fused_add_rmsnorm kernel's (the sum of squares may add in another order: bf16 ulps)."""
+    T, E, k, H = 4, 32, 4, 2880
+    h, r, nw, w, b = _norm_problem(T, H, E, seed=11)
+    hs, rs = h.clone(), r.clone()
+    tc = TicketCounts()
+    call = add_rmsnorm_router_select_experts_x_f16
+    call(h.clone(), r.clone(), nw, 1e-5, w, b, k, tc.get(T, h.device), weights_dtype=h.dtype)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g = call(hs, rs, nw, 1e-5, w, b, k, tc.get(T, h.device), weights_dtype=h.dtype)
+    for seed in range(3):
+        gen = torch.Generator("cuda").manual_seed(seed)
+        h_new = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+        r_new = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) * 4
+        hs.copy_(h_new)
+        rs.copy_(r_new)
+        graph.replay()
+        r_eager = r_new.clone()
+        e = call(h_new, r_eager, nw, 1e-5, w, b, k, tc.get(T, h.device), weights_dtype=h.dtype)
+        torch.cuda.synchronize()
+        assert torch.equal(g.x, e.x) and torch.equal(rs, r_eager)
+        assert torch.equal(g.ids, e.ids) and torch.equal(g.weights, e.weights)
+        assert torch.equal(g.x_f16.words, e.x_f16.words)
+        kx, ks = fused_add_rmsnorm(h_new, r_new, nw, 1e-5, weight_in_fp32=True, inplace=False)
+        assert torch.equal(ks, r_eager)
+        torch.testing.assert_close(e.x.float(), kx.float(), atol=0, rtol=2**-7)
