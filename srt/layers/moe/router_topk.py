@@ -235,7 +235,17 @@ def add_rmsnorm_router_select_experts_x_f16(
         raise ValueError(f"norm_weight must be contiguous [{H}], got {tuple(norm_weight.shape)}")
     if not norm_weight.is_floating_point() or norm_weight.device != hidden.device:
         raise ValueError("norm_weight must be a float tensor on hidden's device")
-    return _launch(hidden, weight, bias, top_k, counts, weights_dtype, (residual, norm_weight, eps))
+    norm = _AddNorm(residual, norm_weight, float(eps))
+    return _launch(hidden, weight, bias, top_k, counts, weights_dtype, norm)
+
+
+@dataclass(frozen=True)
+class _AddNorm:
+    """The ADD_NORM variant's operands: the residual (written), the norm's weight, eps."""
+
+    residual: torch.Tensor
+    weight: torch.Tensor
+    eps: float
 
 
 def _check(
@@ -258,9 +268,9 @@ def _launch(
     top_k: int,
     counts: torch.Tensor,
     weights_dtype: torch.dtype,
-    norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+    norm: _AddNorm | None,
 ) -> FusedRoute:
-    """One launch on checked arguments; norm: (residual, norm weight, eps) for ADD_NORM."""
+    """One launch on checked arguments (norm: the ADD_NORM variant's operands)."""
     T, H = x.shape
     E = weight.shape[0]
     dev = x.device
@@ -269,7 +279,7 @@ def _launch(
     ids = torch.empty(T, top_k, dtype=torch.int64, device=dev)
     xf = XF16.empty(T, H, dev)
     if norm is not None:
-        residual, norm_weight, eps = norm
+        residual, norm_weight, eps = norm.residual, norm.weight, norm.eps
         xn = torch.empty_like(x, memory_format=torch.contiguous_format)
     else:  # dummies, never read or written without ADD_NORM
         residual, norm_weight, eps, xn = x, x, 0.0, x
@@ -295,7 +305,7 @@ def _launch(
         xn,
         residual.stride(0),
         xn.stride(0),
-        float(eps),
+        eps,
         TOP_K=top_k,
         EPB=epb,
         BLOCK_E=triton.next_power_of_2(E),
