@@ -23,6 +23,7 @@ from srt.layers.linear import ReplicatedLinear
 from srt.layers.moe import TopKExperts, select_experts
 from srt.layers.moe.router_topk import (
     TicketCounts,
+    add_norm_fits,
     add_rmsnorm_router_select_experts_x_f16,
     fused_route_fits,
     router_select_experts_x_f16,
@@ -65,58 +66,61 @@ class GptOssMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor | TopKPairs:
         """x [T, H] -> [T, H], or the experts' weighted pair rows (TopKPairs, Triton path at tp 1)
         that the next layer's input norm (or the final norm) adds up with its residual."""
-        if self.experts.takes_x_f16(x):  # x's fp16 words for the experts, with the routing
-            p = self.router._parameters  # read directly: no nn.Module.__getattr__ per call
+        return self._forward(x, self.experts.takes_x_f16(x))
+
+    def forward_add_norm(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> torch.Tensor | TopKPairs:
+        """forward(norm(hidden, residual, inplace=True)[0]): residual takes the sum in place. The
+        norm runs inside the fused router's launch where that launch serves the call (hidden
+        is then left as it is)."""
+        x_f16 = self.experts.takes_x_f16(hidden)
+        p = self.router._parameters  # read directly: no nn.Module.__getattr__ per call
+        w = cast(torch.Tensor, p["weight"])
+        nw = cast(torch.Tensor, norm._parameters["weight"])
+        if (
+            x_f16
+            and norm.weight_in_fp32
+            and fused_route_fits(hidden, w, self.top_k)
+            and add_norm_fits(hidden, residual, nw)
+        ):
+            counts = self._route_counts.get(hidden.shape[0], hidden.device)
+            r = add_rmsnorm_router_select_experts_x_f16(
+                hidden,
+                residual,
+                nw,
+                norm.variance_epsilon,
+                w,
+                p["bias"],
+                self.top_k,
+                counts,
+                weights_dtype=hidden.dtype,
+            )
+            return self.experts(r.x, r.weights, r.ids, x_f16=r.x_f16, combine=False)
+        x, _ = norm(hidden, residual, inplace=True)
+        return self._forward(x, x_f16)  # (the norm keeps shape and dtype: takes_x_f16 holds)
+
+    def _forward(self, x: torch.Tensor, x_f16: bool) -> torch.Tensor | TopKPairs:
+        """forward, given `self.experts.takes_x_f16(x)`."""
+        if x_f16:  # x's fp16 words for the experts, with the routing
+            p = self.router._parameters
             w = cast(torch.Tensor, p["weight"])
             if fused_route_fits(x, w, self.top_k):
                 # the router GEMM, the routing and the words in one launch
                 counts = self._route_counts.get(x.shape[0], x.device)
-                weights, ids, x_f16 = router_select_experts_x_f16(
+                weights, ids, x_f16_words = router_select_experts_x_f16(
                     x, w, p["bias"], self.top_k, counts, weights_dtype=x.dtype
                 )
             else:
                 logits, _ = self.router(x)  # [T, E]
-                weights, ids, x_f16 = select_experts_x_f16(
+                weights, ids, x_f16_words = select_experts_x_f16(
                     logits, self.top_k, x, weights_dtype=x.dtype
                 )
-            return self.experts(x, weights, ids, x_f16=x_f16, combine=False)
+            return self.experts(x, weights, ids, x_f16=x_f16_words, combine=False)
         logits, _ = self.router(x)  # [T, E]
         # [T, k] weights in x's dtype, expert ids
         weights, ids = select_experts(logits, self.top_k, weights_dtype=x.dtype)
         return self.experts(x, weights, ids, combine=False)
-
-    def forward_add_norm(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> TopKPairs | torch.Tensor | None:
-        """forward(norm(hidden, residual, inplace=True)[0]) with the norm inside the fused
-        router's launch (residual takes the sum in place; hidden is left as it is), where that
-        launch serves the call; None (nothing done) otherwise."""
-        p = self.router._parameters  # read directly: no nn.Module.__getattr__ per call
-        w = cast(torch.Tensor, p["weight"])
-        nw = cast(torch.Tensor, norm._parameters["weight"])
-        if not (
-            norm.weight_in_fp32
-            and self.experts.takes_x_f16(hidden)
-            and fused_route_fits(hidden, w, self.top_k)
-            and residual.shape == hidden.shape
-            and residual.dtype == hidden.dtype
-            and residual.stride(1) == 1
-            and nw.is_cuda
-        ):
-            return None
-        counts = self._route_counts.get(hidden.shape[0], hidden.device)
-        r = add_rmsnorm_router_select_experts_x_f16(
-            hidden,
-            residual,
-            nw,
-            norm.variance_epsilon,
-            w,
-            p["bias"],
-            self.top_k,
-            counts,
-            weights_dtype=hidden.dtype,
-        )
-        return self.experts(r.x, r.weights, r.ids, x_f16=r.x_f16, combine=False)
 
 
 class GptOssAttention(RopeAttention):
@@ -138,14 +142,12 @@ class GptOssDecoderLayer(DecoderLayer):
     def norm_and_mlp(
         self, hidden_states: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor | TopKPairs, torch.Tensor]:
-        """The post-attention norm inside the fused router's launch where it serves the call
-        (GptOssMLP.forward_add_norm), else the norm, then the MLP."""
+        """The post-attention norm, inside the fused router's launch where that serves the call
+        (GptOssMLP.forward_add_norm), then the MLP."""
         mods = self._modules
         out = mods["mlp"].forward_add_norm(  # type: ignore[union-attr,operator]
             hidden_states, residual, mods["post_attention_layernorm"]
         )
-        if out is None:
-            return super().norm_and_mlp(hidden_states, residual)
         return out, residual
 
 

@@ -151,6 +151,31 @@ def fused_route_fits(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
     )
 
 
+def add_norm_fits(hidden: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor) -> bool:
+    """Whether `add_rmsnorm_router_select_experts_x_f16` takes this residual and norm weight
+    (with `fused_route_fits` for the rest)."""
+    return _add_norm_problem(hidden, residual, norm_weight) is None
+
+
+def _add_norm_problem(
+    hidden: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor
+) -> str | None:
+    """What is wrong with the add-norm operands (None: nothing)."""
+    H = hidden.shape[-1]
+    if residual.shape != hidden.shape or residual.dtype != hidden.dtype:
+        return (
+            f"residual must be {hidden.dtype} {tuple(hidden.shape)}, got {residual.dtype} "
+            f"{tuple(residual.shape)}"
+        )
+    if residual.stride(-1) != 1 or residual.device != hidden.device:
+        return "residual must have contiguous rows on hidden's device"
+    if tuple(norm_weight.shape) != (H,) or norm_weight.stride(0) != 1:
+        return f"norm_weight must be contiguous [{H}], got {tuple(norm_weight.shape)}"
+    if not norm_weight.is_floating_point() or norm_weight.device != hidden.device:
+        return "norm_weight must be a float tensor on hidden's device"
+    return None
+
+
 def router_select_experts_x_f16(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -223,18 +248,9 @@ def add_rmsnorm_router_select_experts_x_f16(
     logits and its fp16 words.
     """
     _check(hidden, weight, bias, top_k, counts)
-    T, H = hidden.shape
-    if residual.shape != hidden.shape or residual.dtype != hidden.dtype:
-        raise ValueError(
-            f"residual must be {hidden.dtype} {tuple(hidden.shape)}, got {residual.dtype} "
-            f"{tuple(residual.shape)}"
-        )
-    if residual.stride(1) != 1 or residual.device != hidden.device:
-        raise ValueError("residual must have contiguous rows on hidden's device")
-    if tuple(norm_weight.shape) != (H,) or norm_weight.stride(0) != 1:
-        raise ValueError(f"norm_weight must be contiguous [{H}], got {tuple(norm_weight.shape)}")
-    if not norm_weight.is_floating_point() or norm_weight.device != hidden.device:
-        raise ValueError("norm_weight must be a float tensor on hidden's device")
+    problem = _add_norm_problem(hidden, residual, norm_weight)
+    if problem is not None:
+        raise ValueError(problem)
     norm = _AddNorm(residual, norm_weight, float(eps))
     return _launch(hidden, weight, bias, top_k, counts, weights_dtype, norm)
 
