@@ -140,7 +140,9 @@ t_qknorm() {
   # issue 17: the op's and Qwen3's GPU tests, then the tables (bf16 with the SGLang columns,
   # fp8 without). Prebuilt peer modules: benchmarks/prepare_peers.sh (else nvcc builds them).
   timeout 420 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_qk_norm_rope.py \
-    tests/srt/models/test_qwen3.py
+    tests/sgl_ext/test_qk_norm_layouts.py tests/srt/models/test_qwen3.py
+  timeout 120 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_compile_and_graphs.py \
+    -k qk_norm
   peers_env
   timeout 420 python benchmarks/bench_qk_norm_rope.py
   timeout 240 python benchmarks/bench_qk_norm_rope.py --kv-dtype fp8_e4m3 --no-peers \

@@ -1,4 +1,5 @@
-"""torch.compile (fullgraph) and CUDA-graph capture through the fused op."""
+"""torch.compile (fullgraph) and CUDA-graph capture through the fused ops: RoPE + KV write, and
+the q/k-norm + RoPE + KV write op."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import torch
 import sgl_ext
 from sgl_ext import FusedSetKVBufferArg
 from tests.sgl_ext.sgl_ext_testutil import make_cos_sin_cache
+from tests.sgl_ext.test_qk_norm_rope import EPS as QK_EPS
+from tests.sgl_ext.test_qk_norm_rope import _inputs as qk_inputs
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -131,3 +134,86 @@ def test_backends_agree_on_cuda(backend, kv_dtype, neox):
         if s >= 0:
             got, want = kbt_rows[s // 16, s % 16], kbn_rows[s // 16, s % 16]  # [H, D]
             assert torch.equal(got[same[i]], want[same[i]])
+
+
+# ------------------------------- the q/k-norm op (apply_qk_norm_rope_with_cos_sin_cache_inplace)
+def _qk_layer_step(pos, qkv, cs, qw, kw, kb, vb, loc, ks, vs, hq, hkv, d):
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views of qkv
+    arg = FusedSetKVBufferArg(v, kb, vb, ks, vs, loc)
+    sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(
+        pos, q, k, d, cs, qw, kw, QK_EPS, True, arg
+    )
+    return (q * 2).sum(-1) + k.float().sum(-1)
+
+
+def _qk_graph_inputs(device, t=6, hq=4, hkv=2, d=16, kv_dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randint(0, 64, (t,), generator=g).to(device)
+    qkv, qw, kw = qk_inputs(g, t, hq, hkv, d, d, torch.bfloat16)
+    kb = torch.zeros(4, 8, hkv, d, device=device, dtype=kv_dtype)  # paged [P, ps, H, D]
+    loc = torch.randperm(32, generator=g)[:t].to(device)
+    loc[0] = -1
+    return pos, qkv.to(device), qw.to(device), kw.to(device), kb, torch.zeros_like(kb), loc
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_qk_norm_compile_fullgraph_matches_eager(backend, device, kv_dtype):
+    if device == "cpu":
+        backend("native")
+    torch._dynamo.reset()
+    hq, hkv, d = 4, 2, 16
+    cs = make_cos_sin_cache(64, d).to(device)
+    ks = torch.tensor(0.5, device=device)
+    compiled = torch.compile(_qk_layer_step, fullgraph=True, dynamic=False)
+    for seed in range(2):
+        pos, qkv, qw, kw, kb, vb, loc = _qk_graph_inputs(device, kv_dtype=kv_dtype, seed=seed)
+        e_qkv, e_kb, e_vb = qkv.clone(), kb.clone(), vb.clone()
+        out_e = _qk_layer_step(pos, e_qkv, cs, qw, kw, e_kb, e_vb, loc, ks, 2.0, hq, hkv, d)
+        out_c = compiled(pos, qkv, cs, qw, kw, kb, vb, loc, ks, 2.0, hq, hkv, d)
+        torch.testing.assert_close(out_c, out_e)
+        assert torch.equal(qkv, e_qkv)
+        assert torch.equal(kb.view(torch.uint8), e_kb.view(torch.uint8))
+        assert torch.equal(vb.view(torch.uint8), e_vb.view(torch.uint8))
+        assert kb.view(torch.uint8).any()
+
+
+@gpu
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_qk_norm_cuda_graph_replay_with_new_inputs(backend, kv_dtype):
+    """Capture once; between replays change qkv, positions, slots, scales and norm weights."""
+    backend("triton")
+    hq, hkv, d, t = 8, 2, 128, 5
+    cs = make_cos_sin_cache(256, d).cuda()
+    pos, qkv, qw, kw, kb, vb, loc = _qk_graph_inputs("cuda", t, hq, hkv, d, kv_dtype)
+    ks, vs = torch.tensor([0.5], device="cuda"), torch.tensor([2.0], device="cuda")
+    static_qkv = qkv.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up (Triton compile) outside the graph
+        _qk_layer_step(
+            pos, qkv.clone(), cs, qw, kw, kb.clone(), vb.clone(), loc, ks, vs, hq, hkv, d
+        )
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _qk_layer_step(pos, static_qkv, cs, qw, kw, kb, vb, loc, ks, vs, hq, hkv, d)
+    g = torch.Generator().manual_seed(1)
+    for step in range(4):
+        new_qkv, new_qw, new_kw = qk_inputs(g, t, hq, hkv, d, d, torch.bfloat16)
+        static_qkv.copy_(new_qkv.cuda())
+        qw.copy_(new_qw.cuda())
+        kw.copy_(new_kw.cuda())
+        pos.copy_(torch.randint(0, 256, (t,), generator=g))
+        new_loc = torch.randperm(32, generator=g)[:t]
+        new_loc[step % t] = -1
+        loc.copy_(new_loc)
+        ks.fill_(0.25 + step)
+        vs.fill_(1.0 / (step + 1))
+        e_qkv, e_kb, e_vb = new_qkv.cuda(), kb.clone(), vb.clone()
+        _qk_layer_step(pos, e_qkv, cs, qw, kw, e_kb, e_vb, loc, ks, vs, hq, hkv, d)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_qkv, e_qkv)
+        assert torch.equal(kb.view(torch.uint8), e_kb.view(torch.uint8))
+        assert torch.equal(vb.view(torch.uint8), e_vb.view(torch.uint8))

@@ -1,14 +1,18 @@
 """The q/k-norm op's launch table (rope_kv_plan.QK_NORM_LAYOUTS) and the kernel's POS_LAST (the
 position loaded after every other load): float64-reference results and unchanged bits under
-each kind of program layout, and the plan's constexpr following the table."""
+each kind of program layout, and the plan's constexpr following the table. Then the q/k bits
+with and without the KV write (the fused and unfused Qwen3 paths agree bit for bit), for both
+sum-of-squares dtypes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sgl_ext import settings
-from tests.sgl_ext.test_qk_norm_rope import _plan, _qk_with_and_without_kv, run_case
+import sgl_ext
+from sgl_ext import FusedSetKVBufferArg, settings
+from tests.sgl_ext.sgl_ext_testutil import FP8, bits, make_cos_sin_cache
+from tests.sgl_ext.test_qk_norm_rope import EPS, _inputs, run_case
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -151,3 +155,131 @@ def test_cuda_pos_last_keeps_the_bits(backend, layout, num_tokens):
     for other in outs[1:]:
         for (f0, q0, k0), (f1, q1, k1) in zip(outs[0], other, strict=True):
             assert f0 == f1 and torch.equal(q0, q1) and torch.equal(k0, k1)
+
+
+# ------------------------------------------- q/k bits do not depend on the KV write (issue 17)
+def _qk_with_and_without_kv(device, t, hq, hkv, d, kv_dtype, seed, calls=2):
+    """q/k after the op without the KV write, then with it, on the same inputs; each `calls`
+    times (the first call of a plan goes through the JIT, later ones launch directly)."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv, qw, kw = _inputs(gen, t, hq, hkv, d, d, torch.bfloat16)
+    qkv, qw, kw = qkv.to(device), qw.to(device), kw.to(device)
+    max_pos = 8192
+    pos = torch.randint(0, max_pos, (t,), generator=gen).to(device)
+    cs = make_cos_sin_cache(max_pos, d).to(device)
+    page, slots = 16, 16 * (t // 16 + 2)
+    kb = torch.zeros(slots // page, page, hkv, d, dtype=kv_dtype, device=device)  # [P, ps, H, D]
+    loc = torch.randperm(slots, generator=gen)[:t].to(device)
+    ks = torch.tensor([0.5], device=device) if kv_dtype in FP8 else None
+    out = []
+    for fused in (False, True, False, True)[: 2 * calls]:
+        x = qkv.clone()
+        q, k, v = x.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views
+        arg = FusedSetKVBufferArg(v, kb, torch.zeros_like(kb), ks, ks, loc) if fused else None
+        sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(
+            pos, q, k, d, cs, qw, kw, EPS, True, arg
+        )
+        out.append((fused, bits(q.contiguous()).cpu(), bits(k.contiguous()).cpu()))
+    return out
+
+
+def _assert_same_bits(out):
+    _, q0, k0 = out[0]
+    for fused, q, k in out[1:]:
+        assert torch.equal(q, q0), f"query bits differ (KV write {'on' if fused else 'off'})"
+        assert torch.equal(k, k0), f"key bits differ (KV write {'on' if fused else 'off'})"
+
+
+@pytest.fixture(params=[False, True], ids=["sum_fp32", "sum_fp64"])
+def sum_fp64(request, monkeypatch):
+    """The norm's sum-of-squares dtype (rope_kv_plan.QK_NORM_SUM_FP64), plans dropped."""
+    from sgl_ext.triton import rope_kv_plan
+
+    monkeypatch.setattr(rope_kv_plan, "QK_NORM_SUM_FP64", request.param)
+    settings.reload()
+    yield request.param
+    monkeypatch.undo()
+    settings.reload()
+
+
+@pytest.mark.parametrize("config", ["", "1,4,0,0", "4,2,1,1"], ids=["default", "sep", "merged"])
+def test_triton_qk_bits_do_not_depend_on_kv_write(backend, monkeypatch, sum_fp64, config):
+    """Interpreter: under each launch layout, with and without the KV write, the op returns the
+    same q/k bits (the float32 sum adds in the layout's order: the claim is per layout)."""
+    backend("triton")
+    dev = "cuda" if HAS_CUDA else "cpu"
+    if config:
+        monkeypatch.setenv("SGL_EXT_TRITON_CONFIG", config)
+        settings.reload()
+    out = _qk_with_and_without_kv(dev, 5, 4, 2, 16, torch.bfloat16, seed=3, calls=1)
+    _assert_same_bits(out)
+
+
+def test_triton_fp64_sum_of_squares_against_float64(backend, sum_fp64):
+    """Both sum-of-squares dtypes hold the float64 reference (fp8 cache, partial GPT-J too)."""
+    backend("triton")
+    dev = "cuda" if HAS_CUDA else "cpu"
+    run_case(device=dev, dtype=torch.bfloat16, hq=4, hkv=2, num_tokens=7, seed=5)
+    run_case(
+        device=dev,
+        dtype=torch.float16,
+        kv_dtype=torch.float8_e4m3fn,
+        scale="tensor",
+        neox=False,
+        rot_frac=0.5,
+        hq=3,
+        hkv=1,
+        num_tokens=6,
+        seed=6,
+    )
+
+
+def _plan(t: int, kv_dtype: torch.dtype | None):
+    """The Triton launch plan of the op at Qwen3-8B heads (32/8/128, bf16) for T tokens, with a
+    KV write into a kv_dtype cache or (None) without one. Metadata only: nothing runs."""
+    from sgl_ext import qk_norm_rope
+    from sgl_ext._common import QKNormCall
+    from sgl_ext.triton.rope_kv_plan import plan_rope_kv
+
+    hq, hkv, d = 32, 8, 128
+    qkv = torch.empty(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views
+    pos, loc = torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64)
+    cs = torch.empty(16, d)
+    w = torch.empty(d, dtype=torch.bfloat16)
+    arg = None
+    if kv_dtype is not None:
+        kb = torch.empty(64, 16, hkv, d, dtype=kv_dtype)  # [pages, page, H, D]
+        ks = torch.tensor([0.5]) if kv_dtype != torch.bfloat16 else None
+        arg = FusedSetKVBufferArg(v, kb, torch.empty_like(kb), ks, ks, loc)
+    call, eps = qk_norm_rope.check(pos, q, k, d, cs, w, w, EPS, True, arg)
+    norm = QKNormCall(eps, 0, 0)
+    return plan_rope_kv(call, 0, 0, 0, False, norm)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 9, 64, 513, 897, 4096])
+def test_qk_norm_layout_is_the_same_with_and_without_kv_write(num_tokens):
+    """The QK_NORM plan's layout (heads per program, warps, blocks, grid) is the same without
+    the KV write and with bf16 or fp8 caches (RoPE alone's layout depends on the cache dtype
+    past ~900 tokens): the fused and unfused Qwen3 paths sum squares in the same order."""
+    keys = ("BLOCK_H", "BLOCK_HKV", "NUM_Q_BLOCKS", "NUM_KV_BLOCKS", "MERGED", "SS_FP64")
+    seen = []
+    for kv_dtype in (None, torch.bfloat16, torch.float8_e4m3fn):
+        plan = _plan(num_tokens, kv_dtype)
+        c = plan.constexprs
+        assert c["QK_NORM"] and c["WRITE_KV"] == (kv_dtype is not None)
+        seen.append(([c[k] for k in keys], plan.options.get("maxnreg"), plan.options["num_warps"]))
+    assert seen[1:] == seen[:1] * 2, seen
+
+
+@gpu
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("num_tokens", [1, 7, 64, 129, 513, 4096])
+def test_cuda_qk_bits_do_not_depend_on_kv_write(backend, sum_fp64, kv_dtype, num_tokens):
+    """Qwen3-8B shapes (32/8/128, bf16) on the GPU: the op with and without the KV argument
+    (the fused and unfused model paths) gives bit-identical q and k, through the JIT and
+    through direct launches, with either sum-of-squares dtype (fp8 caches would change RoPE
+    alone's layout past ~900 tokens; the QK_NORM plan keeps one)."""
+    backend("triton")
+    out = _qk_with_and_without_kv("cuda", num_tokens, 32, 8, 128, kv_dtype, seed=num_tokens)
+    _assert_same_bits(out)
