@@ -24,6 +24,14 @@ def _layer_step(pos, qkv, cs, kb, vb, loc, ks, vs, hq, hkv, d):
     return (q * 2).sum(-1) + k.float().sum(-1)
 
 
+def _assert_same_writes(qkv, kb, vb, e_qkv, e_kb, e_vb):
+    """The run under test wrote exactly what the eager reference (e_*) did: q/k in place in qkv,
+    and the K / V cache bytes."""
+    assert torch.equal(qkv, e_qkv)
+    assert torch.equal(kb.view(torch.uint8), e_kb.view(torch.uint8))
+    assert torch.equal(vb.view(torch.uint8), e_vb.view(torch.uint8))
+
+
 def _inputs(device, t=6, hq=4, hkv=2, d=16, kv_dtype=torch.bfloat16, seed=0):
     g = torch.Generator().manual_seed(seed)
     pos = torch.randint(0, 64, (t,), generator=g).to(device)
@@ -51,9 +59,7 @@ def test_compile_fullgraph_matches_eager(backend, device, kv_dtype):
         out_e = _layer_step(pos, e_qkv, cs, e_kb, e_vb, loc, ks, 2.0, hq, hkv, d)
         out_c = compiled(pos, qkv, cs, kb, vb, loc, ks, 2.0, hq, hkv, d)
         torch.testing.assert_close(out_c, out_e)
-        assert torch.equal(qkv, e_qkv)
-        assert torch.equal(kb.view(torch.uint8), e_kb.view(torch.uint8))
-        assert torch.equal(vb.view(torch.uint8), e_vb.view(torch.uint8))
+        _assert_same_writes(qkv, kb, vb, e_qkv, e_kb, e_vb)
         assert kb.view(torch.uint8).any()
 
 
@@ -90,9 +96,7 @@ def test_cuda_graph_replay_with_new_positions_slots_and_scales(backend, kv_dtype
         _layer_step(pos, e_qkv, cs, e_kb, e_vb, loc, ks, vs, hq, hkv, d)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_qkv, e_qkv)
-        assert torch.equal(kb.view(torch.uint8), e_kb.view(torch.uint8))
-        assert torch.equal(vb.view(torch.uint8), e_vb.view(torch.uint8))
+        _assert_same_writes(static_qkv, kb, vb, e_qkv, e_kb, e_vb)
 
 
 @gpu
@@ -172,9 +176,7 @@ def test_qk_norm_compile_fullgraph_matches_eager(backend, device, kv_dtype):
         out_e = _qk_layer_step(pos, e_qkv, cs, qw, kw, e_kb, e_vb, loc, ks, 2.0, hq, hkv, d)
         out_c = compiled(pos, qkv, cs, qw, kw, kb, vb, loc, ks, 2.0, hq, hkv, d)
         torch.testing.assert_close(out_c, out_e)
-        assert torch.equal(qkv, e_qkv)
-        assert torch.equal(kb.view(torch.uint8), e_kb.view(torch.uint8))
-        assert torch.equal(vb.view(torch.uint8), e_vb.view(torch.uint8))
+        _assert_same_writes(qkv, kb, vb, e_qkv, e_kb, e_vb)
         assert kb.view(torch.uint8).any()
 
 
@@ -214,6 +216,4 @@ def test_qk_norm_cuda_graph_replay_with_new_inputs(backend, kv_dtype):
         _qk_layer_step(pos, e_qkv, cs, qw, kw, e_kb, e_vb, loc, ks, vs, hq, hkv, d)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_qkv, e_qkv)
-        assert torch.equal(kb.view(torch.uint8), e_kb.view(torch.uint8))
-        assert torch.equal(vb.view(torch.uint8), e_vb.view(torch.uint8))
+        _assert_same_writes(static_qkv, kb, vb, e_qkv, e_kb, e_vb)
