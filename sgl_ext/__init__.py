@@ -16,6 +16,7 @@ from sgl_ext.qk_norm_rope import (
     apply_qk_norm_rope_native,
     apply_qk_norm_rope_with_cos_sin_cache_inplace,
 )
+from sgl_ext.qkv_rope import qkv_proj_with_rope_kv, qkv_proj_with_rope_kv_native
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
     apply_rope_native,
@@ -33,6 +34,8 @@ __all__ = [
     "fused_add_rmsnorm_native",
     "moe_sum_add_rmsnorm",
     "moe_sum_add_rmsnorm_native",
+    "qkv_proj_with_rope_kv",
+    "qkv_proj_with_rope_kv_native",
     "rmsnorm",
     "rmsnorm_native",
     "apply_rope_with_cos_sin_cache_inplace",

@@ -10,7 +10,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_ext.triton.pairs import load_pairs, load_scale, quantize, reciprocal, store_pairs
+from sgl_ext.triton.pairs import (
+    load_pairs,
+    load_scale,
+    quantize,
+    reciprocal,
+    rotate_pair,
+    store_pairs,
+)
 from sgl_ext.triton.qk_norm import load_norm_weights, rms_norm_head
 
 
@@ -282,10 +289,8 @@ def key_value_out(
             if BLOCK_TAIL > 0:
                 tl.store(k_row + dt, k_tail.to(KT), mask=t_mask)
         # Round to the key dtype: the cache stores exactly the key the op returns.
-        ka, kb = (
-            (ka * cos - kb * sin).to(KT).to(tl.float32),
-            (kb * cos + ka * sin).to(KT).to(tl.float32),
-        )
+        ka, kb = rotate_pair(ka, kb, cos, sin)
+        ka, kb = ka.to(KT).to(tl.float32), kb.to(KT).to(tl.float32)
         store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
     if WRITE_KV:
         if not SLOT_EARLY:

@@ -64,6 +64,15 @@ def quantize(
 
 
 @triton.jit
+def rotate_pair(a, b, cos, sin):
+    """RoPE on fp32 pairs: (a cos - b sin, b cos + a sin), each one product then one FMA,
+    spelled out so that every kernel that rotates (rope_kv's query and key programs, the qkv
+    GEMM's epilogue) gives the same bits; left to the compiler, the contraction into an FMA
+    can pick either product."""
+    return tl.fma(a, cos, -(b * sin)), tl.fma(b, cos, a * sin)
+
+
+@triton.jit
 def load_scale(ptr, f, MODE: tl.constexpr):
     """Mode 2: the device-tensor scale as a [1] fp32 tensor; mode 1: the float argument f, which
     the launcher already inverted; 0: unused."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_ext.triton.pairs import load_pairs, store_pairs
+from sgl_ext.triton.pairs import load_pairs, rotate_pair, store_pairs
 
 
 @triton.jit
@@ -175,4 +175,5 @@ def query_out(
         a, b, qt = query_norm(
             q_row, a, b, qt, wa, wb, wt, dqt, qt_mask, eps, HEAD_DIM, BLOCK_TAIL, SS_FP64
         )
-    store_pairs(q_row, c, q_mask, a * cos - b * sin, b * cos + a * sin, HALF, PAIR_MODE)
+    a, b = rotate_pair(a, b, cos, sin)
+    store_pairs(q_row, c, q_mask, a, b, HALF, PAIR_MODE)

@@ -186,6 +186,15 @@ def dispatch_linear(
     -------
     [..., N], x's dtype.
     """
+    cfg = linear_config(x, weight)
+    if cfg is not None:
+        return linear_small_m(x, weight, bias, cfg)
+    return F.linear(x, weight, bias)
+
+
+def linear_config(x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:
+    """The skinny GEMM's configuration that `dispatch_linear(x, weight)` runs, or None where it
+    runs F.linear (memoised per shape, M and dtype)."""
     if _table and x.is_cuda and not _is_compiling():
         n, k = weight.shape
         m = x.numel() // k if k else 0
@@ -196,8 +205,8 @@ def dispatch_linear(
                 cfg = _chosen[key] = choose_config(n, k, m, x.dtype, x.device)
             assert cfg is None or isinstance(cfg, GemmConfig)
             if cfg is not None and weight.dtype == x.dtype:
-                return linear_small_m(x, weight, bias, cfg)
-    return F.linear(x, weight, bias)
+                return cfg
+    return None
 
 
 @contextlib.contextmanager

@@ -21,17 +21,19 @@ from torch import nn
 import sgl_ext
 from srt.configs.model_config import ModelConfig
 from srt.layers.activation import SiluAndMul
+from srt.layers.gemm_choice import linear_config
 from srt.layers.layernorm import RMSNorm
 from srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from srt.layers.radix_attention import RadixAttention
-from srt.layers.rotary_embedding import get_rope
+from srt.layers.rotary_embedding import RotaryEmbedding, get_rope
 from srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from srt.models.utils import create_fused_set_kv_buffer_arg, enable_fused_set_kv_buffer
 from srt.models.weight_utils import LLAMA_STACKED_PARAMS, StackedParams, load_stacked_weights
 
 if TYPE_CHECKING:
     from sgl_ext import FusedSetKVBufferArg
+    from sgl_ext.gemm import GemmConfig
     from srt.layers.moe.topk_pairs import TopKPairs
     from srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -79,6 +81,10 @@ class RopeAttention(nn.Module):
     # write. False (on a layer or the class) keeps the RMSNorm layers followed by the RoPE op,
     # for comparison.
     fuse_qk_norm: bool = True
+    # Without q/k norm, at decode sizes where qkv_proj runs the skinny GEMM's broadcast path:
+    # the RoPE and the K/V write in that GEMM's epilogue (one launch a layer fewer, the same
+    # bits). False (on a layer or the class) keeps the GEMM and the RoPE op apart.
+    fold_rope_into_qkv: bool = True
 
     def __init__(
         self, config: ModelConfig, layer_id: int, tp_rank: int = 0, tp_size: int = 1
@@ -191,17 +197,54 @@ class RopeAttention(nn.Module):
             k = self._norm_heads(k, k_norm)
         return rope(positions, q, k, fused_set_kv_buffer_arg=fused_arg)
 
+    def _qkv_rope_config(self, hidden_states: torch.Tensor) -> GemmConfig | None:
+        """The skinny GEMM configuration of qkv_proj when one kernel can also do the RoPE (and
+        the KV write) in its epilogue (`sgl_ext.qkv_proj_with_rope_kv`), else None."""
+        if not self.fold_rope_into_qkv or self.has_qk_norm or not hidden_states.is_cuda:
+            return None
+        proj = self._modules["qkv_proj"]
+        rope = self._modules["rotary_emb"]
+        if proj.skip_bias_add or type(rope).forward is not RotaryEmbedding.forward:
+            return None
+        cfg = linear_config(hidden_states, proj._parameters["weight"])
+        d = self.head_dim
+        if cfg is None or cfg.dot or cfg.split_k != 1 or rope.rotary_dim != d:
+            return None
+        return cfg if 2 <= cfg.block_n <= d and d % cfg.block_n == 0 else None
+
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         """positions int64 [T], hidden_states [T, hidden] -> [T, hidden] (model dtype)."""
         # submodules read directly: no nn.Module.__getattr__ per call
         mods: dict[str, Any] = self._modules
+        attn = mods["attn"]
+        fused = enable_fused_set_kv_buffer(forward_batch)
+        cfg = self._qkv_rope_config(hidden_states)
+        if cfg is not None:  # one kernel: the qkv GEMM, RoPE and (fused) the K/V write
+            proj, rope = mods["qkv_proj"], mods["rotary_emb"]
+            qkv = hidden_states.new_empty(hidden_states.shape[0], sum(self.qkv_split))
+            q, k, v = qkv.split_with_sizes(self.qkv_split, -1)  # views of qkv
+            arg = create_fused_set_kv_buffer_arg(v, attn, forward_batch) if fused else None
+            sgl_ext.qkv_proj_with_rope_kv(
+                hidden_states,
+                proj._parameters["weight"],
+                proj._parameters["bias"],
+                positions.reshape(-1),  # [T]
+                rope._cache_for(qkv.device),
+                self.head_dim,
+                self.num_kv_heads,
+                qkv,
+                rope.is_neox_style,
+                arg,
+                cfg,
+            )
+            out = attn(q, k, v, forward_batch, save_kv_cache=not fused)  # [T, Hq * D]
+            out, _ = mods["o_proj"](out)  # [T, hidden]
+            return out
         qkv, _ = mods["qkv_proj"](hidden_states)  # [T, (Hq + 2 Hkv) * D]
         # q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]: strided views of qkv
         q, k, v = qkv.split_with_sizes(self.qkv_split, -1)
-        attn = mods["attn"]
-        fused = enable_fused_set_kv_buffer(forward_batch)
         arg = create_fused_set_kv_buffer_arg(v, attn, forward_batch) if fused else None
         q, k = self.norm_and_rope(positions, q, k, arg)
         out = attn(q, k, v, forward_batch, save_kv_cache=not fused)  # [T, Hq * D]

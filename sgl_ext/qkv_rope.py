@@ -1,0 +1,248 @@
+"""qkv_proj_with_rope_kv: a packed qkv projection, RoPE on its q and k, and the KV-cache write.
+
+The composition of two existing ops: `out = x W^T (+ b)` (`linear_small_m`'s skinny GEMM with the
+caller's configuration), then `apply_rope_with_cos_sin_cache_inplace` on out's q and k columns
+with the fused KV write. At decode sizes both are a launch on the critical path of a layer; on
+CUDA, when the GEMM runs its broadcast path (dot=False, no split-K) and whole heads are rotated,
+one Triton kernel does both (`triton/gemm_rope_kv.py`): the GEMM's epilogue rotates and stores.
+It gives the two ops' bits: the same GEMM sums, rounded, then the rope_kv kernel's rotation.
+Any other call runs the two ops (the torch-native reference composes their references).
+
+Checked once per distinct metadata (plan cache, as the RoPE op); the kernel then launches
+directly. Under torch.compile, and with autograd, the two ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from sgl_ext import _common as C
+from sgl_ext._backend import select_backend
+from sgl_ext._plans import PlanCache, optional_key, tensor_key
+from sgl_ext.gemm import MAX_M, GemmConfig, _check, linear_small_m
+from sgl_ext.rope import (
+    FusedSetKVBufferArg,
+    apply_rope_native,
+    apply_rope_with_cos_sin_cache_inplace,
+    call_key,
+)
+from sgl_ext.rope import check as check_rope
+
+if TYPE_CHECKING:
+    from sgl_ext.triton.gemm_rope_kv import GemmRopeKVLaunch
+
+_is_compiling = torch.compiler.is_compiling
+
+
+@dataclass(frozen=True)
+class QKVRopePlan:
+    """A checked call: the q / k / v column sizes and, when one kernel serves it, its launch."""
+
+    q_size: int
+    kv_size: int
+    launch: GemmRopeKVLaunch | None
+
+
+_PLANS = PlanCache()
+
+
+def _views(out: torch.Tensor, q_size: int, kv_size: int) -> tuple[torch.Tensor, ...]:
+    # q [M, Hq*D], k [M, Hkv*D], v [M, Hkv*D]: column blocks of out [M, N]
+    return out.split_with_sizes((q_size, kv_size, kv_size), -1)
+
+
+def _check_call(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    num_kv_heads: int,
+    is_neox: bool,
+    arg: FusedSetKVBufferArg | None,
+    config: GemmConfig | None,
+    out: torch.Tensor,
+) -> QKVRopePlan:
+    """Every check of a call (metadata only), and the launch when the fused kernel serves it."""
+    m, n, k = _check(x, weight, bias)
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
+    if not isinstance(head_size, int) or isinstance(head_size, bool) or head_size <= 0:
+        raise ValueError(f"head_size must be a positive int, got {head_size!r}")
+    if not isinstance(num_kv_heads, int) or isinstance(num_kv_heads, bool) or num_kv_heads <= 0:
+        raise ValueError(f"num_kv_heads must be a positive int, got {num_kv_heads!r}")
+    kv_size = num_kv_heads * head_size
+    q_size = n - 2 * kv_size
+    if q_size <= 0 or q_size % head_size:
+        raise ValueError(
+            f"weight has {n} rows: expected (num_q_heads + 2 * {num_kv_heads}) * {head_size}"
+        )
+    C.check_tensor("out", out, (x.dtype,))
+    C.check_device("out", out, x.device)
+    if tuple(out.shape) != (m, n) or (n > 1 and out.stride(1) != 1):
+        raise ValueError(f"out must be [{m}, {n}] with contiguous rows, got {tuple(out.shape)}")
+    C.check_writable("out", out)
+    q, kk, v = _views(out, q_size, kv_size)
+    if arg is not None and isinstance(arg, FusedSetKVBufferArg):
+        a = arg.value
+        same = a.data_ptr() == v.data_ptr() and a.numel() == v.numel() and a.shape[0] == m
+        rows = a.dim() in (2, 3) and (m == 1 or a.stride(0) == v.stride(0))
+        heads = a.stride(-1) == 1 and (a.dim() == 2 or a.stride(1) == a.shape[2])
+        if not (same and rows and heads):
+            raise ValueError("fused_set_kv_buffer_arg.value must be out's v columns (a view)")
+    call = check_rope(positions, q, kk, head_size, cos_sin_cache, is_neox, arg)
+    launch = None
+    fused = (
+        isinstance(config, GemmConfig)
+        and select_backend(x.device) == "triton"
+        and 1 <= m <= MAX_M
+        and out.stride(0) == n
+    )
+    if fused:
+        from sgl_ext.triton.gemm_rope_kv import fold_supported, plan_gemm_rope_kv
+
+        assert config is not None
+        if fold_supported(call, n, config):
+            stride_xm = x.reshape(m, k).stride(0)
+            has_bias = bias is not None
+            launch = plan_gemm_rope_kv(call, k, stride_xm, weight.stride(0), has_bias, config)
+    return QKVRopePlan(q_size, kv_size, launch)
+
+
+def qkv_proj_with_rope_kv_native(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    num_kv_heads: int,
+    out: torch.Tensor,
+    is_neox: bool = True,
+    fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
+) -> torch.Tensor:
+    """The torch-native reference: F.linear into out, then apply_rope_native on its q and k."""
+    plan = _check_call(
+        x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox,
+        fused_set_kv_buffer_arg, None, out,
+    )  # fmt: skip
+    out.copy_(F.linear(x, weight, bias).reshape(out.shape))
+    q, k, _ = _views(out, plan.q_size, plan.kv_size)
+    apply_rope_native(positions, q, k, head_size, cos_sin_cache, is_neox, fused_set_kv_buffer_arg)
+    return out
+
+
+def qkv_proj_with_rope_kv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    num_kv_heads: int,
+    out: torch.Tensor,
+    is_neox: bool = True,
+    fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """out = x weight^T (+ bias) with RoPE applied to its q and k heads, and (with the
+    argument) the rotated K and the V stored into the KV cache.
+
+    Parameters
+    ----------
+    x : [M, K] bf16/fp16/fp32 (leading dims viewable as [M, K]), last dim contiguous.
+    weight : [N, K] of x's dtype, last dim contiguous: the packed q, k, v projection, N =
+        (Hq + 2 Hkv) * D.
+    bias : optional [N] of x's dtype, contiguous.
+    positions : int32/int64 [M], contiguous.
+    cos_sin_cache : float32 [max_pos, rotary_dim] (apply_rope_with_cos_sin_cache_inplace's).
+    head_size : D.
+    num_kv_heads : Hkv (the query heads are the rest).
+    out : [M, N] of x's dtype, rows contiguous: written. q = out[:, :Hq*D], k and v the next
+        Hkv*D columns each.
+    is_neox : neox (rotate halves) or GPT-J (interleaved pairs) RoPE.
+    fused_set_kv_buffer_arg : FusedSetKVBufferArg or None; its value must be out's v columns.
+        The rotated K and the V are stored at its cache_loc (apply_rope's semantics).
+    config : the skinny GEMM's launch configuration (`linear_small_m`); None: F.linear.
+
+    Returns
+    -------
+    out. Bit for bit what `linear_small_m(x, weight, bias, config)` followed by
+    `apply_rope_with_cos_sin_cache_inplace` gives (one kernel where it can, see the module).
+    """
+    a = fused_set_kv_buffer_arg
+    if _is_compiling() or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _two_ops(x, weight, bias, positions, cos_sin_cache, head_size, out, is_neox, a,
+                        config, *_split_sizes(weight, head_size, num_kv_heads))  # fmt: skip
+    key: tuple | None = None
+    ptrs: tuple[int, ...] = ()
+    plan: QKVRopePlan | None = None
+    try:
+        kv_size = num_kv_heads * head_size
+        q, k, _ = _views(out, weight.shape[0] - 2 * kv_size, kv_size)
+        rk, ptrs = call_key(positions, q, k, head_size, cos_sin_cache, is_neox, a, None)
+        key = (rk, tensor_key(x), tensor_key(weight), optional_key(bias), tensor_key(out),
+               num_kv_heads, config)  # fmt: skip
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError, RuntimeError):  # the checks will say
+        key = None
+    if plan is None:
+        args = (x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox)
+        plan = _PLANS.put(key, _check_call(*args, a, config, out))
+    if plan.launch is None:
+        return _two_ops(x, weight, bias, positions, cos_sin_cache, head_size, out, is_neox, a,
+                        config, plan.q_size, plan.kv_size)  # fmt: skip
+    from sgl_ext.triton.gemm_rope_kv import run_gemm_rope_kv
+
+    b = bias if bias is not None else weight  # never read without a bias
+    if not ptrs:  # (uncacheable call: the pointers from the tensors)
+        q, k, _ = _views(out, plan.q_size, plan.kv_size)
+        _, ptrs = call_key(positions, q, k, head_size, cos_sin_cache, is_neox, a, None)
+    pp, cp, _, _, _, kbp, vbp, lp, ksp, vsp = ptrs
+    ptr_args = (x.data_ptr(), weight.data_ptr(), b.data_ptr(), out.data_ptr(), pp, cp, kbp, vbp,
+                lp, ksp, vsp)  # fmt: skip
+    if plan.launch.launcher.compiled is not None:
+        run_gemm_rope_kv(plan.launch, (), ptr_args)
+        return out
+    kv: tuple = (out,) * 5  # stand-ins (never read) without a KV write
+    if a is not None:
+        ks = a.k_scale if isinstance(a.k_scale, torch.Tensor) else out
+        vs = a.v_scale if isinstance(a.v_scale, torch.Tensor) else out
+        kv = (a.k_buffer, a.v_buffer, a.cache_loc, ks, vs)
+    run_gemm_rope_kv(plan.launch, (x, weight, b, out, positions, cos_sin_cache, *kv), ptr_args)
+    return out
+
+
+def _split_sizes(weight: torch.Tensor, head_size: int, num_kv_heads: int) -> tuple[int, int]:
+    kv_size = num_kv_heads * head_size
+    return weight.shape[0] - 2 * kv_size, kv_size
+
+
+def _two_ops(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    out: torch.Tensor,
+    is_neox: bool,
+    a: FusedSetKVBufferArg | None,
+    config: GemmConfig | None,
+    q_size: int,
+    kv_size: int,
+) -> torch.Tensor:
+    """The composition the fused kernel stands for."""
+    if config is None:
+        y = F.linear(x, weight, bias)
+    else:
+        y = linear_small_m(x, weight, bias, config)
+    out.copy_(y.reshape(out.shape))
+    q, k, _ = _views(out, q_size, kv_size)
+    apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_size, cos_sin_cache, is_neox, a)
+    return out
