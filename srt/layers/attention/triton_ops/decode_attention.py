@@ -33,7 +33,12 @@ from sgl_ext._backend import interpreting
 from sgl_ext.triton.launcher import cached_launcher
 from sgl_ext.triton.pdl import pdl_enter
 from srt.layers.attention.triton_ops.decode_merge import merge_kernel
-from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, load_kv_tiles, softmax_step
+from srt.layers.attention.triton_ops.kv_load import (
+    KV_FP8_NONE,
+    load_tile,
+    softmax_step,
+    with_newest,
+)
 from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
 
@@ -88,6 +93,7 @@ def _decode_kernel(
     P_LOW: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
+    PRE_TILES: tl.constexpr,  # tiles loaded before the PDL wait (1..3)
     USE_PDL: tl.constexpr = False,
 ):
     b = tl.program_id(0)
@@ -111,140 +117,84 @@ def _decode_kernel(
         chunk = tl.cdiv(tl.cdiv(seq_len - n0, NUM_SPLITS), SPLIT_ALIGN) * SPLIT_ALIGN
         n0 = n0 + split * chunk
         end = tl.minimum(n0 + chunk, seq_len)
-    j = n0 + tl.arange(0, BLOCK_N)  # the first tile's keys
-    jm = j < end
-    slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
-    k, v = load_kv_tiles(
-        K,
-        V,
-        slot,
-        jm & (j != qpos),
-        kvh,
-        d,
-        dv,
-        D,
-        DV,
-        k_page_stride,
-        k_off_stride,
-        k_head_stride,
-        v_page_stride,
-        v_off_stride,
-        v_head_stride,
-        KScale,
-        VScale,
-        k_scale_f,
-        v_scale_f,
-        PAGE_SIZE,
-        KV_FP8,
-        K_SCALE_MODE,
-        V_SCALE_MODE,
-        TILE_F32,
-    )
+    # The first PRE_TILES tiles' slots and cached keys / values but the newest (a short window's
+    # whole span in one program: no DRAM round trip left after the wait).
+    j0, jm0, s0, k0, v0 = load_tile(
+        K, V, ReqToToken, req, stride_r2t, n0, end, qpos, True, kvh, d, dv, D, DV, k_page_stride,
+        k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale, VScale,
+        k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
+    )  # fmt: skip
+    if PRE_TILES >= 2:
+        j1, jm1, s1, k1, v1 = load_tile(
+            K, V, ReqToToken, req, stride_r2t, n0 + BLOCK_N, end, qpos, True, kvh, d, dv, D, DV,
+            k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
+            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8,
+            K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
+        )  # fmt: skip
+    if PRE_TILES >= 3:
+        j2, jm2, s2, k2, v2 = load_tile(
+            K, V, ReqToToken, req, stride_r2t, n0 + 2 * BLOCK_N, end, qpos, True, kvh, d, dv, D,
+            DV, k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
+            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8,
+            K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
+        )  # fmt: skip
     pdl_enter(USE_PDL)
     q_ptr = Q + b * stride_qt + heads[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptr, mask=gm[:, None] & (d[None, :] < D), other=0)  # [BLOCK_H, BLOCK_D]
     if TILE_F32:
         q = q.to(tl.float32)
-    if (qpos >= n0) & (qpos < n0 + BLOCK_N):  # the newest key is in the first tile
-        newest = j == qpos
-        k_new, v_new = load_kv_tiles(
-            K,
-            V,
-            slot,
-            newest,
-            kvh,
-            d,
-            dv,
-            D,
-            DV,
-            k_page_stride,
-            k_off_stride,
-            k_head_stride,
-            v_page_stride,
-            v_off_stride,
-            v_head_stride,
-            KScale,
-            VScale,
-            k_scale_f,
-            v_scale_f,
-            PAGE_SIZE,
-            KV_FP8,
-            K_SCALE_MODE,
-            V_SCALE_MODE,
-            TILE_F32,
-        )
-        k = tl.where(newest[:, None], k_new, k)
-        v = tl.where(newest[:, None], v_new, v)
     m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     if HAS_SINKS and NUM_SPLITS == 1:  # split: the merge kernel adds the sink column
         m_i = tl.load(Sinks + heads, mask=gm, other=0).to(tl.float32)
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    k0, v0 = with_newest(
+        k0, v0, j0, n0, s0, qpos, kvh, d, dv, D, DV, K, V, k_page_stride, k_off_stride,
+        k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale, VScale, k_scale_f,
+        v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
+    )  # fmt: skip
     m_i, l_i, acc = softmax_step(
-        q,
-        k,
-        v,
-        jm[None, :],
-        m_i,
-        l_i,
-        acc,
-        sm_scale,
-        logit_cap,
-        V,
-        USE_CAP,
-        DOT_PRECISION,
-        TILE_F32,
-        P_LOW,
-    )
+        q, k0, v0, jm0[None, :], m_i, l_i, acc, sm_scale, logit_cap, V, USE_CAP, DOT_PRECISION,
+        TILE_F32, P_LOW,
+    )  # fmt: skip
+    if PRE_TILES >= 2:
+        if n0 + BLOCK_N < end:
+            k1, v1 = with_newest(
+                k1, v1, j1, n0 + BLOCK_N, s1, qpos, kvh, d, dv, D, DV, K, V, k_page_stride,
+                k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale,
+                VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8, K_SCALE_MODE,
+                V_SCALE_MODE, TILE_F32,
+            )  # fmt: skip
+            m_i, l_i, acc = softmax_step(
+                q, k1, v1, jm1[None, :], m_i, l_i, acc, sm_scale, logit_cap, V, USE_CAP,
+                DOT_PRECISION, TILE_F32, P_LOW,
+            )  # fmt: skip
+    if PRE_TILES >= 3:
+        if n0 + 2 * BLOCK_N < end:
+            k2, v2 = with_newest(
+                k2, v2, j2, n0 + 2 * BLOCK_N, s2, qpos, kvh, d, dv, D, DV, K, V, k_page_stride,
+                k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale,
+                VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8, K_SCALE_MODE,
+                V_SCALE_MODE, TILE_F32,
+            )  # fmt: skip
+            m_i, l_i, acc = softmax_step(
+                q, k2, v2, jm2[None, :], m_i, l_i, acc, sm_scale, logit_cap, V, USE_CAP,
+                DOT_PRECISION, TILE_F32, P_LOW,
+            )  # fmt: skip
     # The other tiles: a for loop over a tl.range, which the compiler pipelines (num_stages: the
     # next tiles' slot and K/V loads are in flight while this tile is computed).
-    for start in tl.range(n0 + BLOCK_N, end, BLOCK_N):
-        j = start + tl.arange(0, BLOCK_N)
-        jm = j < end
-        slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
-        k, v = load_kv_tiles(
-            K,
-            V,
-            slot,
-            jm,
-            kvh,
-            d,
-            dv,
-            D,
-            DV,
-            k_page_stride,
-            k_off_stride,
-            k_head_stride,
-            v_page_stride,
-            v_off_stride,
-            v_head_stride,
-            KScale,
-            VScale,
-            k_scale_f,
-            v_scale_f,
-            PAGE_SIZE,
-            KV_FP8,
-            K_SCALE_MODE,
-            V_SCALE_MODE,
-            TILE_F32,
-        )
+    for start in tl.range(n0 + PRE_TILES * BLOCK_N, end, BLOCK_N):
+        _, jm, _, k, v = load_tile(
+            K, V, ReqToToken, req, stride_r2t, start, end, qpos, False, kvh, d, dv, D, DV,
+            k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
+            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8,
+            K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
+        )  # fmt: skip
         m_i, l_i, acc = softmax_step(
-            q,
-            k,
-            v,
-            jm[None, :],
-            m_i,
-            l_i,
-            acc,
-            sm_scale,
-            logit_cap,
-            V,
-            USE_CAP,
-            DOT_PRECISION,
-            TILE_F32,
-            P_LOW,
-        )
+            q, k, v, jm[None, :], m_i, l_i, acc, sm_scale, logit_cap, V, USE_CAP, DOT_PRECISION,
+            TILE_F32, P_LOW,
+        )  # fmt: skip
     om = gm[:, None] & (dv[None, :] < DV)
     if NUM_SPLITS == 1:
         l_i = tl.where(gm, l_i, 1.0)  # padding heads (not stored): avoid 0 / 0
@@ -303,6 +253,14 @@ def num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int, window: int 
     b = _pow2(max(1, batch_size))
     want = max(1, _WAVES * num_sms // (b * num_kv_heads))
     return min(MAX_KV_SPLITS, 1 << (want.bit_length() - 1))
+
+
+def pre_tiles(batch_size: int, num_splits: int, window: int, block_n: int) -> int:
+    """Tiles a program loads before its PDL wait: a short window's whole span (one split, up to
+    8 requests: registers are plenty with so few programs), else the first tile."""
+    if num_splits == 1 and 0 <= window and batch_size <= 8:
+        return max(1, min(3, -(-(window + 1) // block_n)))
+    return 1
 
 
 def decode_scratch_shape(
@@ -389,6 +347,7 @@ def plan_decode(
         P_LOW=low,
         NUM_SPLITS=num_splits,
         SPLIT_ALIGN=SPLIT_ALIGN,
+        PRE_TILES=pre_tiles(B, num_splits, window, cfg.block_n),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

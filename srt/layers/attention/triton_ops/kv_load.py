@@ -142,6 +142,50 @@ def load_kv_tiles(
 
 
 @triton.jit
+def load_tile(
+    K, V, ReqToToken, req, stride_r2t, start, end, qpos, EARLY: tl.constexpr, kvh, d, dv,
+    D: tl.constexpr, DV: tl.constexpr, k_page_stride, k_off_stride, k_head_stride,
+    v_page_stride, v_off_stride, v_head_stride, KScale, VScale, k_scale_f, v_scale_f,
+    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr, V_SCALE_MODE: tl.constexpr, TILE_F32: tl.constexpr,
+):  # fmt: skip
+    """The tile of keys start .. start + BLOCK_N - 1 (those < end) of request row req: (keys j,
+    mask, slots, K, V). EARLY (loaded before the PDL wait): without the newest key qpos, which
+    the kernel before may still be writing (`with_newest` adds it after the wait)."""
+    j = start + tl.arange(0, BLOCK_N)
+    jm = j < end
+    slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
+    rows = jm & (j != qpos) if EARLY else jm
+    k, v = load_kv_tiles(
+        K, V, slot, rows, kvh, d, dv, D, DV, k_page_stride, k_off_stride, k_head_stride,
+        v_page_stride, v_off_stride, v_head_stride, KScale, VScale, k_scale_f, v_scale_f,
+        PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
+    )  # fmt: skip
+    return j, jm, slot, k, v
+
+
+@triton.jit
+def with_newest(
+    k, v, j, start, slot, qpos, kvh, d, dv, D: tl.constexpr, DV: tl.constexpr, K, V, k_page_stride,
+    k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale, VScale,
+    k_scale_f, v_scale_f, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr, V_SCALE_MODE: tl.constexpr, TILE_F32: tl.constexpr,
+):  # fmt: skip
+    """An EARLY tile (load_tile from key start) with the newest key / value qpos put in, if the
+    tile holds it (after the wait)."""
+    if (qpos >= start) & (qpos < start + BLOCK_N):
+        newest = j == qpos
+        k_new, v_new = load_kv_tiles(
+            K, V, slot, newest, kvh, d, dv, D, DV, k_page_stride, k_off_stride, k_head_stride,
+            v_page_stride, v_off_stride, v_head_stride, KScale, VScale, k_scale_f, v_scale_f,
+            PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
+        )  # fmt: skip
+        k = tl.where(newest[:, None], k_new, k)
+        v = tl.where(newest[:, None], v_new, v)
+    return k, v
+
+
+@triton.jit
 def softmax_step(
     q,
     k,

@@ -56,6 +56,9 @@ def test_triton_backend_split_kv(kw):
         (4, -1, False, 3.0, 1, torch.float32),
         (8, -1, True, 0.0, 1, torch.bfloat16),  # 16-bit tensor-core dots on the GPU
         (1, 40, False, 0.0, 4, torch.bfloat16),
+        # windows over 2 and 3 tiles, all loaded before the PDL wait (pre_tiles 2 / 3)
+        (1, 100, False, 2.0, 1, torch.float32),
+        (1, 130, True, 0.0, 4, torch.bfloat16),
     ],
 )
 def test_decode_split_kv_long_sequences(splits, window, sinks, cap, page_size, dtype):
@@ -118,6 +121,15 @@ def test_num_kv_splits_same_for_graph_bucket_and_eager_batch():
                 assert s == num_kv_splits(b, hkv, sms)
                 assert 1 <= s <= MAX_KV_SPLITS and s & (s - 1) == 0
     assert num_kv_splits(1, 8, 132) == 16 and num_kv_splits(64, 8, 132) == 1
+
+
+def test_pre_tiles_cover_short_windows_at_small_batches():
+    from srt.layers.attention.triton_ops.decode_attention import pre_tiles
+
+    assert pre_tiles(1, 1, 128, 64) == 3 and pre_tiles(8, 1, 100, 64) == 2
+    assert pre_tiles(1, 1, 40, 64) == 1 and pre_tiles(1, 1, -1, 64) == 1  # one tile; no window
+    assert pre_tiles(16, 1, 128, 64) == 1 and pre_tiles(1, 4, 128, 64) == 1  # batch 16; splits
+    assert pre_tiles(1, 1, 1000, 64) == 3
 
 
 def test_num_kv_splits_short_window_takes_one_program():
