@@ -218,7 +218,9 @@ def plan_gemm_rope_kv(
     n = (hq + 2 * hkv) * d
     kv = call.kv
     k_strides = v_strides = (0, 0, 0)
-    num_slots, page, k_inv, v_inv, ks_mode, vs_mode, k_max, v_max = 0, 1, 1.0, 1.0, 0, 0, 0, 0
+    num_slots, page, ks_mode, vs_mode = 0, 1, 0, 0
+    k_inv = v_inv = 1.0
+    k_max = v_max = 0.0
     if kv is not None:
         k_strides, v_strides = kv.k_layout.strides, kv.v_layout.strides
         num_slots, page = kv.k_layout.num_slots, kv.k_layout.page_size

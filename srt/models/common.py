@@ -202,8 +202,8 @@ class RopeAttention(nn.Module):
         the KV write) in its epilogue (`sgl_ext.qkv_proj_with_rope_kv`), else None."""
         if not self.fold_rope_into_qkv or self.has_qk_norm or not hidden_states.is_cuda:
             return None
-        proj = self._modules["qkv_proj"]
-        rope = self._modules["rotary_emb"]
+        proj: Any = self._modules["qkv_proj"]
+        rope: Any = self._modules["rotary_emb"]
         if proj.skip_bias_add or type(rope).forward is not RotaryEmbedding.forward:
             return None
         cfg = linear_config(hidden_states, proj._parameters["weight"])
