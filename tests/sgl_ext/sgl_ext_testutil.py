@@ -125,3 +125,20 @@ def write_slots(buf: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> N
     else:
         ps = buf.shape[1]
         buf[slots // ps, slots % ps] = rows
+
+
+def run_compile_script(code: str) -> None:
+    """Run a script of real (not interpreted) Triton compiles in a fresh interpreter with the
+    repository on the path, and assert it printed "compiled" (the interpreter misses front-end
+    errors that fail the sm_90 compile)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.path.abspath(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "compiled" in out.stdout

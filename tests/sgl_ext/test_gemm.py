@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from sgl_ext.gemm import MAX_M, GemmConfig, default_config, linear_small_m, linear_small_m_native
-from tests.sgl_ext.sgl_ext_testutil import TOL, bits, poison
+from tests.sgl_ext.sgl_ext_testutil import TOL, bits, poison, run_compile_script
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -224,14 +224,4 @@ print("compiled")
 
 def test_kernels_compile_for_sm90():
     """A real sm_90 compile of both kernels (the interpreter misses front-end errors)."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.path.abspath(root)}
-    out = subprocess.run(
-        [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "compiled" in out.stdout
+    run_compile_script(_COMPILE)

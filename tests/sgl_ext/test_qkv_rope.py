@@ -22,6 +22,7 @@ from tests.sgl_ext.sgl_ext_testutil import (
     poison,
     quant_ref,
     rope_ref,
+    run_compile_script,
 )
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -296,14 +297,4 @@ print("compiled")
 
 def test_kernel_compiles_for_sm90():
     """A real sm_90 compile (the interpreter misses front-end errors): bf16 and fp8 caches."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.path.abspath(root)}
-    out = subprocess.run(
-        [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "compiled" in out.stdout
+    run_compile_script(_COMPILE)

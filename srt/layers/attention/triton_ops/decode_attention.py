@@ -35,6 +35,7 @@ from sgl_ext.triton.pdl import pdl_enter
 from srt.layers.attention.triton_ops.decode_merge import merge_kernel
 from srt.layers.attention.triton_ops.kv_load import (
     KV_FP8_NONE,
+    early_tile_step,
     load_tile,
     softmax_step,
     with_newest,
@@ -159,29 +160,19 @@ def _decode_kernel(
         TILE_F32, P_LOW,
     )  # fmt: skip
     if PRE_TILES >= 2:
-        if n0 + BLOCK_N < end:
-            k1, v1 = with_newest(
-                k1, v1, j1, n0 + BLOCK_N, s1, qpos, kvh, d, dv, D, DV, K, V, k_page_stride,
-                k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale,
-                VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8, K_SCALE_MODE,
-                V_SCALE_MODE, TILE_F32,
-            )  # fmt: skip
-            m_i, l_i, acc = softmax_step(
-                q, k1, v1, jm1[None, :], m_i, l_i, acc, sm_scale, logit_cap, V, USE_CAP,
-                DOT_PRECISION, TILE_F32, P_LOW,
-            )  # fmt: skip
+        m_i, l_i, acc = early_tile_step(
+            q, k1, v1, j1, jm1, n0 + BLOCK_N, end, s1, qpos, m_i, l_i, acc, kvh, d, dv, D, DV, K,
+            V, k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
+            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, sm_scale, logit_cap, BLOCK_N,
+            PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32, USE_CAP, DOT_PRECISION, P_LOW,
+        )  # fmt: skip
     if PRE_TILES >= 3:
-        if n0 + 2 * BLOCK_N < end:
-            k2, v2 = with_newest(
-                k2, v2, j2, n0 + 2 * BLOCK_N, s2, qpos, kvh, d, dv, D, DV, K, V, k_page_stride,
-                k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale,
-                VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8, K_SCALE_MODE,
-                V_SCALE_MODE, TILE_F32,
-            )  # fmt: skip
-            m_i, l_i, acc = softmax_step(
-                q, k2, v2, jm2[None, :], m_i, l_i, acc, sm_scale, logit_cap, V, USE_CAP,
-                DOT_PRECISION, TILE_F32, P_LOW,
-            )  # fmt: skip
+        m_i, l_i, acc = early_tile_step(
+            q, k2, v2, j2, jm2, n0 + 2 * BLOCK_N, end, s2, qpos, m_i, l_i, acc, kvh, d, dv, D, DV,
+            K, V, k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
+            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, sm_scale, logit_cap, BLOCK_N,
+            PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32, USE_CAP, DOT_PRECISION, P_LOW,
+        )  # fmt: skip
     # The other tiles: a for loop over a tl.range, which the compiler pipelines (num_stages: the
     # next tiles' slot and K/V loads are in flight while this tile is computed).
     for start in tl.range(n0 + PRE_TILES * BLOCK_N, end, BLOCK_N):

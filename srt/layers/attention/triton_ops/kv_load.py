@@ -220,3 +220,27 @@ def softmax_step(
             p = p.to(tl.float32)
     acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def early_tile_step(
+    q, k, v, j, jm, start, end, slot, qpos, m_i, l_i, acc, kvh, d, dv, D: tl.constexpr,
+    DV: tl.constexpr, K, V, k_page_stride, k_off_stride, k_head_stride, v_page_stride,
+    v_off_stride, v_head_stride, KScale, VScale, k_scale_f, v_scale_f, sm_scale, logit_cap,
+    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr,
+    K_SCALE_MODE: tl.constexpr, V_SCALE_MODE: tl.constexpr, TILE_F32: tl.constexpr,
+    USE_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr, P_LOW: tl.constexpr,
+):  # fmt: skip
+    """After the wait: an EARLY tile (load_tile from key start) with its newest key put in,
+    through one softmax step, if it holds any key (start < end)."""
+    if start < end:
+        k, v = with_newest(
+            k, v, j, start, slot, qpos, kvh, d, dv, D, DV, K, V, k_page_stride, k_off_stride,
+            k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale, VScale, k_scale_f,
+            v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
+        )  # fmt: skip
+        m_i, l_i, acc = softmax_step(
+            q, k, v, jm[None, :], m_i, l_i, acc, sm_scale, logit_cap, V, USE_CAP, DOT_PRECISION,
+            TILE_F32, P_LOW,
+        )  # fmt: skip
+    return m_i, l_i, acc
