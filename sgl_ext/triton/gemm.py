@@ -74,8 +74,11 @@ def _skinny_gemm_kernel(
     rm = tl.arange(0, BLOCK_M)  # [BM] tokens
     rk = tl.arange(0, BLOCK_K)  # [BK]
     k0 = pid_k * k_per_split
-    pdl_enter(USE_PDL)
     n_ok = rn < N
+    bias = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS and not WRITE_PARTIAL:  # a weight: loaded while the previous kernel runs
+        bias = tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)
+    pdl_enter(USE_PDL)
     m_ok = rm < M
     w_ptrs = W + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]  # [BN, BK]
     x_ptrs = X + rm[:, None].to(tl.int64) * stride_xm + (k0 + rk)[None, :]  # [BM, BK]
@@ -119,7 +122,7 @@ def _skinny_gemm_kernel(
         tl.store(p, res, mask=mask)
     else:
         if HAS_BIAS:
-            res += tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            res += bias[None, :]
         o = Out + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
         tl.store(o, cast_rne(res, Out.dtype.element_ty, EMULATE), mask=mask)
 

@@ -14,8 +14,8 @@ then does what the rope_kv kernel does to those bits: rounds the GEMM result to 
 and stores q, k, v into out; with WRITE_KV the rotated K and the V also go to the cache slot of
 each token (slots < 0 or >= num_slots skipped; fp8 caches quantised as the rope_kv kernel does).
 
-The positions, their cos/sin rows and the slots are loaded before the PDL wait: no kernel that
-may still run writes them (pdl.py).
+The positions, their cos/sin rows, the slots and the bias are loaded before the PDL wait: no
+kernel that may still run writes them (pdl.py).
 """
 
 from __future__ import annotations
@@ -123,6 +123,9 @@ def gemm_rope_kv_kernel(
     loc = tl.full([BLOCK_M], -1, tl.int64)
     if WRITE_KV:
         loc = tl.load(Loc + rm, mask=m_ok, other=-1).to(tl.int64)
+    bias = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS:  # a weight: no DRAM round trip left at the program's end
+        bias = tl.load(Bias + rn).to(tl.float32)
     pdl_enter(USE_PDL)
     # The skinny GEMM's K loop (gemm.py, dot=False): the same tiles, the same sums.
     w_ptrs = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]  # [BN, BK]
@@ -141,7 +144,7 @@ def gemm_rope_kv_kernel(
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if HAS_BIAS:
-        acc += tl.load(Bias + rn).to(tl.float32)[None, :]
+        acc += bias[None, :]
     DT: tl.constexpr = Out.dtype.element_ty
     res = cast_rne(acc, DT, EMULATE).to(tl.float32)  # the GEMM's output
     a, b = _halves(res, BLOCK_M, BLOCK_N)  # [BM, BN/2]: pairs' first / second elements

@@ -40,10 +40,13 @@ def _rmsnorm_kernel(
     X_ROWS: tl.constexpr = 1,  # rows of X per row: summed in float32 in order, rounded once
     USE_PDL: tl.constexpr = False,
 ):
-    pdl_enter(USE_PDL)
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     cm = cols < N
+    # the weight while the previous kernel runs: small weights leave L2 under a decode step's
+    # weight stream, and loaded after x it was a DRAM round trip behind the reduction
+    w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
+    pdl_enter(USE_PDL)
     mask = (rows < n_rows)[:, None] & cm[None, :]
     x_rows = X + (rows * X_ROWS)[:, None] * stride_x + cols[None, :]
     x = tl.load(x_rows, mask=mask, other=0.0)
@@ -59,7 +62,6 @@ def _rmsnorm_kernel(
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=1) / N  # [BLOCK_M]
     xn = xf * tl.rsqrt(var + eps)[:, None]
-    w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
     if WEIGHT_FP32:
         y = xn * w[None, :]
     else:

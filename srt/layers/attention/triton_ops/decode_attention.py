@@ -101,7 +101,7 @@ def _decode_kernel(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     # Before the wait for the previous kernel (see the module docstring): the batch's metadata,
-    # the slot table and the first tile's cached keys / values except the newest.
+    # the slot table, the first tiles' cached keys / values except the newest, the sinks.
     req = tl.load(ReqPoolIdx + b).to(tl.int64)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     qpos = seq_len - 1
@@ -139,6 +139,8 @@ def _decode_kernel(
             v_head_stride, KScale, VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8,
             K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
         )  # fmt: skip
+    if HAS_SINKS and NUM_SPLITS == 1:  # split: the merge kernel adds the sink column
+        sink = tl.load(Sinks + heads, mask=gm, other=0).to(tl.float32)
     pdl_enter(USE_PDL)
     q_ptr = Q + b * stride_qt + heads[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptr, mask=gm[:, None] & (d[None, :] < D), other=0)  # [BLOCK_H, BLOCK_D]
@@ -146,8 +148,8 @@ def _decode_kernel(
         q = q.to(tl.float32)
     m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if HAS_SINKS and NUM_SPLITS == 1:  # split: the merge kernel adds the sink column
-        m_i = tl.load(Sinks + heads, mask=gm, other=0).to(tl.float32)
+    if HAS_SINKS and NUM_SPLITS == 1:
+        m_i = sink
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     k0, v0 = with_newest(

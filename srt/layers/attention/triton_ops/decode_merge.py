@@ -31,16 +31,17 @@ def merge_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     """Out[b, h] = the chunks' partial outputs weighted by their softmax mass (+ the sink)."""
-    pdl_enter(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if HAS_SINKS:  # a weight: loaded while the chunks run
+        sink = tl.load(Sinks + h).to(tl.float32)
+    pdl_enter(USE_PDL)
     s = tl.arange(0, NUM_SPLITS)
     dv = tl.arange(0, BLOCK_DV)
     row = b * stride_mid_b + h * stride_mid_h + s  # [NUM_SPLITS]
     lse = tl.load(MidLse + row)
     m = tl.max(lse, axis=0)
     if HAS_SINKS:
-        sink = tl.load(Sinks + h).to(tl.float32)
         m = tl.maximum(m, sink)
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse - m)  # [NUM_SPLITS]; 0 for empty chunks
