@@ -197,24 +197,19 @@ def qkv_proj_with_rope_kv(
     if plan.launch is None:
         return _two_ops(x, weight, bias, positions, cos_sin_cache, head_size, out, is_neox, a,
                         config, plan.q_size, plan.kv_size)  # fmt: skip
-    from sgl_ext.triton.gemm_rope_kv import run_gemm_rope_kv
-
     b = bias if bias is not None else weight  # never read without a bias
-    if not ptrs:  # (uncacheable call: the pointers from the tensors)
-        q, k, _ = _views(out, plan.q_size, plan.kv_size)
-        _, ptrs = call_key(positions, q, k, head_size, cos_sin_cache, is_neox, a, None)
-    pp, cp, _, _, _, kbp, vbp, lp, ksp, vsp = ptrs
-    ptr_args = (x.data_ptr(), weight.data_ptr(), b.data_ptr(), out.data_ptr(), pp, cp, kbp, vbp,
-                lp, ksp, vsp)  # fmt: skip
-    if plan.launch.launcher.compiled is not None:
-        run_gemm_rope_kv(plan.launch, (), ptr_args)
+    main = plan.launch.launcher
+    if ptrs and main.compiled is not None:  # a cached plan: the compiled kernel, directly
+        pp, cp, _, _, _, kbp, vbp, lp, ksp, vsp = ptrs
+        main.direct(x.data_ptr(), weight.data_ptr(), b.data_ptr(), out.data_ptr(), pp, cp, kbp,
+                    vbp, lp, ksp, vsp)  # fmt: skip
         return out
     kv: tuple = (out,) * 5  # stand-ins (never read) without a KV write
     if a is not None:
         ks = a.k_scale if isinstance(a.k_scale, torch.Tensor) else out
         vs = a.v_scale if isinstance(a.v_scale, torch.Tensor) else out
         kv = (a.k_buffer, a.v_buffer, a.cache_loc, ks, vs)
-    run_gemm_rope_kv(plan.launch, (x, weight, b, out, positions, cos_sin_cache, *kv), ptr_args)
+    main.launch(x, weight, b, out, positions, cos_sin_cache, *kv)  # through the JIT
     return out
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import triton
 import triton.language as tl
 
@@ -185,9 +184,10 @@ def gemm_rope_kv_kernel(
 
 @dataclass(frozen=True)
 class GemmRopeKVLaunch:
-    """A planned call of gemm_rope_kv_kernel. Per call (direct launch, pointers in the kernel's
-    order): x, weight, bias (or weight), out, positions, cos_sin_cache, k_buffer, v_buffer,
-    cache_loc, k_scale, v_scale (a stand-in tensor where a call has none)."""
+    """A planned call of gemm_rope_kv_kernel. Per call, `launcher.launch` (tensors) or
+    `launcher.direct` (their pointers) takes, in the kernel's order: x, weight, bias (or
+    weight), out, positions, cos_sin_cache, k_buffer, v_buffer, cache_loc, k_scale, v_scale (a
+    stand-in tensor where a call has none)."""
 
     m: int
     launcher: KernelLauncher
@@ -255,15 +255,3 @@ def plan_gemm_rope_kv(
     )  # fmt: skip
     launcher = make_launcher(gemm_rope_kv_kernel, grid, fixed, constexprs, options, call.device)
     return GemmRopeKVLaunch(m, launcher)
-
-
-def run_gemm_rope_kv(
-    plan: GemmRopeKVLaunch, tensors: tuple[torch.Tensor, ...], ptrs: tuple[int, ...]
-) -> None:
-    """Launch plan (same metadata as planned) on its per-call tensors (see GemmRopeKVLaunch):
-    directly from their pointers ptrs once compiled, through the JIT with the tensors before."""
-    main = plan.launcher
-    if main.compiled is not None:
-        main.direct(*ptrs)
-    else:
-        main.launch(*tensors)
