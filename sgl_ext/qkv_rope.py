@@ -183,8 +183,7 @@ def qkv_proj_with_rope_kv(
     ptrs: tuple[int, ...] = ()
     plan: QKVRopePlan | None = None
     try:
-        kv_size = num_kv_heads * head_size
-        q, k, _ = _views(out, weight.shape[0] - 2 * kv_size, kv_size)
+        q, k, _ = _views(out, *_split_sizes(weight, head_size, num_kv_heads))
         rk, ptrs = call_key(positions, q, k, head_size, cos_sin_cache, is_neox, a, None)
         key = (rk, tensor_key(x), tensor_key(weight), optional_key(bias), tensor_key(out),
                num_kv_heads, config)  # fmt: skip
