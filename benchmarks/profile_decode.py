@@ -92,13 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     prompts = torch.randint(0, vocab, (a.batch_size, a.input_len), generator=g).tolist()
     reqs = [Req(i, p, params) for i, p in enumerate(prompts)]
     sb = ScheduleBatch.from_runner(runner)
-    ids = runner.forward(sb.prepare_for_extend(reqs)).argmax(-1).tolist()
+    ids = runner.greedy_ids(runner.forward(sb.prepare_for_extend(reqs)))
 
     def step(use_graph: bool) -> None:
         nonlocal ids
         for r, t in zip(reqs, ids, strict=True):
             r.output_ids.append(t)
-        ids = runner.forward(sb.prepare_for_decode(reqs), use_graph).argmax(-1).tolist()
+        ids = runner.greedy_ids(runner.forward(sb.prepare_for_decode(reqs), use_graph))
 
     print(
         f"# {a.model_preset} bs={a.batch_size} input={a.input_len} "

@@ -99,7 +99,7 @@ def generate(
         for _ in range(output_len - 1):
             for r, t in zip(reqs, ids, strict=True):
                 r.output_ids = [t]
-            ids = runner.forward(sb.prepare_for_decode(reqs), use_graph).argmax(dim=-1).tolist()
+            ids = runner.greedy_ids(runner.forward(sb.prepare_for_decode(reqs), use_graph))
             for out, t in zip(outputs, ids, strict=True):
                 out.append(t)
     finally:

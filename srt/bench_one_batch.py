@@ -140,7 +140,7 @@ def run_batch(
                 fb = sb.prepare_for_extend(group)
                 _sync(dev)
                 t0 = time.perf_counter()
-                ids += runner.forward(fb).argmax(dim=-1).tolist()  # [len(group)]
+                ids += runner.greedy_ids(runner.forward(fb))  # [len(group)]
                 prefill_s += time.perf_counter() - t0
                 sb.evict_swa(group)  # window pages no later query reads (hybrid pool)
             prefill_runs.append(prefill_s)
@@ -156,11 +156,11 @@ def run_batch(
             if trace_path is not None and i == profile_step:
 
                 def step(fb: Any = fb) -> list[int]:
-                    return runner.forward(fb, use_graph).argmax(dim=-1).tolist()
+                    return runner.greedy_ids(runner.forward(fb, use_graph))
 
                 ids = _profiled(step, dev, trace_path)
             else:
-                ids = runner.forward(fb, use_graph).argmax(dim=-1).tolist()
+                ids = runner.greedy_ids(runner.forward(fb, use_graph))
                 steps.append(time.perf_counter() - t0)
             sb.evict_swa(reqs)
             for out, t in zip(outputs, ids, strict=True):

@@ -150,21 +150,39 @@ class Scheduler:
 
     def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
         want_lp = any(r.return_logprob for r in reqs)
-        if any(r.sampling_params.has_penalties for r in reqs):
+        tp = getattr(self.runner, "tp_size", 1)
+        plain = not any(r.sampling_params.has_penalties for r in reqs)
+        greedy_ids = getattr(self.runner, "greedy_ids", None)
+        lps: list[float | None]
+        if (
+            greedy_ids is not None
+            and plain
+            and tp == 1
+            and not want_lp
+            and all(r.sampling_params.is_greedy for r in reqs)
+        ):  # the argmax alone: a graph replay has it on the host already
+            ids, lps = greedy_ids(logits), [None] * len(reqs)
+        else:
+            ids, lps = self._sample(reqs, logits, want_lp, plain, tp)
+        for req, tok, lp in zip(reqs, ids, lps, strict=True):
+            req.output_ids.append(int(tok))
+            if req.return_logprob:
+                req.output_token_logprobs.append(float(lp))  # type: ignore[arg-type]
+            req.check_finished()
+
+    def _sample(
+        self, reqs: list[Req], logits: torch.Tensor, want_lp: bool, plain: bool, tp: int
+    ) -> tuple[list[int], list[float | None]]:
+        if not plain:
             logits = apply_penalties(logits, [_penalty_inputs(r) for r in reqs])  # [B, V]
         next_ids, logprobs = sample(
             logits, [r.sampling_params for r in reqs], [r.generator for r in reqs], want_lp
         )
-        if getattr(self.runner, "tp_size", 1) > 1:
+        if tp > 1:
             # Every rank samples the same logits; rank 0's ids make that exact (same schedule).
             tensor_model_parallel_broadcast(next_ids, src=0)
-        ids = next_ids.tolist()
         lps = logprobs.tolist() if logprobs is not None else [None] * len(reqs)
-        for req, tok, lp in zip(reqs, ids, lps, strict=True):
-            req.output_ids.append(int(tok))
-            if req.return_logprob:
-                req.output_token_logprobs.append(float(lp))
-            req.check_finished()
+        return next_ids.tolist(), lps
 
     def step(self) -> list[Req]:
         """One prefill or decode step. Returns the requests that finished in it."""

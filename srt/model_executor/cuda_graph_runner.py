@@ -147,14 +147,19 @@ class CudaGraphRunner:
         )
         # Warm up on the capture stream (lazy inits, Triton compiles) before capturing.
         stream.wait_stream(torch.cuda.current_stream(self.device))
+        greedy = self.model_runner.greedy
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.model_runner.model_forward(fb)
+                out = self.model_runner.model_forward(fb)
+                if greedy is not None:
+                    greedy.launch(out)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.graph_memory_pool, stream=stream):
             out = self.model_runner.model_forward(fb)  # [bs, V] logits
+            if greedy is not None:  # the argmax too, into pinned host memory (greedy_ids)
+                greedy.launch(out)
         if self.graph_memory_pool is None:
             self.graph_memory_pool = graph.pool()
         return graph, out
@@ -208,4 +213,8 @@ class CudaGraphRunner:
         )
         self.graphs[bs].replay()
         out = self.outputs[bs]
-        return out if raw_bs == bs else out[:raw_bs]
+        out = out if raw_bs == bs else out[:raw_bs]
+        greedy = self.model_runner.greedy
+        if greedy is not None:  # the replay computes out's argmax (ModelRunner.greedy_ids)
+            greedy.pending = out
+        return out

@@ -24,6 +24,7 @@ from srt.distributed import (
     tensor_model_parallel_min_int,
 )
 from srt.model_executor.forward_batch_info import ForwardBatch
+from srt.sampling.greedy import GreedySampler, argmax_native
 from srt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -106,6 +107,12 @@ class ModelRunner:
         self._fit_rope_tables()
         self._init_memory_pool()
         self.attn_backend = self._init_attention_backend()
+        # greedy tokens on the GPU (graph replays run its kernel; eager calls launch it)
+        self.greedy = (
+            GreedySampler(self.max_running_requests, self.device)
+            if self.device.type == "cuda"
+            else None
+        )
         self.cuda_graph_runner: CudaGraphRunner | None = None
         if not args.disable_cuda_graph and self.device.type == "cuda":
             self._init_cuda_graphs()
@@ -385,3 +392,25 @@ class ModelRunner:
         with torch.inference_mode():
             self.attn_backend.init_forward_metadata(fb)
         return self.model_forward(fb)
+
+    def greedy_ids(self, logits: torch.Tensor) -> list[int]:
+        """`torch.argmax(logits, -1).tolist()`, the greedy next tokens, with the least work after
+        the forward: a graph replay's logits have their argmax computed and stored in pinned
+        host memory inside the graph (this waits for the replay and reads it); other CUDA logits
+        take the same kernel in one launch.
+
+        Parameters
+        ----------
+        logits : float [B, V], what `forward` returned (a graph replay's: before the next one).
+
+        Returns
+        -------
+        B ints: each row's first index of its largest value (NaN above every number).
+        """
+        g = self.greedy
+        if g is None or logits.device != g.device or logits.shape[0] > g.max_rows:
+            return argmax_native(logits).tolist()
+        if logits is not g.pending:  # not a replay that already ran the kernel
+            g.launch(logits)
+        torch.cuda.current_stream(g.device).synchronize()
+        return g.tokens(logits.shape[0])

@@ -106,13 +106,21 @@ def test_forward_failure_frees_everything(engine, monkeypatch, exc, call):
     _assert_recovered(engine, start, ref)
 
 
-def test_sampler_failure_frees_everything(engine, monkeypatch):
-    """Stands for a bad sampling parameter that reaches the sampler: the step raises."""
+@pytest.mark.parametrize("path", ["sample", "greedy_ids"])
+def test_sampler_failure_frees_everything(engine, monkeypatch, path):
+    """Stands for a bad sampling parameter that reaches the sampler (the general sampler, or
+    the runner's greedy path that all-greedy batches take): the step raises."""
     ref, start = _reference(engine), _free_counts(engine)
     err = ValueError("probability tensor contains either inf, nan")
-    monkeypatch.setattr(scheduler_mod, "sample", _nth_call_raises(scheduler_mod.sample, 2, err))
+    if path == "sample":  # sampled requests go through scheduler.sample
+        monkeypatch.setattr(scheduler_mod, "sample", _nth_call_raises(scheduler_mod.sample, 2, err))
+        params = {**GREEDY, "temperature": 0.7}
+    else:
+        runner = engine.model_runner
+        monkeypatch.setattr(runner, "greedy_ids", _nth_call_raises(runner.greedy_ids, 2, err))
+        params = GREEDY
     with pytest.raises(ValueError, match="probability"):
-        engine.generate(input_ids=_prompts(), sampling_params=GREEDY)
+        engine.generate(input_ids=_prompts(), sampling_params=params)
     monkeypatch.undo()
     _assert_recovered(engine, start, ref)
 

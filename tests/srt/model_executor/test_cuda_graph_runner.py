@@ -128,7 +128,10 @@ def test_graph_replay_equals_eager_padded(monkeypatch, fused, page_size):
             fb_e = sb.prepare_for_decode(eager_reqs)
             assert gr.can_run(fb_g)
             k_before = pool.get_key_buffer(0).clone()
-            out_g = runner.forward(fb_g).clone()  # replay
+            replayed = runner.forward(fb_g)  # replay (its argmax computed in the graph)
+            greedy = runner.greedy_ids(replayed)  # read from pinned memory, no launch
+            out_g = replayed.clone()
+            assert greedy == out_g.argmax(-1).tolist(), f"bs={raw_bs} step {step}: greedy"
             # Only this batch's slots and the padding slot 0 may change.
             changed = _changed_slots(k_before, pool.get_key_buffer(0))
             allowed = set(fb_g.out_cache_loc.tolist()) | {0}
@@ -258,6 +261,7 @@ def test_graph_runner_logic_with_simulated_graphs(monkeypatch, fused, page_size)
             torch.testing.assert_close(out_g, out_e, rtol=1e-5, atol=1e-5)
             ids = out_e.argmax(-1).tolist()
             assert out_g.argmax(-1).tolist() == ids, f"bs={raw_bs} step {step}"
+            assert runner.greedy_ids(out_e) == ids  # eager logits: one launch (CUDA) or argmax
             for a, b, t in zip(graph_reqs, eager_reqs, ids, strict=True):
                 a.output_ids.append(t)
                 b.output_ids.append(t)
