@@ -9,10 +9,11 @@ SGLang's convention and flags. For every variant (fused / unfused RoPE+KV write,
 eager / CUDA graph) and every (batch size, input length, output length) it warms that shape up,
 then prints the prefill latency (median of 3 prefills) and tokens/s, the median decode-step
 latency (forward + greedy sampling) beside its read floor (weights + KV read / measured copy
-bandwidth; n/a on CPU), and decode tokens/s; rows are appended to ``--result-filename`` with
-SGLang's field names. It ends with a line saying whether all variants produced the same output
-tokens, and exits 1 when they did not. ``--correctness-test`` (srt/bench_correctness.py) decodes
-real prompts instead.
+bandwidth; n/a on CPU) and the host time of preparing each step's batch (not in the step; the
+Engine's overlapped decode hides it under the previous step), and decode tokens/s; rows are
+appended to ``--result-filename`` with SGLang's field names. It ends with a line saying whether
+all variants produced the same output tokens, and exits 1 when they did not.
+``--correctness-test`` (srt/bench_correctness.py) decodes real prompts instead.
 """
 
 from __future__ import annotations
@@ -146,13 +147,15 @@ def run_batch(
             prefill_runs.append(prefill_s)
         prefill_s = statistics.median(prefill_runs)
         outputs = [[t] for t in ids]
-        steps = []
+        steps, prepares = [], []
         for i in range(output_len - 1):
             for r, t in zip(reqs, ids, strict=True):
                 r.output_ids = [t]
+            t_prep = time.perf_counter()
             fb = sb.prepare_for_decode(reqs)
             _sync(dev)
             t0 = time.perf_counter()
+            prepares.append(t0 - t_prep)
             if trace_path is not None and i == profile_step:
 
                 def step(fb: Any = fb) -> list[int]:
@@ -178,6 +181,9 @@ def run_batch(
         "prefill_latency": prefill_s,
         "prefill_throughput": bs * input_len / prefill_s,
         "median_decode_latency": step_s,
+        # host time of the batch's preparation before each step (slots, upload), which the step
+        # leaves out; SGLang's bench_one_batch counts it in its decode latency
+        "median_prepare_latency": statistics.median(prepares) if prepares else float("nan"),
         "median_decode_throughput": bs / step_s if steps else float("nan"),
         "total_latency": total,
         "overall_throughput": bs * (input_len + len(steps) + 1) / total,
@@ -228,7 +234,8 @@ def _fmt_row(name: str, graph: bool, r: dict[str, Any]) -> str:
         f"{name:8s} graph={int(graph)} bs={r['batch_size']:4d} in={r['input_len']:5d} "
         f"out={r['output_len']:4d} | prefill {r['prefill_latency'] * 1e3:9.2f} ms "
         f"{r['prefill_throughput']:10.0f} tok/s | decode step {step * 1e3:8.3f} ms "
-        f"(floor {floor_s}) | decode {r['median_decode_throughput']:10.1f} tok/s"
+        f"(floor {floor_s}, + prepare {r['median_prepare_latency'] * 1e3:6.3f} ms) | "
+        f"decode {r['median_decode_throughput']:10.1f} tok/s"
     )
 
 
@@ -354,6 +361,7 @@ RESULT_FIELDS = (
     "prefill_throughput",
     "median_decode_latency",
     "median_decode_throughput",
+    "median_prepare_latency",
     "total_latency",
     "overall_throughput",
     "variant",

@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disable-fused-rope-kv", action="store_true", help="write K/V outside the RoPE kernel")
     a("--json-model-override-args", default="{}", help="JSON merged into the HF config")
     a("--disable-hybrid-swa-memory", action="store_true", help="one uniform KV pool")
+    a(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="prepare each decode step only after the previous one is read back",
+    )
     a("--allow-auto-truncate", action="store_true", help="cut over-long requests to fit")
     a("--log-level", default="info", choices=LOG_LEVELS, help="log level")
     a("--debug", action="store_true", help="show tracebacks of start-up errors")
@@ -76,6 +81,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         json_model_override_args=args.json_model_override_args,
         allow_auto_truncate=args.allow_auto_truncate,
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
+        disable_overlap_schedule=args.disable_overlap_schedule,
         log_level=args.log_level,
     )
 

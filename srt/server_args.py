@@ -51,6 +51,9 @@ class ServerArgs:
     disable_hybrid_swa_memory : keep every layer's KV for every token (one uniform pool) even
         for models with sliding-window layers; by default those layers get their own, smaller
         pool (`SWAKVPool`) that holds only the tokens inside the window.
+    disable_overlap_schedule : read every decode step's tokens back before preparing the next
+        one. By default (SGLang's overlap schedule) greedy decode steps are prepared and
+        launched while the previous step still runs, its tokens fed from the device.
     log_level : level of the "srt" loggers ("debug" ... "critical"); None leaves logging alone.
     tp_size : tensor-parallel ranks (one process each; NCCL on CUDA, gloo on CPU).
     dist_init_addr : "host:port" of the TP rendezvous for Engine-spawned ranks (None: a free
@@ -84,6 +87,7 @@ class ServerArgs:
     json_model_override_args: str = "{}"
     allow_auto_truncate: bool = False
     disable_hybrid_swa_memory: bool = False
+    disable_overlap_schedule: bool = False
     log_level: str | None = None
 
     def __post_init__(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from srt.mem_cache.host_copy import upload
 from srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
@@ -230,8 +231,8 @@ class ScheduleBatch:
             r.swa_page_start = keep
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
-        # The host tensor is fresh and never written again: the copy needs no sync.
-        return host.to(self.device, non_blocking=True)
+        # queued without a host wait (the overlapped decode prepares while a step runs)
+        return upload(host, self.device)
 
     # ---- forward batches ----
     def _forward_batch(self, mode: ForwardMode, **kw: Any) -> ForwardBatch:
@@ -315,12 +316,26 @@ class ScheduleBatch:
         ps = self.page_size
         return req.swa_pages[token // ps - req.swa_page_start] * ps + token % ps
 
-    def prepare_for_decode(self, reqs: list[Req]) -> ForwardBatch:
+    def prepare_for_decode(
+        self, reqs: list[Req], input_ids: torch.Tensor | None = None
+    ) -> ForwardBatch:
         """One new token per request: allocate its slot and build the decode batch.
 
         The slots come from `alloc_decode` on host data (each request's pages), so no device
         read happens here; if the pool is full, nothing changes and RuntimeError is raised.
+        `input_ids` (int64 [B] on the device): the tokens to feed, in place of each request's
+        `output_ids[-1]` (the overlapped decode: the previous step's greedy ids, not yet read
+        back); copied on the stream, no wait.
         """
+        if input_ids is not None and (
+            input_ids.shape != (len(reqs),)
+            or input_ids.dtype != torch.int64
+            or input_ids.device != self.device
+        ):
+            raise ValueError(
+                f"input_ids must be int64 [{len(reqs)}] on {self.device}, got "
+                f"{input_ids.dtype} {tuple(input_ids.shape)} on {input_ids.device}"
+            )
         idle = [r for r in reqs if r.req_pool_idx is None or r.kv_len < 1]
         if idle:
             raise ValueError(f"request {idle[0].rid} was not prefilled (or was already freed)")
@@ -330,7 +345,7 @@ class ScheduleBatch:
         # previous token's window slot); it travels to the device in one copy, and its first
         # five rows are the batch's decode inputs (ForwardBatch.decode_inputs).
         block = [
-            [r.output_ids[-1] for r in reqs],
+            [r.output_ids[-1] if input_ids is None else 0 for r in reqs],
             [r.req_pool_idx for r in reqs],
             [r.kv_len + 1 for r in reqs],
             [r.kv_pages[(r.kv_len - 1) // ps] * ps + (r.kv_len - 1) % ps for r in reqs],
@@ -358,6 +373,8 @@ class ScheduleBatch:
         if swa_slots is not None:
             host[5] = swa_slots
         dev = self._to_device(host)  # [5 or 6, B]
+        if input_ids is not None:
+            dev[0].copy_(input_ids)  # queued after the step that computes them
         inputs = dev[:5]  # [5, B]
         input_ids, rows, seq_lens, out_cache_loc, pos = inputs.unbind(0)  # [B] each
         self.req_to_token_pool.req_to_token[rows, pos] = out_cache_loc.to(torch.int32)

@@ -10,18 +10,30 @@ need, so a decode step never runs out of memory and no request is ever retracted
 With a hybrid pool (sliding-window layers in their own pool) both pools are counted: a request
 needs window slots for its whole prompt during its prefill, and afterwards at most its window
 (`swa_tokens_per_request`); window pages are given back after every step (`evict_swa`).
+
+Overlapped decode (SGLang's overlap schedule; `disable_overlap_schedule` turns it off): while
+decode step N runs on the GPU, the host prepares and launches step N + 1, its input tokens
+copied on the device from step N's greedy ids, and only then waits for step N's tokens. The
+host's work per step (slot allocation, the batch's upload, window eviction, finish checks)
+then hides under the GPU's. Every device effect of that host work (scrubs, mapping writes, the
+next step) is queued on the same stream after step N, so freeing memory step N still reads is
+safe. A request known to finish by length at step N is left out of step N + 1; one that stops
+on a token at step N has run one step more, whose token is dropped. Only greedy requests
+without penalties or logprobs, at TP 1 and with no request waiting to be admitted.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from srt.distributed import tensor_model_parallel_broadcast
 from srt.managers.schedule_batch import Req, ScheduleBatch, pages_needed
+from srt.mem_cache.host_copy import upload
 from srt.mem_cache.kv_memory import swa_tokens_per_request
 from srt.sampling.penalties import PenaltyInputs, apply_penalties
 from srt.sampling.sampler import sample
@@ -33,6 +45,30 @@ def _penalty_inputs(req: Req) -> PenaltyInputs:
     if not params.ignore_eos:
         banned |= req.eos_token_ids
     return PenaltyInputs(params, req.origin_input_ids, req.output_ids, frozenset(banned))
+
+
+def _ends_by_length(req: Req) -> bool:
+    """Whether the next token appended finishes the request by length (`check_finished`'s
+    length conditions, one token ahead)."""
+    n = len(req.output_ids) + 1
+    if n >= req.sampling_params.max_new_tokens:
+        return True
+    return bool(req.max_total_len) and len(req.origin_input_ids) + n >= req.max_total_len
+
+
+@dataclass
+class _InFlight:
+    """A decode step launched and not yet read back (the overlapped decode)."""
+
+    reqs: list[Req]  # its batch, in row order
+    ids: torch.Tensor  # int64 [B] on the device: its greedy tokens (the next step feeds them)
+    host: torch.Tensor  # int64 [B] on the host (pinned on CUDA): the same, once `done`
+    done: torch.cuda.Event | None  # recorded after the copy to host (None: already there)
+
+    def tokens(self) -> list[int]:
+        if self.done is not None:
+            self.done.synchronize()  # this step only: the next one keeps running
+        return self.host.tolist()
 
 
 class Scheduler:
@@ -63,6 +99,22 @@ class Scheduler:
         self.finished_early: list[Req] = []
         self.num_prefill_steps = 0
         self.num_decode_steps = 0
+        self.num_overlapped_steps = 0  # decode steps launched before the previous one was read
+        args = getattr(model_runner, "server_args", None)
+        self.overlap = (
+            getattr(model_runner, "tp_size", 1) == 1
+            and hasattr(model_runner, "greedy_ids_device")
+            and not getattr(args, "disable_overlap_schedule", True)
+        )
+        self._inflight: _InFlight | None = None
+        if self.overlap:  # two host buffers of tokens: step N's is read while N + 1 writes
+            pin = torch.device(model_runner.device).type == "cuda"
+            rows = self.max_running_requests
+            self._token_bufs = [
+                torch.zeros(rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)
+            ]
+            self._events = [torch.cuda.Event() for _ in range(2)] if pin else None
+            self._buf_i = 0
 
     # ---- admission ----
     def _slots_for(self, num_tokens: int) -> int:
@@ -184,9 +236,78 @@ class Scheduler:
         lps = logprobs.tolist() if logprobs is not None else [None] * len(reqs)
         return next_ids.tolist(), lps
 
+    # ---- overlapped decode ----
+    def _overlappable(self, reqs: list[Req]) -> bool:
+        """Whether the next decode step of reqs may be launched before the current one's tokens
+        are read (greedy only, nothing waiting to be admitted)."""
+        return (
+            self.overlap
+            and not self.waiting
+            and all(
+                r.sampling_params.is_greedy
+                and not r.sampling_params.has_penalties
+                and not r.return_logprob
+                for r in reqs
+            )
+        )
+
+    def _launch_decode(self, reqs: list[Req], input_ids: torch.Tensor | None) -> None:
+        """Prepare and launch a decode step of reqs; its tokens are read by the next step."""
+        fb = self.batch.prepare_for_decode(reqs, input_ids)
+        logits = self.runner.forward(fb)  # [B, V]
+        self.num_decode_steps += 1
+        ids = self.runner.greedy_ids_device(logits)  # [B] int64, no wait
+        i, self._buf_i = self._buf_i, self._buf_i ^ 1
+        host = self._token_bufs[i][: len(reqs)]
+        done = None
+        if self._events is not None:
+            host.copy_(ids, non_blocking=True)
+            done = self._events[i]
+            done.record()
+        else:
+            host.copy_(ids)
+        self._inflight = _InFlight(reqs, ids, host, done)
+
+    def _step_inflight(self, finished: list[Req]) -> None:
+        """Launch the next decode step (if it may go), then read the in-flight one's tokens."""
+        inf, self._inflight = self._inflight, None
+        assert inf is not None
+        keep = [i for i, r in enumerate(inf.reqs) if not r.finished and not _ends_by_length(r)]
+        nxt = [inf.reqs[i] for i in keep]
+        if nxt and self._overlappable(nxt):
+            ids = inf.ids
+            if len(keep) != len(inf.reqs):  # rows of the requests that go on
+                rows = upload(torch.tensor(keep, dtype=torch.int64), ids.device)
+                ids = ids.index_select(0, rows)
+            self._launch_decode(nxt, ids)
+            self.num_overlapped_steps += 1
+        for req, tok in zip(inf.reqs, inf.tokens(), strict=True):
+            if req.finished:  # aborted while its step ran: the token is dropped
+                continue
+            req.output_ids.append(tok)
+            req.check_finished()
+        self._after_step(finished)
+
+    def _after_step(self, finished: list[Req]) -> None:
+        """Window eviction, then the finished requests leave the running batch."""
+        self.batch.evict_swa(self.running)  # window pages no later query reads (hybrid pool)
+        still = []
+        for req in self.running:
+            if req.finished:
+                self._finish(req, finished)
+            else:
+                still.append(req)
+        self.running = still
+
     def step(self) -> list[Req]:
-        """One prefill or decode step. Returns the requests that finished in it."""
+        """One prefill or decode step. Returns the requests that finished in it.
+
+        With the overlapped decode, a decode step returns after launching the next one: the
+        requests then finish one call later than they would otherwise."""
         finished, self.finished_early = self.finished_early, []
+        if self._inflight is not None:
+            self._step_inflight(finished)
+            return finished
         new = self._admit()
         if new:
             self.running.extend(new)  # from here on they hold memory (abort_all frees it)
@@ -196,6 +317,9 @@ class Scheduler:
             self._sample_and_append(new, logits)
         elif self.running:
             reqs = self.running
+            if self._overlappable(reqs):
+                self._launch_decode(reqs, None)  # read back by the next call
+                return finished
             fb = self.batch.prepare_for_decode(reqs)
             logits = self.runner.forward(fb)  # [B, V]
             self.num_decode_steps += 1
@@ -204,14 +328,7 @@ class Scheduler:
             raise RuntimeError("no running request and the first waiting one cannot be admitted")
         else:
             return finished
-        self.batch.evict_swa(self.running)  # window pages no later query reads (hybrid pool)
-        still = []
-        for req in self.running:
-            if req.finished:
-                self._finish(req, finished)
-            else:
-                still.append(req)
-        self.running = still
+        self._after_step(finished)
         return finished
 
     def abort_all(self) -> list[Req]:
@@ -220,6 +337,7 @@ class Scheduler:
         Every request is freed even if freeing one of them fails; the first such error is
         raised afterwards (the pools then hold nothing of the dropped requests but that one).
         """
+        self._inflight = None  # its tokens are dropped with the requests
         dropped = list(self.waiting) + self.running + self.finished_early
         self.finished_early = []
         self.waiting.clear()
@@ -255,7 +373,7 @@ class Scheduler:
         return None
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.finished_early)
+        return bool(self.waiting or self.running or self.finished_early or self._inflight)
 
     def run_until_idle(self, progress: Any = None) -> None:
         """Step until no request is waiting or running; `progress.update(n)` per finished."""

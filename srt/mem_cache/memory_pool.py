@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 from sgl_ext import FP8_DTYPES, INPUT_DTYPES
 from sgl_ext._common import check_kv_write, kv_layout
 from sgl_ext.native import quantize_native, scatter_native
+from srt.mem_cache.host_copy import upload
 
 KV_DTYPES = (*INPUT_DTYPES, *FP8_DTYPES)  # bf16, fp16, fp32, fp8 e4m3 / e5m2
 Scale = float | torch.Tensor | None
@@ -115,10 +116,11 @@ class ReqToTokenPool:
             if i in free_set:
                 raise ValueError(f"request slot {i} freed twice")
             free_set.add(i)
-        if idx:
-            self.req_to_token[idx] = 0
+        if idx:  # index_fill_ of uploaded rows: no host wait (a step may still run)
+            rows = upload(torch.tensor(idx, dtype=torch.int64), self.req_to_token.device)
+            self.req_to_token.index_fill_(0, rows, 0)
             if self.req_to_swa_token is not None:
-                self.req_to_swa_token[idx] = 0
+                self.req_to_swa_token.index_fill_(0, rows, 0)
         self.free_slots.extend(idx)
 
     def clear(self) -> None:
@@ -390,7 +392,7 @@ class MHATokenToKVPool:
         """Zero K and V of the given slots in every layer (scrub before a new request)."""
         if not isinstance(indices, torch.Tensor) or indices.dtype not in (torch.int32, torch.int64):
             raise TypeError("indices must be an int32/int64 tensor")
-        idx = indices.to(self.device, torch.int64).reshape(-1)
+        idx = upload(indices, self.device, torch.int64).reshape(-1)  # no host wait
         if idx.numel() == 0:
             return
         if self.device.type == "cuda" and self.kv_buffer is None:

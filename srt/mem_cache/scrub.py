@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_ext.triton.launcher import cached_launcher
+
 _MAX_BLOCK = 1024  # words one program stores per loop iteration
 
 
@@ -78,6 +80,6 @@ def zero_slots_all(table: SlotTable, slots: torch.Tensor) -> None:
         return
     block = min(_MAX_BLOCK, triton.next_power_of_2(table.max_words))
     grid = (n, table.bases.shape[0])
-    _zero_slots_kernel[grid](
+    cached_launcher(_zero_slots_kernel)[grid](  # direct launch: every decode step scrubs
         table.bases, table.row_words, slots, BLOCK=block, WORD_BITS=table.word_bits
     )

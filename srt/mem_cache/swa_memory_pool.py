@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from srt.mem_cache.host_copy import upload
 from srt.mem_cache.memory_pool import MHATokenToKVPool, Scale, _HasLayerId
 
 
@@ -161,15 +162,16 @@ class SWAKVPool:
     def set_swa_mapping(self, full_slots: torch.Tensor, swa_slots: torch.Tensor) -> None:
         """Record that the tokens in full slots `full_slots` [n] have window slots `swa_slots`
         [n] (host or device int tensors; host ones are copied once, without a sync)."""
-        full = full_slots.to(self.device, torch.int64, non_blocking=True)
-        swa = swa_slots.to(self.device, torch.int64, non_blocking=True)
+        full = upload(full_slots, self.device, torch.int64)
+        swa = upload(swa_slots, self.device, torch.int64)
         self.full_to_swa_index_mapping[full] = swa
 
     def reset_swa_mapping(self, full_slots: torch.Tensor) -> None:
         """The tokens in `full_slots` [n] no longer have a window slot (mapping -> -1)."""
         if full_slots.numel():
-            full = full_slots.to(self.device, torch.int64, non_blocking=True)
-            self.full_to_swa_index_mapping[full] = -1
+            full = upload(full_slots, self.device, torch.int64)
+            # index_fill_, not `[full] = -1`: the scalar would be a host copy, a sync
+            self.full_to_swa_index_mapping.index_fill_(0, full, -1)
 
     # ------------------------------------------------------------------ writes
     def set_stream_overlap(self, enabled: bool) -> None:

@@ -414,3 +414,14 @@ class ModelRunner:
             g.launch(logits)
         torch.cuda.current_stream(g.device).synchronize()
         return g.tokens(logits.shape[0])
+
+    def greedy_ids_device(self, logits: torch.Tensor) -> torch.Tensor:
+        """int64 [B], the greedy next tokens of logits on logits' device, without waiting (the
+        overlapped decode feeds them to the next step): a graph replay's are already in the
+        runner's buffer, valid until the next replay or launch (copy them before)."""
+        g = self.greedy
+        if g is None or logits.device != g.device or logits.shape[0] > g.max_rows:
+            return argmax_native(logits)
+        if logits is not g.pending:
+            return g.launch(logits)
+        return g.ids[: logits.shape[0]]

@@ -60,6 +60,7 @@ def test_no_flags_subprocess(tmp_path):
     for r in data["results"]:
         assert r["decode_tokens_per_s"] > 0 and len(r["output_ids"]) == r["batch_size"]
         assert all(len(o) == r["output_len"] for o in r["output_ids"])
+        assert 0 < r["median_prepare_latency"] < 1.0  # the step's batch preparation, seconds
     rows = [json.loads(x) for x in (tmp_path / "result.jsonl").read_text().splitlines()]
     # one row per timed variant: 4 on CPU, 8 on CUDA (eager and graph rows)
     assert len(rows) == len(data["results"]) and all(SGLANG_FIELDS <= set(r) for r in rows)

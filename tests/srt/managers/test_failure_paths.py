@@ -106,19 +106,21 @@ def test_forward_failure_frees_everything(engine, monkeypatch, exc, call):
     _assert_recovered(engine, start, ref)
 
 
-@pytest.mark.parametrize("path", ["sample", "greedy_ids"])
+@pytest.mark.parametrize("path", ["sample", "greedy_ids", "greedy_ids_device"])
 def test_sampler_failure_frees_everything(engine, monkeypatch, path):
-    """Stands for a bad sampling parameter that reaches the sampler (the general sampler, or
-    the runner's greedy path that all-greedy batches take): the step raises."""
+    """Stands for a bad sampling parameter that reaches the sampler (the general sampler; the
+    runner's greedy path of all-greedy prefills; the overlapped decode's device ids): the step
+    raises."""
     ref, start = _reference(engine), _free_counts(engine)
     err = ValueError("probability tensor contains either inf, nan")
+    params = GREEDY
     if path == "sample":  # sampled requests go through scheduler.sample
         monkeypatch.setattr(scheduler_mod, "sample", _nth_call_raises(scheduler_mod.sample, 2, err))
         params = {**GREEDY, "temperature": 0.7}
-    else:
+    else:  # the prefill's greedy ids, or the second overlapped decode step's
         runner = engine.model_runner
-        monkeypatch.setattr(runner, "greedy_ids", _nth_call_raises(runner.greedy_ids, 2, err))
-        params = GREEDY
+        n = 1 if path == "greedy_ids" else 2
+        monkeypatch.setattr(runner, path, _nth_call_raises(getattr(runner, path), n, err))
     with pytest.raises(ValueError, match="probability"):
         engine.generate(input_ids=_prompts(), sampling_params=params)
     monkeypatch.undo()

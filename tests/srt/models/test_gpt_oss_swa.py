@@ -108,6 +108,26 @@ def test_hybrid_pool_fused_equals_unfused(ckpt):
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
+def test_hybrid_pool_overlapped_decode_same_tokens(ckpt, page_size):
+    """The overlapped decode evicts window pages while the next step already runs: same tokens
+    (stops on produced tokens included) as reading each step back first, nothing leaked."""
+    path, _ = ckpt
+    prompts = _prompts(lens=(3, 12, 30, 7), seed=5)
+    runs = []
+    for off in (True, False):
+        with _engine(path, page_size=page_size, disable_overlap_schedule=off) as eng:
+            sp = [{"max_new_tokens": 16 + 3 * i, "temperature": 0.0} for i in range(4)]
+            ref = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sp)]
+            sp[1]["stop_token_ids"] = [ref[1][6]]  # stops at (or before) its 7th token
+            outs = eng.generate(input_ids=prompts, sampling_params=sp)
+            runs.append([(o["output_ids"], o["meta_info"]["finish_reason"]) for o in outs])
+            assert (eng.scheduler.num_overlapped_steps > 0) == (not off)
+            _assert_no_leak(eng)
+    assert runs[0] == runs[1]
+    assert runs[0][1][1]["type"] == "stop"
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
 def test_reused_window_slots_leave_no_stale_kv(ckpt, page_size):
     """Freed window slots are poisoned with NaN and handed to other requests; the first
     request's tokens and logprobs are those of running it alone."""
