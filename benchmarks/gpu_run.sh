@@ -36,6 +36,9 @@
 #   moe_gemv   the per-pair GEMV MoE kernels: tests + bench_moe --sweep-gemv (MXFP4, bf16) at
 #              T in GEMV_TOKENS (default 1 2 4 8)
 #   e2e        bench_one_batch on llama3-8b / qwen3-8b / gpt-oss-20b, eager + graph
+#   engine     the overlap schedule: its GPU tests (greedy kernel, scheduler, hybrid pool), then
+#              bench_engine (Engine decode step, overlap off / on, beside the graph alone and
+#              the read floor) on ENGINE_PRESETS (default gpt-oss-20b-mxfp4 at bs 1 8, llama3-8b)
 #   cli        bench_one_batch / gpqa CLI GPU tests, --correctness-test with graphs, floor + --profile
 #   layerbench bench_layers: add+RMSNorm / RMSNorm / SiLU-and-mul kernels vs torch-native and
 #              split-KV decode attention, device time in CUDA graphs with floors (llama3-8b,
@@ -191,6 +194,15 @@ t_e2e() {
   for m in $E2E_PRESETS; do
     timeout 400 python -m srt.bench_one_batch --model-preset "$m" --batch-size $E2E_BS \
       --input-len 512 --output-len 32 --result-filename "$LOGS/e2e_result.jsonl"
+  done
+}
+t_engine() {
+  timeout 240 python -m pytest -q -p no:cacheprovider -rfE tests/srt/sampling/test_greedy.py \
+    tests/srt/managers tests/srt/models/test_gpt_oss_swa.py
+  for m in ${ENGINE_PRESETS:-gpt-oss-20b-mxfp4 llama3-8b}; do
+    bs="1 8"; [ "$m" = llama3-8b ] && bs=1
+    timeout 300 python benchmarks/bench_engine.py --preset "$m" --batch-size $bs \
+      --json-out "$LOGS/engine_$m.json"
   done
 }
 t_layerbench() {
