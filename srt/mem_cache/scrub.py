@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_ext._common import next_pow2
 from sgl_ext.triton.launcher import cached_launcher
 
 _MAX_BLOCK = 1024  # words one program stores per loop iteration
@@ -78,7 +79,7 @@ def zero_slots_all(table: SlotTable, slots: torch.Tensor) -> None:
     n = slots.shape[0]
     if n == 0:
         return
-    block = min(_MAX_BLOCK, triton.next_power_of_2(table.max_words))
+    block = min(_MAX_BLOCK, next_pow2(table.max_words))  # host ints, per decode step
     grid = (n, table.bases.shape[0])
     cached_launcher(_zero_slots_kernel)[grid](  # direct launch: every decode step scrubs
         table.bases, table.row_words, slots, BLOCK=block, WORD_BITS=table.word_bits

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -393,6 +393,22 @@ class ModelRunner:
             self.attn_backend.init_forward_metadata(fb)
         return self.model_forward(fb)
 
+    def _greedy_kernel_ids(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The greedy kernel's device ids of logits (launched, unless the graph replay that
+        returned logits ran it), or None where the kernel does not take them (CPU, more rows
+        than its buffers, another dtype or layout)."""
+        g = self.greedy
+        if (
+            g is None
+            or logits.device != g.device
+            or logits.dim() != 2
+            or logits.shape[0] > g.max_rows
+            or logits.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+            or logits.stride(1) != 1
+        ):
+            return None
+        return g.ids[: logits.shape[0]] if logits is g.pending else g.launch(logits)
+
     def greedy_ids(self, logits: torch.Tensor) -> list[int]:
         """`torch.argmax(logits, -1).tolist()`, the greedy next tokens, with the least work after
         the forward: a graph replay's logits have their argmax computed and stored in pinned
@@ -407,21 +423,14 @@ class ModelRunner:
         -------
         B ints: each row's first index of its largest value (NaN above every number).
         """
-        g = self.greedy
-        if g is None or logits.device != g.device or logits.shape[0] > g.max_rows:
+        if self._greedy_kernel_ids(logits) is None:
             return argmax_native(logits).tolist()
-        if logits is not g.pending:  # not a replay that already ran the kernel
-            g.launch(logits)
-        torch.cuda.current_stream(g.device).synchronize()
-        return g.tokens(logits.shape[0])
+        torch.cuda.current_stream(logits.device).synchronize()
+        return cast(GreedySampler, self.greedy).tokens(logits.shape[0])
 
     def greedy_ids_device(self, logits: torch.Tensor) -> torch.Tensor:
         """int64 [B], the greedy next tokens of logits on logits' device, without waiting (the
-        overlapped decode feeds them to the next step): a graph replay's are already in the
-        runner's buffer, valid until the next replay or launch (copy them before)."""
-        g = self.greedy
-        if g is None or logits.device != g.device or logits.shape[0] > g.max_rows:
-            return argmax_native(logits)
-        if logits is not g.pending:
-            return g.launch(logits)
-        return g.ids[: logits.shape[0]]
+        overlapped decode feeds them to the next step): the kernel's buffer, valid until its
+        next launch or graph replay (copy them before), or torch.argmax's result."""
+        ids = self._greedy_kernel_ids(logits)
+        return argmax_native(logits) if ids is None else ids

@@ -116,15 +116,15 @@ class GreedySampler:
         if logits.device != self.device or logits.stride(1) != 1:
             raise ValueError(f"logits must be on {self.device} with contiguous columns")
         B, V = logits.shape
-        self.pending = logits
         if V >= 2**31:
             raise ValueError(f"logits has {V} columns; at most 2**31 - 1")
+        self.pending = logits
         if B == 0:
             return self.ids[:0]
         cuda = self.device.type == "cuda"
         if not cuda and not interpreting():  # no Triton on the CPU: the reference
             return self.ids[:B].copy_(argmax_native(logits))
-        blocks = triton.cdiv(V, BLOCK)
+        blocks = -(-V // BLOCK)  # (triton.cdiv is a JIT function: µs of host a call)
         cached_launcher(_argmax_kernel)[(B, blocks)](
             logits,
             self.acc,
