@@ -121,3 +121,36 @@ def test_abort_and_arrivals_while_a_step_is_in_flight(engines):
         ref[3][0],
     ]
     assert _free(on) == free and not sched.has_work()
+
+
+def run_decode_without_host_waits(eng, prompts: list[list[int]], params: list[dict]) -> None:
+    """Prefill, then run the whole decode phase with torch's sync debug mode raising on any
+    synchronising call: the overlapped decode must never make the host wait for the device
+    (reading a step's tokens waits on its event, which is not such a call)."""
+    sched = eng.scheduler
+    reqs = eng.make_requests(None, params, prompts, False).items
+    for r in reqs:
+        sched.add_request(r)
+    sched.step()  # the prefill (its logits are read back: a sync)
+    assert sched.running and not sched.waiting
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sched.run_until_idle()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert sched.num_overlapped_steps > 0 and all(r.finished for r in reqs)
+
+
+@gpu
+def test_overlapped_decode_never_waits_for_the_device(engines):
+    on, off = engines
+    if on.model_runner.device.type != "cuda":
+        pytest.skip("the CUDA engine only")
+    prompts = _prompts(3, seed=4)
+    params = [{"max_new_tokens": n, "temperature": 0.0} for n in (9, 4, 12)]
+    ref = _run(off, prompts, params)
+    stop = ref[2][0][5]  # request 2 stops on a token it produces
+    params[2] = {**params[2], "stop_token_ids": [stop]}
+    free = _free(on)
+    run_decode_without_host_waits(on, prompts, params)
+    assert _free(on) == free

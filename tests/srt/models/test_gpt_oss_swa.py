@@ -127,6 +127,20 @@ def test_hybrid_pool_overlapped_decode_same_tokens(ckpt, page_size):
     assert runs[0][1][1]["type"] == "stop"
 
 
+@needs_cuda
+def test_hybrid_pool_overlapped_decode_never_waits_for_the_device(ckpt):
+    """Window eviction and the mapping writes every step: no synchronising call in decode."""
+    from tests.srt.managers.test_overlap_schedule import run_decode_without_host_waits
+
+    path, _ = ckpt
+    with _engine(path, device="cuda", page_size=1) as eng:
+        a = eng.model_runner.token_to_kv_pool_allocator
+        prompts = _prompts(lens=(3, 12, 30), seed=6)
+        params = [{"max_new_tokens": 14, "temperature": 0.0, "ignore_eos": True}] * 3
+        run_decode_without_host_waits(eng, prompts, params)
+        assert a.swa_available_size() == a.size_swa and a.available_size() == a.size
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_reused_window_slots_leave_no_stale_kv(ckpt, page_size):
     """Freed window slots are poisoned with NaN and handed to other requests; the first
