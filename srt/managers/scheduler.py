@@ -47,6 +47,13 @@ def _penalty_inputs(req: Req) -> PenaltyInputs:
     return PenaltyInputs(params, req.origin_input_ids, req.output_ids, frozenset(banned))
 
 
+def _plain_greedy(req: Req) -> bool:
+    """The argmax is all its sampling needs: greedy, no penalty (or min_new_tokens) mask, no
+    logprob. Such batches take the runner's greedy ids (and the overlapped decode)."""
+    p = req.sampling_params
+    return p.is_greedy and not p.has_penalties and not req.return_logprob
+
+
 def _ends_by_length(req: Req) -> bool:
     """Whether the next token appended finishes the request by length (`check_finished`'s
     length conditions, one token ahead)."""
@@ -201,20 +208,15 @@ class Scheduler:
         finished.append(req)
 
     def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        want_lp = any(r.return_logprob for r in reqs)
         tp = getattr(self.runner, "tp_size", 1)
-        plain = not any(r.sampling_params.has_penalties for r in reqs)
         greedy_ids = getattr(self.runner, "greedy_ids", None)
         lps: list[float | None]
-        if (
-            greedy_ids is not None
-            and plain
-            and tp == 1
-            and not want_lp
-            and all(r.sampling_params.is_greedy for r in reqs)
-        ):  # the argmax alone: a graph replay has it on the host already
+        if greedy_ids is not None and tp == 1 and all(_plain_greedy(r) for r in reqs):
+            # the argmax alone: a graph replay has it on the host already
             ids, lps = greedy_ids(logits), [None] * len(reqs)
         else:
+            want_lp = any(r.return_logprob for r in reqs)
+            plain = not any(r.sampling_params.has_penalties for r in reqs)
             ids, lps = self._sample(reqs, logits, want_lp, plain, tp)
         for req, tok, lp in zip(reqs, ids, lps, strict=True):
             req.output_ids.append(int(tok))
@@ -240,16 +242,7 @@ class Scheduler:
     def _overlappable(self, reqs: list[Req]) -> bool:
         """Whether the next decode step of reqs may be launched before the current one's tokens
         are read (greedy only, nothing waiting to be admitted)."""
-        return (
-            self.overlap
-            and not self.waiting
-            and all(
-                r.sampling_params.is_greedy
-                and not r.sampling_params.has_penalties
-                and not r.return_logprob
-                for r in reqs
-            )
-        )
+        return self.overlap and not self.waiting and all(_plain_greedy(r) for r in reqs)
 
     def _launch_decode(self, reqs: list[Req], input_ids: torch.Tensor | None) -> None:
         """Prepare and launch a decode step of reqs; its tokens are read by the next step."""
