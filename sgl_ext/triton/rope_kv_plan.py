@@ -97,7 +97,12 @@ def launch_config(
         return LaunchConfig(1, 4, ORDER_2D, pre_wait=True)
     if num_tokens <= 64:
         bh = min(_pow2_floor(512 // head_dim), 32, next_pow2(max_heads))
-        lb = head_dim in (64, 128) and not fp8_cache and num_tokens > 16
+        if head_dim == 128 and not fp8_cache:
+            # PRE_WAIT here too (session 20, bench_qk_norm_rope's RoPE + KV column, 3 rounds):
+            # Qwen3-8B 0.81-0.94x the LOAD_BARRIER / plain layouts at T 9..64, Qwen3-32B
+            # 0.82-0.98x (1.01x at 40)
+            return LaunchConfig(bh, 4, ORDER_2D, pre_wait=True)
+        lb = head_dim == 64 and not fp8_cache and num_tokens > 16
         return LaunchConfig(bh, 4, ORDER_2D, load_barrier=lb)
     if d64 and num_tokens <= 384:  # separate programs of 16 heads (merged: 1.02-1.04x)
         return LaunchConfig(min(16, next_pow2(max_heads)), 4, ORDER_2D, load_barrier=True)
@@ -149,7 +154,9 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # RoPE + KV alone with PRE_WAIT takes 0.80 / 0.91 µs, 1.04 / 1.00 at 4, 1.04 / 0.87 at 8.
     (8, LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True)),
     (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.017 (1 x 1 with POS_LAST: 1.094)
-    (64, LaunchConfig(4, 4, ORDER_2D, load_barrier=True)),  # 1.071 (POS_LAST: 1.130)
+    # 33..64: PRE_WAIT (session 20, tune_qk_norm.py, 2 rounds): 0.98-1.02x the old RoPE + KV
+    # layout where LOAD_BARRIER took 1.03-1.08x; RoPE + KV alone now has PRE_WAIT here as well
+    (64, LaunchConfig(4, 4, ORDER_2D, pre_wait=True)),
     # separate programs of 8 query heads or 2 key/value heads up to 160 tokens: 1.052-1.065
     # (8 key/value heads: 1.064; merged 4 x 4 programs: 1.08-1.24); from 161 of 8 (2: 1.079
     # at 192 on Qwen3-32B, 1.09 waves)
