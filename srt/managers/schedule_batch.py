@@ -342,8 +342,8 @@ class ScheduleBatch:
         ps = self.page_size
         # int64 [5 or 6, B] host block: input id, request row, sequence length with the new
         # token, previous token's slot (from the host page list), new token's position (and the
-        # previous token's window slot); it travels to the device in one copy, and its first
-        # five rows are the batch's decode inputs (ForwardBatch.decode_inputs).
+        # previous token's window slot); it travels to the device in one copy and, once the new
+        # slots replace the previous ones, is the batch's decode inputs (decode_inputs).
         block = [
             [r.output_ids[-1] if input_ids is None else 0 for r in reqs],
             [r.req_pool_idx for r in reqs],
@@ -375,8 +375,7 @@ class ScheduleBatch:
         dev = self._to_device(host)  # [5 or 6, B]
         if input_ids is not None:
             dev[0].copy_(input_ids)  # queued after the step that computes them
-        inputs = dev[:5]  # [5, B]
-        input_ids, rows, seq_lens, out_cache_loc, pos = inputs.unbind(0)  # [B] each
+        input_ids, rows, seq_lens, out_cache_loc, pos = dev[:5].unbind(0)  # [B] each
         self.req_to_token_pool.req_to_token[rows, pos] = out_cache_loc.to(torch.int32)
         if swa_slots is not None:
             self.req_to_token_pool.req_to_swa_token[rows, pos] = dev[5].to(torch.int32)
@@ -390,5 +389,6 @@ class ScheduleBatch:
             seq_lens_sum=int(seq_lens_cpu.sum()),
             out_cache_loc=out_cache_loc,
             positions=pos,
-            decode_inputs=inputs,
+            out_cache_loc_swa=dev[5] if swa_slots is not None else None,
+            decode_inputs=dev,  # [5 or 6, B]
         )

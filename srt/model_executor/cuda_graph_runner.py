@@ -40,21 +40,26 @@ def get_batch_sizes_to_capture(max_bs: int, bs_list: tuple[int, ...] | None = No
     return sorted(sizes)
 
 
-def _decode_block(fb: ForwardBatch, bs: int) -> torch.Tensor | None:
-    """fb's decode_inputs block where it holds the batch's five decode inputs as its rows
-    (int64 [5, bs], rows contiguous, each field a [bs] tensor at its row): one copy then moves
-    them all. None otherwise, e.g. for a batch whose fields were replaced after it was built
-    (five copies then). Runs before every replay's launch (~3 µs on the dev CPU)."""
+def _decode_fields(fb: ForwardBatch, rows: int) -> tuple[torch.Tensor | None, ...]:
+    """The batch's decode inputs in the order of the graphs' static block (rows 5 or 6)."""
+    fields = (fb.input_ids, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, fb.positions)
+    return fields + (fb.out_cache_loc_swa,) if rows == 6 else fields
+
+
+def _decode_block(fb: ForwardBatch, bs: int, rows: int = 5) -> torch.Tensor | None:
+    """fb's decode_inputs block where it holds the batch's decode inputs as its rows (int64
+    [rows, bs], rows contiguous, each field a [bs] tensor at its row; rows 6 adds the window
+    slots of a hybrid pool): one copy then moves them all. None otherwise, e.g. for a batch
+    whose fields were replaced after it was built (a copy per field then). Runs before every
+    replay's launch (~3 µs on the dev CPU)."""
     block = fb.decode_inputs
-    if block is None or block.shape != (5, bs) or block.dtype != torch.int64:
+    if block is None or block.shape != (rows, bs) or block.dtype != torch.int64:
         return None
     row_stride, col_stride = block.stride()
     if col_stride != 1:
         return None
     base, row_bytes = block.data_ptr(), row_stride * 8
-    for i, f in enumerate(
-        (fb.input_ids, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, fb.positions)
-    ):
+    for i, f in enumerate(_decode_fields(fb, rows)):
         if f is None or f.data_ptr() != base + i * row_bytes or f.shape != (bs,):
             return None
     return block
@@ -85,15 +90,21 @@ class CudaGraphRunner:
         self.seq_len_fill_value = int(backend.get_cuda_graph_seq_len_fill_value())
         # Static inputs, [max_bs] each, the rows of one block in ForwardBatch.decode_inputs's
         # order; replays copy the real batch into their first columns (one copy for a batch
-        # that carries decode_inputs). out_cache_loc 0: the padding slot.
-        self.decode_inputs = torch.zeros(5, self.max_bs, dtype=torch.int64, device=self.device)
+        # that carries decode_inputs). out_cache_loc 0: the padding slot. A hybrid pool adds
+        # the window slots (out_cache_loc_swa; 0 is the window pool's padding slot too), so the
+        # graph does not gather them from the full -> window mapping.
+        pool = model_runner.token_to_kv_pool
+        self.hybrid = hasattr(pool, "translate_loc_from_full_to_swa")
+        rows = 6 if self.hybrid else 5
+        self.decode_inputs = torch.zeros(rows, self.max_bs, dtype=torch.int64, device=self.device)
         (
             self.input_ids,
             self.req_pool_indices,
             self.seq_lens,
             self.out_cache_loc,
             self.positions,
-        ) = self.decode_inputs.unbind(0)
+        ) = self.decode_inputs[:5].unbind(0)
+        self.out_cache_loc_swa = self.decode_inputs[5] if self.hybrid else None
         self.seq_lens.fill_(self.seq_len_fill_value)
         self._padding = self.decode_inputs.clone()  # what padding columns hold
         self.seq_lens_cpu = torch.full((self.max_bs,), self.seq_len_fill_value, dtype=torch.int64)
@@ -117,6 +128,9 @@ class CudaGraphRunner:
             out_cache_loc=self.out_cache_loc[:bs],
             seq_lens_sum=seq_lens_sum,
             positions=self.positions[:bs],
+            out_cache_loc_swa=None
+            if self.out_cache_loc_swa is None
+            else self.out_cache_loc_swa[:bs],
             seq_lens_cpu=self.seq_lens_cpu[:bs],
             req_to_token_pool=r.req_to_token_pool,
             token_to_kv_pool=r.token_to_kv_pool,
@@ -192,16 +206,19 @@ class CudaGraphRunner:
         if bs != raw_bs:  # padding rows: harmless inputs, KV write to the padding slot 0
             self.decode_inputs[:, raw_bs:bs].copy_(self._padding[:, raw_bs:bs])
             self.seq_lens_cpu[raw_bs:bs].fill_(fill)
-        block = _decode_block(forward_batch, raw_bs)
+        rows = self.decode_inputs.shape[0]
+        block = _decode_block(forward_batch, raw_bs, rows)
         if block is not None:  # one copy: the host's work before the launch
             self.decode_inputs[:, :raw_bs].copy_(block)
         else:
-            self.input_ids[:raw_bs].copy_(forward_batch.input_ids)
-            self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
-            self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
-            self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
-            assert forward_batch.positions is not None  # decode batches carry their positions
-            self.positions[:raw_bs].copy_(forward_batch.positions)
+            fb = forward_batch
+            assert fb.positions is not None  # decode batches carry their positions
+            if self.hybrid and fb.out_cache_loc_swa is None:  # gathered here, outside the graph
+                fb.out_cache_loc_swa = fb.token_to_kv_pool.translate_loc_from_full_to_swa(
+                    fb.out_cache_loc
+                )
+            for dst, src in zip(self.decode_inputs, _decode_fields(fb, rows), strict=True):
+                dst[:raw_bs].copy_(src)
         req_pool_indices, seq_lens, cpu_view = self._views[bs]
         seq_lens_cpu = forward_batch.seq_lens_cpu  # the batch's own when nothing is padded
         if seq_lens_cpu is not None and bs != raw_bs:

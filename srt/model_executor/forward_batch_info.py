@@ -73,12 +73,14 @@ class ForwardBatch:
     # int64 [B], cpu: host copy of seq_lens (optional; lets backends avoid a device sync).
     seq_lens_cpu: torch.Tensor | None = None
     # int64 [T], device: window-pool slot of each new token for the sliding-window layers of a
-    # hybrid SWAKVPool (-1: no window slot, not written); None with a uniform pool. Filled from
-    # out_cache_loc by ModelRunner.model_forward (on the device, inside CUDA graphs).
+    # hybrid SWAKVPool (-1: no window slot, not written); None with a uniform pool. A decode
+    # batch from ScheduleBatch carries it (the allocator gave the slots on the host); otherwise
+    # ModelRunner.model_forward fills it from out_cache_loc on the device.
     out_cache_loc_swa: torch.Tensor | None = None
-    # int64 [5, B], device (DECODE, optional): one block whose rows are input_ids,
-    # req_pool_indices, seq_lens, out_cache_loc and positions (those fields are views of it), so
-    # a CUDA-graph replay copies the batch into its static inputs in one launch.
+    # int64 [5, B] (uniform pool) or [6, B] (hybrid pool), device (DECODE, optional): one block
+    # whose rows are input_ids, req_pool_indices, seq_lens, out_cache_loc, positions (and
+    # out_cache_loc_swa); those fields are views of it, so a CUDA-graph replay copies the batch
+    # into its static inputs in one launch.
     decode_inputs: torch.Tensor | None = None
 
     # ---- EXTEND only ----

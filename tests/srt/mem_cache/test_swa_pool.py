@@ -179,7 +179,15 @@ def test_random_lifecycles_are_exact(ps, window, ops):
                 continue
             for r in reqs:
                 r.output_ids.append(5)
-            batch.prepare_for_decode(reqs)
+            fb = batch.prepare_for_decode(reqs)
+            # the batch carries the new tokens' window slots (what the mapping says), as the
+            # sixth row of its decode block: the graph replay gathers nothing
+            pool = batch.token_to_kv_pool
+            assert torch.equal(
+                fb.out_cache_loc_swa, pool.translate_loc_from_full_to_swa(fb.out_cache_loc)
+            )
+            assert fb.decode_inputs.shape == (6, len(reqs))
+            assert fb.out_cache_loc_swa.data_ptr() == fb.decode_inputs[5].data_ptr()
         elif op == "finish" and reqs:
             batch.free_req(reqs.pop(x % len(reqs)))
         batch.evict_swa(reqs)

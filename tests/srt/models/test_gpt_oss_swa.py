@@ -227,7 +227,7 @@ def test_hybrid_pool_triton_backend_interpreted(ckpt, backend):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_hybrid_pool_cuda_graph_equals_eager(ckpt, page_size):
     """bf16 on the GPU: decode replayed from CUDA graphs gives the eager tokens and logprobs,
-    fused and unfused, with the hybrid pool (window slots looked up inside the graph)."""
+    fused and unfused, with the hybrid pool (the window slots a static input of the graph)."""
     path, _ = ckpt
     prompts = _prompts((3, 12, 30, 70, 1))
     runs = {}
