@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from srt.mem_cache.decode_writes import write_decode_rows
 from srt.mem_cache.host_copy import upload
 from srt.model_executor.forward_batch_info import (
     ForwardBatch,
@@ -356,11 +357,15 @@ class ScheduleBatch:
         host = torch.tensor(block, dtype=torch.int64)
         seq_lens_cpu = host[2].clone()  # [B]
         swa_slots = None
-        if self.is_swa:
-            got = self.allocator.alloc_decode(seq_lens_cpu, host[3], swa_last_loc=host[5])
-            slots, swa_slots = (None, None) if got is None else (got.full, got.swa)
-        else:
-            slots = self.allocator.alloc_decode(seq_lens_cpu, host[3])  # host int64 [B]
+        # the new pages' scrub is listed, not launched: it rides on the block's upload below
+        with self.allocator.deferred_scrub() as scrubs:
+            if self.is_swa:  # the mapping of the new slots: written with the request tables
+                got = self.allocator.alloc_decode(
+                    seq_lens_cpu, host[3], swa_last_loc=host[5], set_mapping=False
+                )
+                slots, swa_slots = (None, None) if got is None else (got.full, got.swa)
+            else:
+                slots = self.allocator.alloc_decode(seq_lens_cpu, host[3])  # host int64 [B]
         if slots is None:
             raise RuntimeError(f"KV pool out of memory allocating {len(reqs)} decode slots")
         for i, (r, slot) in enumerate(zip(reqs, slots.tolist(), strict=True)):
@@ -372,13 +377,22 @@ class ScheduleBatch:
         host[3] = slots  # the previous slots are no longer needed: the new ones travel instead
         if swa_slots is not None:
             host[5] = swa_slots
-        dev = self._to_device(host)  # [5 or 6, B]
-        if input_ids is not None:
-            dev[0].copy_(input_ids)  # queued after the step that computes them
+        # one upload: the block, then the slots of each deferred scrub
+        flat = self._to_device(torch.cat([host.reshape(-1), *(s for _, s in scrubs)]))
+        dev = flat[: host.numel()].view(host.shape)  # [5 or 6, B]
+        off = host.numel()
+        for pool, s in scrubs:  # zeroed before this step's forward writes the new slots
+            pool.zero_slots(flat[off : off + len(s)])
+            off += len(s)
+        r2t = self.req_to_token_pool
+        write_decode_rows(  # the request tables (and the window mapping); ids copied after
+            dev,  # the step that computes them, when given
+            r2t.req_to_token,
+            r2t.req_to_swa_token if swa_slots is not None else None,
+            self.token_to_kv_pool.full_to_swa_index_mapping if swa_slots is not None else None,
+            input_ids,
+        )
         input_ids, rows, seq_lens, out_cache_loc, pos = dev[:5].unbind(0)  # [B] each
-        self.req_to_token_pool.req_to_token[rows, pos] = out_cache_loc.to(torch.int32)
-        if swa_slots is not None:
-            self.req_to_token_pool.req_to_swa_token[rows, pos] = dev[5].to(torch.int32)
         return self._forward_batch(
             ForwardMode.DECODE,
             batch_size=len(reqs),

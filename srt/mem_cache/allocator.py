@@ -17,6 +17,8 @@ batch's slots to the device once. Index arguments given on a device are copied t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
@@ -26,6 +28,10 @@ _HOST = torch.device("cpu")
 
 class _Scrubbable(Protocol):
     def zero_slots(self, indices: torch.Tensor) -> None: ...
+
+
+# A scrub left to the caller (`deferred_scrub`): the pool and the host int64 slots to zero.
+ScrubList = list[tuple[_Scrubbable, torch.Tensor]]
 
 
 def _host_index(name: str, t: object) -> torch.Tensor:
@@ -80,6 +86,7 @@ class PagedTokenToKVPoolAllocator:
         self.device = torch.device(device)
         self._kvcache = kvcache
         self.scrub_on_alloc = scrub_on_alloc
+        self._scrub_sink: ScrubList | None = None  # set inside deferred_scrub
         self.clear()
 
     # ------------------------------------------------------------------ basics
@@ -117,12 +124,27 @@ class PagedTokenToKVPoolAllocator:
             return None
         return self._stack[self._num_free - n : self._num_free].flip(0)
 
+    @contextmanager
+    def deferred_scrub(self, sink: ScrubList | None = None) -> Iterator[ScrubList]:
+        """Within the block, pages handed out are listed as (pool, host slots) instead of being
+        scrubbed; the caller zeroes them (`pool.zero_slots`) before the step that uses them.
+        The decode step does, from its one upload (ScheduleBatch.prepare_for_decode)."""
+        sink = [] if sink is None else sink
+        self._scrub_sink = sink
+        try:
+            yield sink
+        finally:
+            self._scrub_sink = None
+
     def _take(self, pages: torch.Tensor) -> None:
         """Hand out the pages `_peek_pages` returned (scrubbed first if asked)."""
         n = len(pages)
         if self.scrub_on_alloc and n:
             assert self._kvcache is not None
-            self._kvcache.zero_slots(self._page_slots(pages))
+            if self._scrub_sink is not None:
+                self._scrub_sink.append((self._kvcache, self._page_slots(pages)))
+            else:
+                self._kvcache.zero_slots(self._page_slots(pages))
         self._live[pages] = True
         self._num_free -= n
 

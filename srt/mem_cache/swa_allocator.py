@@ -13,11 +13,13 @@ in the pool (`SWAKVPool.set_swa_mapping`); freeing window slots resets it to -1.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+from srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, ScrubList
 from srt.mem_cache.swa_memory_pool import SWAKVPool
 
 
@@ -84,30 +86,43 @@ class SWATokenToKVPoolAllocator:
         self.full_attn_allocator.clear()
         self.swa_attn_allocator.clear()
 
+    @contextmanager
+    def deferred_scrub(self) -> Iterator[ScrubList]:
+        """Both pools' scrubs listed for the caller (see the full allocator's)."""
+        with self.full_attn_allocator.deferred_scrub() as sink:
+            with self.swa_attn_allocator.deferred_scrub(sink):
+                yield sink
+
     # ------------------------------------------------------------------ allocation
-    def _both(self, take_full, take_swa) -> SWASlots | None:
+    def _both(self, take_full, take_swa, set_mapping: bool = True) -> SWASlots | None:
         """Run the full allocation, then the window one; undo the first if the second fails."""
         full_alloc = self.full_attn_allocator
         free_before = full_alloc._num_free
+        sink = full_alloc._scrub_sink
+        listed = 0 if sink is None else len(sink)
         full = take_full()
         if full is None:
             return None
         try:
             swa = take_swa()
         except BaseException:
-            self._undo_full(free_before)
+            self._undo_full(free_before, listed)
             raise
         if swa is None:
-            self._undo_full(free_before)
+            self._undo_full(free_before, listed)
             return None
-        self._kvcache.set_swa_mapping(full, swa)
+        if set_mapping:
+            self._kvcache.set_swa_mapping(full, swa)
         return SWASlots(full, swa)
 
-    def _undo_full(self, free_before: int) -> None:
-        """Give back the pages the last full allocation popped off the free stack."""
+    def _undo_full(self, free_before: int, listed: int) -> None:
+        """Give back the pages the last full allocation popped off the free stack (and drop
+        their deferred scrub, past the first `listed` entries)."""
         a = self.full_attn_allocator
         a._live[a._stack[a._num_free : free_before]] = False
         a._num_free = free_before
+        if a._scrub_sink is not None:
+            del a._scrub_sink[listed:]
 
     def alloc_extend(
         self,
@@ -143,14 +158,21 @@ class SWATokenToKVPoolAllocator:
         )
 
     def alloc_decode(
-        self, seq_lens: torch.Tensor, last_loc: torch.Tensor, *, swa_last_loc: torch.Tensor
+        self,
+        seq_lens: torch.Tensor,
+        last_loc: torch.Tensor,
+        *,
+        swa_last_loc: torch.Tensor,
+        set_mapping: bool = True,
     ) -> SWASlots | None:
         """One full and one window slot per request (seq_lens include the new token; last_loc /
         swa_last_loc: the full / window slot of token seq_lens[i] - 2). None if either pool is
-        full (nothing changes then)."""
+        full (nothing changes then). set_mapping=False leaves the full -> window mapping of the
+        new slots to the caller (the decode step writes it with the request tables)."""
         return self._both(
             lambda: self.full_attn_allocator.alloc_decode(seq_lens, last_loc),
             lambda: self.swa_attn_allocator.alloc_decode(seq_lens, swa_last_loc),
+            set_mapping,
         )
 
     # ------------------------------------------------------------------ freeing

@@ -154,7 +154,11 @@ def test_reused_window_slots_leave_no_stale_kv(ckpt, page_size):
         alloc = eng.model_runner.token_to_kv_pool_allocator
         freed: set[int] = set()
         reused = []
-        free_swa, set_mapping = alloc.free_swa, pool.set_swa_mapping
+        free_swa, alloc_extend, alloc_decode = (
+            alloc.free_swa,
+            alloc.alloc_extend,
+            alloc.alloc_decode,
+        )
 
         def poisoned_free(swa_index, full_index):
             free_swa(swa_index, full_index)
@@ -165,11 +169,17 @@ def test_reused_window_slots_leave_no_stale_kv(ckpt, page_size):
                     buf.view(-1, *buf.shape[-2:])[slots] = float("nan")
             freed.update(pages.tolist())
 
-        def watched_mapping(full, swa):
-            reused.extend(p for p in (swa // page_size).tolist() if p in freed)
-            set_mapping(full, swa)
+        def watched(alloc_fn):
+            def run(*args, **kw):
+                got = alloc_fn(*args, **kw)
+                if got is not None:
+                    reused.extend(p for p in (got.swa // page_size).tolist() if p in freed)
+                return got
 
-        alloc.free_swa, pool.set_swa_mapping = poisoned_free, watched_mapping
+            return run
+
+        alloc.free_swa = poisoned_free
+        alloc.alloc_extend, alloc.alloc_decode = watched(alloc_extend), watched(alloc_decode)
         together = _generate(eng, a_prompt + others, max_new=(14, 3, 9, 5))
         _assert_no_leak(eng)
     assert reused, "no freed window slot was handed out again: the test proves nothing"
