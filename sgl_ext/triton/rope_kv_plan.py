@@ -85,9 +85,8 @@ def launch_config(
     # LOAD_BARRIER (load_barrier): every load, then a barrier, then the cos/sin row (two round
     # trips; ptxas otherwise issues V's load after the slot's or the position's has come back),
     # with bf16 / fp16 caches where it measured faster (H100, 2026-11-27, benchmarks/RESULTS.md
-    # "Session 12"): D = 128 at T = 17..64 (0.93-0.99x, Qwen3-8B / -32B shapes; slower from 96
-    # and up to 16), D = 64 at T <= 1024 but 9..16 (0.91-0.99x, gpt-oss-20b shape).
-    # PRE_WAIT (pre_wait) at decode sizes: the position and its cos/sin row are loaded while the
+    # "Session 12"): D = 64 at 65 <= T <= 1024 (0.91-0.99x, gpt-oss-20b shape).
+    # PRE_WAIT (pre_wait) up to 64 tokens: the position and its cos/sin row are loaded while the
     # previous kernel still runs, one round trip less after the wait (docs/performance.md).
     d64 = head_dim == 64 and not fp8_cache
     if num_tokens <= 8:
@@ -96,14 +95,11 @@ def launch_config(
             return LaunchConfig(bh, 4, ORDER_2D, kv_block_h=2, pre_wait=True)
         return LaunchConfig(1, 4, ORDER_2D, pre_wait=True)
     if num_tokens <= 64:
+        # PRE_WAIT here too (session 20, H100, CUDA graphs; against the LOAD_BARRIER / plain
+        # layouts it replaced at T 9..64): D = 128 bf16 0.81-0.94x (Qwen3-8B heads), 0.82-1.01x
+        # (Qwen3-32B), fp8 e4m3 0.73-0.91x (Llama-3-8B); D = 64 bf16 0.88-0.97x (gpt-oss-20b)
         bh = min(_pow2_floor(512 // head_dim), 32, next_pow2(max_heads))
-        if head_dim == 128 and not fp8_cache:
-            # PRE_WAIT here too (session 20, bench_qk_norm_rope's RoPE + KV column, 3 rounds):
-            # Qwen3-8B 0.81-0.94x the LOAD_BARRIER / plain layouts at T 9..64, Qwen3-32B
-            # 0.82-0.98x (1.01x at 40)
-            return LaunchConfig(bh, 4, ORDER_2D, pre_wait=True)
-        lb = head_dim == 64 and not fp8_cache and num_tokens > 16
-        return LaunchConfig(bh, 4, ORDER_2D, load_barrier=lb)
+        return LaunchConfig(bh, 4, ORDER_2D, pre_wait=True)
     if d64 and num_tokens <= 384:  # separate programs of 16 heads (merged: 1.02-1.04x)
         return LaunchConfig(min(16, next_pow2(max_heads)), 4, ORDER_2D, load_barrier=True)
     maxnreg = 0

@@ -316,20 +316,20 @@ def test_launch_config_heads_per_program_is_a_power_of_two():
 @pytest.mark.parametrize(
     "d,t,want",
     [(128, 1, 4), (128, 8, 4), (128, 9, 4), (128, 17, 4), (128, 64, 4), (128, 65, 0)]
-    + [(64, 1, 4), (64, 9, 0)]
-    + [(64, 17, 3), (64, 300, 3), (64, 1024, 3), (64, 1025, 0)],
+    + [(64, 1, 4), (64, 9, 4), (64, 64, 4)]
+    + [(64, 65, 3), (64, 300, 3), (64, 1024, 3), (64, 1025, 0)],
 )
 def test_plan_load_barrier_follows_launch_config(d, t, want):
     """The RoPE op's plan loads every input before one barrier (the kernel's POS_LAST 3) at
-    the token counts launch_config gives LOAD_BARRIER for a bf16 cache (gpt-oss heads), and
-    never for an fp8 cache, whose layouts were not measured with it; up to 8 tokens, with
-    either cache, and at D = 128 with a bf16 cache up to 64, the position and its cos/sin row
-    before the PDL wait (POS_LAST 4)."""
+    the token counts launch_config gives LOAD_BARRIER for a bf16 cache (gpt-oss heads from 65
+    tokens), and never for an fp8 cache, whose layouts were not measured with it; up to 64
+    tokens, with either cache, the position and its cos/sin row before the PDL wait (POS_LAST
+    4)."""
     from sgl_ext import rope
     from sgl_ext.triton.rope_kv_plan import plan_rope_kv
 
     hq, hkv = (32, 8) if d == 128 else (64, 8)
-    for kv_dtype, expect in ((torch.bfloat16, want), (torch.float8_e4m3fn, 4 if t <= 8 else 0)):
+    for kv_dtype, expect in ((torch.bfloat16, want), (torch.float8_e4m3fn, 4 if t <= 64 else 0)):
         qkv = torch.empty(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16)
         q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views
         kb = torch.empty(64, 16, hkv, d, dtype=kv_dtype)  # [pages, page, H, D]
