@@ -3,10 +3,12 @@ floor and the decode graph alone.
 
     python benchmarks/bench_engine.py                                  # gpt-oss-20b-mxfp4, bs 1 8
     python benchmarks/bench_engine.py --preset llama3-8b --batch-size 1 --json-out e.json
+    python benchmarks/bench_engine.py --batch-size 1 --temperature 1.0   # sampled requests
 
 One `srt.Engine` (dummy weights of a preset's shape, TP 1); the overlap schedule is switched on
 the same engine between runs, in alternating rounds. Per batch size: a warm-up, then
-`generate` of 1 and of 1 + output_len new tokens (ignore_eos, greedy), best of 2 each; the
+`generate` of 1 and of 1 + output_len new tokens (ignore_eos; greedy, or sampled with one
+seed), best of 2 each; the
 decode step = the time difference / output_len: the scheduler's host work (slots, uploads,
 window eviction, finish checks) included, as a user of the Engine sees it. Printed beside it:
 the step's read floor (weights + KV at mid-decode / measured copy bandwidth) and the decode
@@ -38,12 +40,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of off / on")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: greedy; > 0: sampled on the device (seeded: both schedules draw the same)",
+    )
     p.add_argument("--json-out", default=None)
     return p.parse_args(argv)
 
 
-def _generate(engine: srt.Engine, ids: list[list[int]], n: int) -> tuple[float, list]:
-    params = {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}
+def _generate(
+    engine: srt.Engine, ids: list[list[int]], n: int, temperature: float = 0.0
+) -> tuple[float, list]:
+    params = {"max_new_tokens": n, "temperature": temperature, "ignore_eos": True}
+    if temperature > 0:
+        params["sampling_seed"] = 1234
     t = time.perf_counter()
     out = engine.generate(input_ids=ids, sampling_params=params)
     return time.perf_counter() - t, [o["output_ids"] for o in out]
@@ -82,15 +94,16 @@ def bench(args: argparse.Namespace) -> list[dict]:
     try:
         for bs in args.batch_size:
             ids = torch.randint(10, 30000, (bs, args.input_len), generator=g).tolist()
-            _generate(engine, ids, 8)  # warm-up (allocator, Triton compiles at this shape)
+            temp = args.temperature
+            _generate(engine, ids, 8, temp)  # warm-up (allocator, Triton compiles at this shape)
             steps: dict[bool, list[float]] = {False: [], True: []}
             tokens = {}
             for _ in range(args.rounds):
                 for overlap in (False, True):
                     sched.overlap = overlap
-                    t1 = min(_generate(engine, ids, 1)[0] for _ in range(2))
+                    t1 = min(_generate(engine, ids, 1, temp)[0] for _ in range(2))
                     t2, tokens[overlap] = min(
-                        (_generate(engine, ids, 1 + args.output_len) for _ in range(2)),
+                        (_generate(engine, ids, 1 + args.output_len, temp) for _ in range(2)),
                         key=lambda x: x[0],
                     )
                     steps[overlap].append((t2 - t1) / args.output_len * 1e3)
@@ -100,6 +113,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
             row = {
                 "preset": args.preset,
                 "batch_size": bs,
+                "temperature": temp,
                 "step_ms_overlap_off": min(steps[False]),
                 "step_ms_overlap_on": min(steps[True]),
                 "rounds_off": steps[False],
@@ -138,6 +152,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = bench(args)
     print(
         f"\n{args.preset}, input {args.input_len}, output {args.output_len}, "
+        f"{'greedy' if args.temperature == 0 else f'sampled at temperature {args.temperature}'}, "
         f"{torch.cuda.get_device_name()}; Engine decode step (best of {args.rounds} rounds)\n"
     )
     print(table(rows))

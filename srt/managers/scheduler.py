@@ -13,13 +13,15 @@ needs window slots for its whole prompt during its prefill, and afterwards at mo
 
 Overlapped decode (SGLang's overlap schedule; `disable_overlap_schedule` turns it off): while
 decode step N runs on the GPU, the host prepares and launches step N + 1, its input tokens
-copied on the device from step N's greedy ids, and only then waits for step N's tokens. The
-host's work per step (slot allocation, the batch's upload, window eviction, finish checks)
-then hides under the GPU's. Every device effect of that host work (scrubs, mapping writes, the
-next step) is queued on the same stream after step N, so freeing memory step N still reads is
-safe. A request known to finish by length at step N is left out of step N + 1; one that stops
-on a token at step N has run one step more, whose token is dropped. Only greedy requests
-without penalties or logprobs, at TP 1 and with no request waiting to be admitted.
+copied on the device from step N's ids (greedy or sampled there), and only then waits for
+step N's tokens. The host's work per step (slot allocation, the batch's upload, window
+eviction, finish checks) then hides under the GPU's. Every device effect of that host work
+(scrubs, mapping writes, the next step) is queued on the same stream after step N, so freeing
+memory step N still reads is safe. A request known to finish by length at step N is left out
+of step N + 1; one that stops on a token at step N has run one step more, whose token is
+dropped (a sampled one has drawn from its generator once more, which nothing reads again).
+Greedy and sampled requests without penalties or logprobs, at TP 1 and with no request
+waiting to be admitted.
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ def _plain_greedy(req: Req) -> bool:
     return p.is_greedy and not p.has_penalties and not req.return_logprob
 
 
+def _plain(req: Req) -> bool:
+    """Its token needs only the logits of its own row: greedy or sampled, no penalty (or
+    min_new_tokens) mask, which reads the tokens so far, and no logprob. Such requests may run
+    in the overlapped decode."""
+    p = req.sampling_params
+    return not p.has_penalties and not req.return_logprob
+
+
 def _ends_by_length(req: Req) -> bool:
     """Whether the next token appended finishes the request by length (`check_finished`'s
     length conditions, one token ahead)."""
@@ -68,7 +78,7 @@ class _InFlight:
     """A decode step launched and not yet read back (the overlapped decode)."""
 
     reqs: list[Req]  # its batch, in row order
-    ids: torch.Tensor  # int64 [B] on the device: its greedy tokens (the next step feeds them)
+    ids: torch.Tensor  # int64 [B] on the device: its tokens (the next step feeds them)
     host: torch.Tensor  # int64 [B] on the host (pinned on CUDA): the same, once `done`
     done: torch.cuda.Event | None  # recorded after the copy to host (None: already there)
 
@@ -241,15 +251,20 @@ class Scheduler:
     # ---- overlapped decode ----
     def _overlappable(self, reqs: list[Req]) -> bool:
         """Whether the next decode step of reqs may be launched before the current one's tokens
-        are read (greedy only, nothing waiting to be admitted)."""
-        return self.overlap and not self.waiting and all(_plain_greedy(r) for r in reqs)
+        are read (greedy or sampled without penalties or logprobs, nothing waiting to be
+        admitted)."""
+        return self.overlap and not self.waiting and all(_plain(r) for r in reqs)
 
     def _launch_decode(self, reqs: list[Req], input_ids: torch.Tensor | None) -> None:
         """Prepare and launch a decode step of reqs; its tokens are read by the next step."""
         fb = self.batch.prepare_for_decode(reqs, input_ids)
         logits = self.runner.forward(fb)  # [B, V]
         self.num_decode_steps += 1
-        ids = self.runner.greedy_ids_device(logits)  # [B] int64, no wait
+        if all(_plain_greedy(r) for r in reqs):
+            ids = self.runner.greedy_ids_device(logits)  # [B] int64, no wait
+        else:  # sampled rows draw on the device (each request's generator, in step order)
+            params = [r.sampling_params for r in reqs]
+            ids = sample(logits, params, [r.generator for r in reqs])[0]  # [B] int64
         i, self._buf_i = self._buf_i, self._buf_i ^ 1
         host = self._token_bufs[i][: len(reqs)]
         done = None

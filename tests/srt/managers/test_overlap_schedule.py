@@ -74,12 +74,38 @@ def test_same_tokens_and_finish_reasons(engines):
     assert _run(on, prompts, base) == ref  # and the next run is unchanged
 
 
+SAMPLED = [
+    {"temperature": 0.8, "sampling_seed": 5},
+    {"temperature": 1.3, "top_k": 7, "sampling_seed": 11},
+    {"temperature": 0.6, "top_p": 0.7, "min_p": 0.05, "sampling_seed": 2},
+]
+
+
+def test_sampled_requests_overlap_with_the_same_tokens(engines):
+    """Seeded sampled requests (with top_k / top_p / min_p) beside greedy ones: each draws
+    from its own generator once a step in both schedules, so the tokens are the same; one
+    stops on a token it samples (its extra step's draw is never read)."""
+    on, off = engines
+    prompts = _prompts(5, seed=3)
+    params = [{"max_new_tokens": 10, **p} for p in SAMPLED]
+    params += [{"max_new_tokens": 7, "temperature": 0.0}, {"max_new_tokens": 12, **SAMPLED[0]}]
+    ref = _run(off, prompts, params)
+    params[1] = {**params[1], "stop_token_ids": [ref[1][0][3]]}
+    free = _free(on)
+    before = on.scheduler.num_overlapped_steps
+    got, want = _run(on, prompts, params), _run(off, prompts, params)
+    assert got == want
+    assert got[1][1]["type"] == "stop" and len(got[1][0]) <= 4
+    assert on.scheduler.num_overlapped_steps > before, "no step was overlapped"
+    assert _free(on) == free and not on.scheduler.has_work()
+
+
 @pytest.mark.parametrize(
     "other",
-    [{"temperature": 0.8, "sampling_seed": 5}, {"min_new_tokens": 3}, {"repetition_penalty": 1.3}],
-    ids=["sampled", "min_new_tokens", "penalty"],
+    [{"min_new_tokens": 3}, {"repetition_penalty": 1.3}],
+    ids=["min_new_tokens", "penalty"],
 )
-def test_non_plain_greedy_request_turns_overlap_off_same_tokens(engines, other):
+def test_penalised_request_turns_overlap_off_same_tokens(engines, other):
     on, off = engines
     prompts = _prompts(3, seed=1)
     params = [
@@ -146,8 +172,9 @@ def test_overlapped_decode_never_waits_for_the_device(engines):
     on, off = engines
     if on.model_runner.device.type != "cuda":
         pytest.skip("the CUDA engine only")
-    prompts = _prompts(3, seed=4)
+    prompts = _prompts(4, seed=4)
     params = [{"max_new_tokens": n, "temperature": 0.0} for n in (9, 4, 12)]
+    params.append({"max_new_tokens": 10, **SAMPLED[2]})  # sampling on the device, no wait
     ref = _run(off, prompts, params)
     stop = ref[2][0][5]  # request 2 stops on a token it produces
     params[2] = {**params[2], "stop_token_ids": [stop]}
