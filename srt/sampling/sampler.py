@@ -8,6 +8,11 @@ from srt.mem_cache.host_copy import upload
 from srt.sampling.sampling_params import SamplingParams
 
 
+def _filters(p: SamplingParams, vocab: int) -> bool:
+    """Whether top_k, top_p or min_p can drop a token of a vocab-sized distribution."""
+    return 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
@@ -16,9 +21,10 @@ def sample(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Pick one token per row.
 
-    Greedy rows take the argmax. Sampled rows divide by their temperature, apply top_k, top_p
-    and min_p, and draw from the renormalised distribution with the row's own generator, so a
-    seeded request gets the same tokens whatever batch it runs in.
+    Greedy rows take the argmax. Sampled rows divide by their temperature and draw with the
+    row's own generator, so a seeded request gets the same tokens whatever batch it runs in:
+    rows with top_k, top_p or min_p from the sorted, cut and renormalised distribution, rows
+    with none of them from the whole distribution (no sort of the vocabulary).
 
     Parameters
     ----------
@@ -38,40 +44,51 @@ def sample(
     dev = logits.device
     logits = logits.float()  # [B, V]
     next_ids = torch.argmax(logits, dim=-1)  # [B] int64
-    rows = [i for i, p in enumerate(params) if not p.is_greedy]
+    # sampled rows: temperature only first (drawn from the whole distribution: no sort), then
+    # those with a top_k / top_p / min_p filter (sorted, cut, drawn in sorted order)
+    vocab = logits.shape[1]
+    plain = [i for i, p in enumerate(params) if not p.is_greedy and not _filters(p, vocab)]
+    cut = [i for i, p in enumerate(params) if not p.is_greedy and _filters(p, vocab)]
+    rows = plain + cut
     if rows:
-        vocab = logits.shape[1]
         # the rows' settings in one upload through pinned memory: no host wait for the device
         # (the overlapped decode samples step N while step N - 1 may still run)
-        ps = [params[i] for i in rows]
+        ps = [params[i] for i in cut]
         cfg = upload(
             torch.tensor(
-                [
-                    rows,
-                    [p.top_k if p.top_k > 0 else vocab for p in ps],
-                    [p.temperature for p in ps],
-                    [p.top_p for p in ps],
-                    [p.min_p for p in ps],
-                ],
+                rows
+                + [params[i].temperature for i in rows]
+                + [p.top_k if p.top_k > 0 else vocab for p in ps]
+                + [p.top_p for p in ps]
+                + [p.min_p for p in ps],
                 dtype=torch.float64,  # exact for indices, top_k and the float settings
             ),
             dev,
-        )  # [5, R]
-        idx, top_k = cfg[0].long(), cfg[1].long()  # [R] each
-        temps, top_p, min_p = cfg[2:].float().unbind(0)  # [R] each
+        )  # [2 R + 3 C]
+        r, c = len(rows), len(cut)
+        idx = cfg[:r].long()  # [R]
+        temps = cfg[r : 2 * r].float()  # [R]
         scaled = logits.index_select(0, idx) / temps[:, None]  # [R, V]
-        sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)  # [R, V] each
-        probs = sorted_logits.softmax(dim=-1)  # [R, V], descending
-        rank = torch.arange(vocab, device=dev)[None, :]  # [1, V]
-        drop = rank >= top_k[:, None]  # [R, V]
-        drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]  # mass before this token
-        drop |= probs < min_p[:, None] * probs[:, :1]
-        drop[:, 0] = False  # the most likely token always survives
-        probs = probs.masked_fill(drop, 0.0)
-        picks = torch.cat(  # [R, 1] index in sorted order, each row with its own generator
-            [torch.multinomial(probs[j], 1, generator=generators[i]) for j, i in enumerate(rows)]
-        )[:, None]
-        next_ids.index_copy_(0, idx, sorted_ids.gather(1, picks)[:, 0])
+        picks = []  # [1] token id per row, in `rows` order
+        if plain:
+            probs = scaled[: len(plain)].softmax(dim=-1)  # [P, V]
+            for j, i in enumerate(plain):
+                picks.append(torch.multinomial(probs[j], 1, generator=generators[i]))
+        if cut:
+            top_k = cfg[2 * r : 2 * r + c].long()  # [C] each
+            top_p, min_p = cfg[2 * r + c :].float().view(2, c)
+            sorted_logits, sorted_ids = scaled[len(plain) :].sort(dim=-1, descending=True)
+            probs = sorted_logits.softmax(dim=-1)  # [C, V], descending
+            rank = torch.arange(vocab, device=dev)[None, :]  # [1, V]
+            drop = rank >= top_k[:, None]  # [C, V]
+            drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]  # mass before this token
+            drop |= probs < min_p[:, None] * probs[:, :1]
+            drop[:, 0] = False  # the most likely token always survives
+            probs = probs.masked_fill(drop, 0.0)
+            for j, i in enumerate(cut):  # index in sorted order, then the token
+                pick = torch.multinomial(probs[j], 1, generator=generators[i])  # [1]
+                picks.append(sorted_ids[j].gather(0, pick))
+        next_ids.index_copy_(0, idx, torch.cat(picks))
     logprobs = None
     if return_logprob:
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, next_ids[:, None]).squeeze(1)
