@@ -51,6 +51,7 @@ class Req:
     sampling_params: SamplingParams
     return_logprob: bool = False
     generator: torch.Generator | None = None
+    draws: int = 0  # sampled steps so far (the next one's noise seed: sampler.step_seed)
     eos_token_ids: frozenset[int] = frozenset()
     max_total_len: int = 0  # prompt + generated tokens allowed (context limit)
     output_ids: list[int] = field(default_factory=list)

@@ -38,7 +38,7 @@ from srt.managers.schedule_batch import Req, ScheduleBatch, pages_needed
 from srt.mem_cache.host_copy import upload
 from srt.mem_cache.kv_memory import swa_tokens_per_request
 from srt.sampling.penalties import PenaltyInputs, apply_penalties
-from srt.sampling.sampler import sample
+from srt.sampling.sampler import sample, step_seed
 
 
 def _penalty_inputs(req: Req) -> PenaltyInputs:
@@ -62,6 +62,22 @@ def _plain(req: Req) -> bool:
     in the overlapped decode."""
     p = req.sampling_params
     return not p.has_penalties and not req.return_logprob
+
+
+def _step_seeds(reqs: list[Req]) -> list[int] | None:
+    """A noise seed per request for this sampling step (its generator's seed and its draw
+    count, which then advances), or None where a sampled request has no generator. The
+    overlapped and the step-by-step decode draw the same seeds, so the same tokens."""
+    if any(r.generator is None and not r.sampling_params.is_greedy for r in reqs):
+        return None
+    out = []
+    for r in reqs:
+        if r.generator is None:
+            out.append(0)
+            continue
+        out.append(step_seed(r.generator.initial_seed(), r.draws))
+        r.draws += 1
+    return out
 
 
 def _ends_by_length(req: Req) -> bool:
@@ -240,7 +256,11 @@ class Scheduler:
         if not plain:
             logits = apply_penalties(logits, [_penalty_inputs(r) for r in reqs])  # [B, V]
         next_ids, logprobs = sample(
-            logits, [r.sampling_params for r in reqs], [r.generator for r in reqs], want_lp
+            logits,
+            [r.sampling_params for r in reqs],
+            [r.generator for r in reqs],
+            want_lp,
+            seeds=_step_seeds(reqs),
         )
         if tp > 1:
             # Every rank samples the same logits; rank 0's ids make that exact (same schedule).
@@ -263,8 +283,8 @@ class Scheduler:
         if all(_plain_greedy(r) for r in reqs):
             ids = self.runner.greedy_ids_device(logits)  # [B] int64, no wait
         else:  # sampled rows draw on the device (each request's generator, in step order)
-            params = [r.sampling_params for r in reqs]
-            ids = sample(logits, params, [r.generator for r in reqs])[0]  # [B] int64
+            params, gens = [r.sampling_params for r in reqs], [r.generator for r in reqs]
+            ids = sample(logits, params, gens, seeds=_step_seeds(reqs))[0]  # [B] int64
         i, self._buf_i = self._buf_i, self._buf_i ^ 1
         host = self._token_bufs[i][: len(reqs)]
         done = None

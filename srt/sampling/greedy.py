@@ -12,6 +12,10 @@ programs changes nothing.
 
 `order` is torch.argmax's order: -0.0 equals 0.0, NaN is above every number and ties (NaNs
 included) go to the lowest index. It maps a float32 to an int32 that sorts as the value does.
+
+The same kernel samples (`gumbel_max`): the argmax of logits / T plus Gumbel noise is a draw
+from softmax(logits / T), so a temperature-only sampled row costs one reduction like a greedy
+one, not a sort of the vocabulary and a multinomial.
 """
 
 from __future__ import annotations
@@ -38,14 +42,22 @@ def _argmax_kernel(
     V,
     stride_b,
     NUM_BLOCKS,
+    Rows,  # int64 [B] (GUMBEL): program b reduces logits row Rows[b]
+    Temps,  # float32 [B] (GUMBEL): temperature, > 0
+    Seeds,  # int64 [B] (GUMBEL): the Philox seed of the row's noise
     BLOCK: tl.constexpr,
     HAS_HOST: tl.constexpr,
+    GUMBEL: tl.constexpr,
 ):
     b = tl.program_id(0)
     j = tl.program_id(1)
     idx = j * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] column
     ok = idx < V
-    x = tl.load(Logits + b.to(tl.int64) * stride_b + idx, mask=ok, other=0.0).to(tl.float32)
+    row = tl.load(Rows + b) if GUMBEL else b.to(tl.int64)
+    x = tl.load(Logits + row * stride_b + idx, mask=ok, other=0.0).to(tl.float32)
+    if GUMBEL:  # argmax of x / T + Gumbel noise: a draw from softmax(x / T)
+        u = tl.rand(tl.load(Seeds + b), idx)  # [BLOCK] uniform in [0, 1), column-keyed
+        x = x / tl.load(Temps + b) - tl.log(-tl.log(u))  # u == 0: -inf, never picked
     x = tl.where(x == 0.0, 0.0, x)  # -0.0 -> 0.0: equal values must draw the same order
     bits = x.to(tl.int32, bitcast=True)
     order = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # sorts as x does
@@ -66,6 +78,44 @@ def _argmax_kernel(
 def argmax_native(logits: torch.Tensor) -> torch.Tensor:
     """The reference: int64 [B], torch.argmax over the last dim in float32."""
     return torch.argmax(logits.float(), dim=-1)
+
+
+def gumbel_max(
+    logits: torch.Tensor, rows: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor
+) -> torch.Tensor:
+    """One draw from softmax(logits[rows[i]] / temps[i]) per i, in one launch: the argmax of
+    the scaled logits plus Gumbel noise from Philox at seeds[i] (the same seed and logits, the
+    same token, whatever else is in the launch).
+
+    Parameters
+    ----------
+    logits : float32 / bf16 / fp16 [B, V], columns contiguous, on CUDA (or the CPU under
+        TRITON_INTERPRET).
+    rows : int64 [R] rows of logits; temps : float32 [R], > 0; seeds : int64 [R]; on its device.
+
+    Returns
+    -------
+    int64 [R] token ids.
+    """
+    r, v = rows.shape[0], logits.shape[1]
+    if logits.dim() != 2 or logits.stride(1) != 1 or not 1 <= v < 2**31:
+        raise ValueError(f"logits must be [B, 1 <= V < 2**31] with contiguous columns, "
+                         f"got {tuple(logits.shape)}")  # fmt: skip
+    for name, t, dt in (("rows", rows, torch.int64), ("temps", temps, torch.float32),
+                        ("seeds", seeds, torch.int64)):  # fmt: skip
+        if t.shape != (r,) or t.dtype != dt or t.device != logits.device:
+            raise ValueError(f"{name} must be {dt} [{r}] on {logits.device}")
+    ids = torch.empty(r, dtype=torch.int64, device=logits.device)
+    if r == 0:
+        return ids
+    acc = torch.full((r,), _EMPTY, dtype=torch.int64, device=logits.device)
+    count = torch.zeros(r, dtype=torch.int32, device=logits.device)
+    blocks = -(-v // BLOCK)
+    cached_launcher(_argmax_kernel)[(r, blocks)](
+        logits, acc, count, ids, ids, v, logits.stride(0), blocks, rows, temps, seeds,
+        BLOCK=BLOCK, HAS_HOST=False, GUMBEL=True, num_warps=8,
+    )  # fmt: skip
+    return ids
 
 
 class GreedySampler:
@@ -134,8 +184,12 @@ class GreedySampler:
             V,
             logits.stride(0),
             blocks,
+            self.ids,  # Rows, Temps, Seeds: unused
+            self.ids,
+            self.ids,
             BLOCK=BLOCK,
             HAS_HOST=cuda,
+            GUMBEL=False,
             num_warps=8,
         )
         return self.ids[:B]

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import torch
 
+from sgl_ext._backend import interpreting
 from srt.mem_cache.host_copy import upload
+from srt.sampling.greedy import gumbel_max
 from srt.sampling.sampling_params import SamplingParams
+
+
+def step_seed(seed: int, draw: int) -> int:
+    """The Philox seed of a request's draw number `draw` (splitmix64 of both, 53 bits: exact
+    through `sample`'s float64 upload)."""
+    z = (seed * 0x9E3779B97F4A7C15 + draw * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (z ^ (z >> 31)) >> 11
 
 
 def _filters(p: SamplingParams, vocab: int) -> bool:
@@ -18,6 +29,7 @@ def sample(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     return_logprob: bool = False,
+    seeds: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Pick one token per row.
 
@@ -33,6 +45,9 @@ def sample(
     generators : B generators on logits' device (None: torch's default generator).
     return_logprob : also return the log-probability of each chosen token under the raw
         (temperature 1, unfiltered) distribution, float32 [B].
+    seeds : B ints in [0, 2**53), or None. Given, the temperature-only rows draw in one launch
+        (`greedy.gumbel_max`, on CUDA or under TRITON_INTERPRET) from Philox noise at their
+        seed, not from their generator: the caller passes a new seed per row and step.
 
     Returns
     -------
@@ -49,6 +64,20 @@ def sample(
     vocab = logits.shape[1]
     plain = [i for i, p in enumerate(params) if not p.is_greedy and not _filters(p, vocab)]
     cut = [i for i, p in enumerate(params) if not p.is_greedy and _filters(p, vocab)]
+    if seeds is not None and (len(seeds) != bs or not all(0 <= x < 2**53 for x in seeds)):
+        raise ValueError(f"need {bs} seeds in [0, 2**53), got {seeds}")
+    if plain and seeds is not None and (dev.type == "cuda" or interpreting()):
+        cfg = upload(
+            torch.tensor(
+                [plain, [params[i].temperature for i in plain], [seeds[i] for i in plain]],
+                dtype=torch.float64,
+            ),
+            dev,
+        )  # [3, P], exact in float64 (seeds < 2**53)
+        rows_p = cfg[0].long()
+        picked = gumbel_max(logits, rows_p, cfg[1].float(), cfg[2].long())
+        next_ids.index_copy_(0, rows_p, picked)
+        plain = []
     rows = plain + cut
     if rows:
         # the rows' settings in one upload through pinned memory: no host wait for the device
