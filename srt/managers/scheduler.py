@@ -282,7 +282,7 @@ class Scheduler:
         self.num_decode_steps += 1
         if all(_plain_greedy(r) for r in reqs):
             ids = self.runner.greedy_ids_device(logits)  # [B] int64, no wait
-        else:  # sampled rows draw on the device (each request's generator, in step order)
+        else:  # sampled rows draw on the device (noise seeded per request and step)
             params, gens = [r.sampling_params for r in reqs], [r.generator for r in reqs]
             ids = sample(logits, params, gens, seeds=_step_seeds(reqs))[0]  # [B] int64
         i, self._buf_i = self._buf_i, self._buf_i ^ 1

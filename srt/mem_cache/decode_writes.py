@@ -2,8 +2,8 @@
 
 Each decode step writes, for every request, its new token's KV slot into the request's row of
 `req_to_token` (and, with a hybrid pool, the window slot into `req_to_swa_token` and into the
-full -> window mapping), and, in the overlapped decode, copies the previous step's greedy ids
-into the step's input ids. As torch ops that is an index cast and an `index_put` per table, a
+full -> window mapping), and, in the overlapped decode, copies the previous step's ids into
+the step's input ids. As torch ops that is an index cast and an `index_put` per table, a
 device copy, and the mapping's own uploads: ~10 launches of ~2.5 µs each between two decode
 graphs. `write_decode_rows` reads everything from the step's decode block (one upload) in one
 kernel; `write_decode_rows_native` is the same writes in torch (CPU, and the test oracle).
@@ -28,11 +28,14 @@ def _decode_rows_kernel(
     Block,  # int64 [R, B]: ids, rows, seq_lens, slots, positions (, window slots)
     B,
     Ids,  # int64 [B] ids to copy into block row 0 (HAS_IDS)
-    ReqToToken,  # int32 [rows, ctx]
+    ReqToToken,  # int32 [rows, ctx] (both tables of one shape)
     r2t_stride,
     ReqToSwa,  # int32 [rows, ctx] (HAS_SWA)
     r2s_stride,
     Mapping,  # int64 [full slots] full -> window slot (HAS_SWA)
+    n_rows,
+    ctx,
+    n_map,
     HAS_IDS: tl.constexpr,
     HAS_SWA: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -44,11 +47,14 @@ def _decode_rows_kernel(
     pos = tl.load(Block + 4 * B + i, mask=m, other=0)
     if HAS_IDS:
         tl.store(Block + i, tl.load(Ids + i, mask=m, other=0), mask=m)
-    tl.store(ReqToToken + row * r2t_stride + pos, slot.to(tl.int32), mask=m)
+    # the caller's invariant keeps every entry inside the tables; these bounds only make sure
+    # a broken one cannot write outside them
+    cell = m & (row >= 0) & (row < n_rows) & (pos >= 0) & (pos < ctx)
+    tl.store(ReqToToken + row * r2t_stride + pos, slot.to(tl.int32), mask=cell)
     if HAS_SWA:
         swa = tl.load(Block + 5 * B + i, mask=m, other=0)
-        tl.store(ReqToSwa + row * r2s_stride + pos, swa.to(tl.int32), mask=m)
-        tl.store(Mapping + slot, swa, mask=m)
+        tl.store(ReqToSwa + row * r2s_stride + pos, swa.to(tl.int32), mask=cell)
+        tl.store(Mapping + slot, swa, mask=m & (slot >= 0) & (slot < n_map))
 
 
 def _check(
@@ -68,6 +74,8 @@ def _check(
     for name, t in (("req_to_token", req_to_token), ("req_to_swa_token", req_to_swa_token)):
         if t is not None and (t.dim() != 2 or t.dtype != torch.int32 or t.stride(1) != 1):
             raise ValueError(f"{name} must be int32 [rows, ctx] with unit column stride")
+    if req_to_swa_token is not None and req_to_swa_token.shape != req_to_token.shape:
+        raise ValueError("req_to_swa_token must have req_to_token's shape")
     if mapping is not None and (mapping.dim() != 1 or mapping.dtype != torch.int64):
         raise ValueError("mapping must be int64 [full slots]")
     b = block.shape[1]
@@ -113,8 +121,9 @@ def write_decode_rows(
     ----------
     block : int64 [5, B] (uniform pool) or [6, B] (hybrid pool), contiguous, on the tables'
         device: input ids, request rows, sequence lengths, new full slots, positions (and new
-        window slots). Rows and positions must index `req_to_token` (the caller's invariant:
-        ScheduleBatch built them).
+        window slots). Rows and positions must index `req_to_token` and slots `mapping` (the
+        caller's invariant: ScheduleBatch built them; the kernel skips entries outside the
+        tables rather than write past them, the torch ops raise IndexError).
     req_to_token : int32 [rows, ctx]; `req_to_token[row, pos] = slot` per request.
     req_to_swa_token : int32 [rows, ctx] or None; with a hybrid pool, `[row, pos] = window slot`.
     mapping : int64 [full slots] or None (with req_to_swa_token); `mapping[slot] = window slot`.
@@ -140,6 +149,9 @@ def write_decode_rows(
         req_to_token if req_to_swa_token is None else req_to_swa_token,
         0 if req_to_swa_token is None else req_to_swa_token.stride(0),
         block if mapping is None else mapping,
+        req_to_token.shape[0],
+        req_to_token.shape[1],
+        0 if mapping is None else mapping.shape[0],
         HAS_IDS=input_ids is not None,
         HAS_SWA=swa,
         BLOCK=_BLOCK,

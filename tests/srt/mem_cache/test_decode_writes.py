@@ -147,3 +147,20 @@ def test_swa_failure_drops_the_full_pages_deferred_scrub():
         assert none is None and a.available_size() == free_full
         assert len(scrubs) == 2
     assert pool.zeroed == [] and pool.swa_kv_pool.zeroed == []
+
+
+@interp
+def test_kernel_skips_entries_outside_the_tables():
+    """A broken block (a row, position or slot past the tables) cannot make the kernel write
+    out of bounds: those entries are skipped, the valid ones written."""
+    block, r2t, r2s, mapping, _ = _case(7, True, False, seed=9)
+    block[1, 0] = r2t.shape[0]  # row past the table
+    block[4, 1] = -1  # negative position
+    block[3, 2] = mapping.shape[0] + 5  # slot past the mapping
+    got = _clone([block, r2t, r2s, mapping])
+    write_decode_rows(*got, use_kernel=True)
+    ok = [i for i in range(7) if i not in (0, 1)]
+    rows, pos = block[1, ok], block[4, ok]
+    assert torch.equal(got[1][rows, pos], block[3, ok].to(torch.int32))
+    assert int((got[1] >= 0).sum()) == len(ok)
+    assert int((got[3] >= 0).sum()) == int((block[5, [0, 1, 3, 4, 5, 6]] >= 0).sum())
