@@ -49,19 +49,17 @@ def _penalty_inputs(req: Req) -> PenaltyInputs:
     return PenaltyInputs(params, req.origin_input_ids, req.output_ids, frozenset(banned))
 
 
-def _plain_greedy(req: Req) -> bool:
-    """The argmax is all its sampling needs: greedy, no penalty (or min_new_tokens) mask, no
-    logprob. Such batches take the runner's greedy ids (and the overlapped decode)."""
-    p = req.sampling_params
-    return p.is_greedy and not p.has_penalties and not req.return_logprob
-
-
 def _plain(req: Req) -> bool:
     """Its token needs only the logits of its own row: greedy or sampled, no penalty (or
     min_new_tokens) mask, which reads the tokens so far, and no logprob. Such requests may run
     in the overlapped decode."""
-    p = req.sampling_params
-    return not p.has_penalties and not req.return_logprob
+    return not req.sampling_params.has_penalties and not req.return_logprob
+
+
+def _plain_greedy(req: Req) -> bool:
+    """The argmax is all its sampling needs: plain and greedy. Such batches take the runner's
+    greedy ids."""
+    return req.sampling_params.is_greedy and _plain(req)
 
 
 def _step_seeds(reqs: list[Req]) -> list[int] | None:
