@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from srt.mem_cache.decode_writes import write_decode_rows
+from srt.mem_cache.decode_writes import StepExtras, write_decode_rows
 from srt.mem_cache.host_copy import upload
 from srt.model_executor.forward_batch_info import (
     ForwardBatch,
@@ -156,12 +156,16 @@ class ScheduleBatch:
         self.is_swa = hasattr(allocator, "swa_available_size")
         # window-left W of the hybrid pool: a query at position p reads tokens p - W .. p
         self.sliding_window_size = int(getattr(token_to_kv_pool, "sliding_window_size", 0) or 0)
+        # (B, block rows) -> where a decode block of B requests is written on the device (the
+        # decode graph's static inputs) or None: the upload's own memory (set by from_runner)
+        self.decode_dest: Callable[[int, int], torch.Tensor | None] | None = None
 
     @classmethod
     def from_runner(cls, runner: Any, enable_fused_rope_kv: bool | None = None) -> ScheduleBatch:
-        """Bound to a ModelRunner's pools and backend (fusion: the runner's setting by default)."""
+        """Bound to a ModelRunner's pools and backend (fusion: the runner's setting by default)
+        and to its decode graphs' static inputs (`decode_dest`)."""
         fused = runner.server_args.enable_fused_rope_kv
-        return cls(
+        batch = cls(
             runner.req_to_token_pool,
             runner.token_to_kv_pool_allocator,
             runner.token_to_kv_pool,
@@ -170,6 +174,8 @@ class ScheduleBatch:
             runner.device,
             fused if enable_fused_rope_kv is None else enable_fused_rope_kv,
         )
+        batch.decode_dest = getattr(runner, "decode_static_inputs", None)
+        return batch
 
     # ---- memory ----
     def free_req(self, req: Req) -> None:
@@ -319,7 +325,11 @@ class ScheduleBatch:
         return req.swa_pages[token // ps - req.swa_page_start] * ps + token % ps
 
     def prepare_for_decode(
-        self, reqs: list[Req], input_ids: torch.Tensor | None = None
+        self,
+        reqs: list[Req],
+        input_ids: torch.Tensor | None = None,
+        *,
+        host_ids: torch.Tensor | None = None,
     ) -> ForwardBatch:
         """One new token per request: allocate its slot and build the decode batch.
 
@@ -327,7 +337,11 @@ class ScheduleBatch:
         read happens here; if the pool is full, nothing changes and RuntimeError is raised.
         `input_ids` (int64 [B] on the device): the tokens to feed, in place of each request's
         `output_ids[-1]` (the overlapped decode: the previous step's greedy ids, not yet read
-        back); copied on the stream, no wait.
+        back); copied on the stream, no wait. `host_ids` (int64 [B] pinned host memory, with
+        input_ids): also receives input_ids, from the same kernel.
+
+        When `decode_dest` gives the decode graph's static inputs for B requests, the block is
+        written there (the replay then copies nothing).
         """
         if input_ids is not None and (
             input_ids.shape != (len(reqs),)
@@ -382,17 +396,22 @@ class ScheduleBatch:
         flat = self._to_device(torch.cat([host.reshape(-1), *(s for _, s in scrubs)]))
         dev = flat[: host.numel()].view(host.shape)  # [5 or 6, B]
         off = host.numel()
-        for pool, s in scrubs:  # zeroed before this step's forward writes the new slots
-            pool.zero_slots(flat[off : off + len(s)])
+        scrub_dev = []  # zeroed before this step's forward writes the new slots
+        for pool, s in scrubs:
+            scrub_dev.append((pool, flat[off : off + len(s)]))
             off += len(s)
+        dest = self.decode_dest(len(reqs), host.shape[0]) if self.decode_dest else None
         r2t = self.req_to_token_pool
-        write_decode_rows(  # the request tables (and the window mapping); ids copied after
-            dev,  # the step that computes them, when given
+        write_decode_rows(  # the request tables (and the window mapping), scrubs; ids copied
+            dev,  # after the step that computes them, when given
             r2t.req_to_token,
             r2t.req_to_swa_token if swa_slots is not None else None,
             self.token_to_kv_pool.full_to_swa_index_mapping if swa_slots is not None else None,
             input_ids,
+            StepExtras(dest=dest, host_ids=host_ids, scrubs=scrub_dev),
         )
+        if dest is not None:
+            dev = dest
         input_ids, rows, seq_lens, out_cache_loc, pos = dev[:5].unbind(0)  # [B] each
         return self._forward_batch(
             ForwardMode.DECODE,

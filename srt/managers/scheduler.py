@@ -94,9 +94,19 @@ class _InFlight:
     reqs: list[Req]  # its batch, in row order
     ids: torch.Tensor  # int64 [B] on the device: its tokens (the next step feeds them)
     host: torch.Tensor  # int64 [B] on the host (pinned on CUDA): the same, once `done`
-    done: torch.cuda.Event | None  # recorded after the copy to host (None: already there)
+    done: torch.cuda.Event | None  # recorded once the tokens' way to `host` is queued
+    queued: bool = False  # whether that way (a copy, or the next step's table kernel) is queued
+
+    def queue_copy(self) -> None:
+        """Queue the tokens' copy to host (before anything overwrites `ids`), unless queued."""
+        if not self.queued:
+            self.host.copy_(self.ids, non_blocking=self.done is not None)
+            if self.done is not None:
+                self.done.record()
+            self.queued = True
 
     def tokens(self) -> list[int]:
+        self.queue_copy()
         if self.done is not None:
             self.done.synchronize()  # this step only: the next one keeps running
         return self.host.tolist()
@@ -273,9 +283,25 @@ class Scheduler:
         admitted)."""
         return self.overlap and not self.waiting and all(_plain(r) for r in reqs)
 
-    def _launch_decode(self, reqs: list[Req], input_ids: torch.Tensor | None) -> None:
-        """Prepare and launch a decode step of reqs; its tokens are read by the next step."""
-        fb = self.batch.prepare_for_decode(reqs, input_ids)
+    def _launch_decode(
+        self, reqs: list[Req], input_ids: torch.Tensor | None, prev: _InFlight | None = None
+    ) -> None:
+        """Prepare and launch a decode step of reqs; its tokens are read by the next step.
+
+        prev: the in-flight step whose tokens are input_ids (every one of its rows, in order).
+        The new step's table kernel then also stores them into prev's pinned host buffer, so
+        no device-to-host copy runs between the two graphs."""
+        host_ids = None
+        if prev is not None:
+            if prev.done is not None and input_ids is prev.ids and not prev.queued:
+                host_ids = prev.host
+            else:
+                prev.queue_copy()
+        fb = self.batch.prepare_for_decode(reqs, input_ids, host_ids=host_ids)
+        if prev is not None and host_ids is not None:
+            assert prev.done is not None
+            prev.done.record()  # after the table kernel, before this step's graph
+            prev.queued = True
         logits = self.runner.forward(fb)  # [B, V]
         self.num_decode_steps += 1
         if all(_plain_greedy(r) for r in reqs):
@@ -285,13 +311,7 @@ class Scheduler:
             ids = sample(logits, params, gens, seeds=_step_seeds(reqs))[0]  # [B] int64
         i, self._buf_i = self._buf_i, self._buf_i ^ 1
         host = self._token_bufs[i][: len(reqs)]
-        done = None
-        if self._events is not None:
-            host.copy_(ids, non_blocking=True)
-            done = self._events[i]
-            done.record()
-        else:
-            host.copy_(ids)
+        done = self._events[i] if self._events is not None else None
         self._inflight = _InFlight(reqs, ids, host, done)
 
     def _step_inflight(self, finished: list[Req]) -> None:
@@ -303,9 +323,10 @@ class Scheduler:
         if nxt and self._overlappable(nxt):
             ids = inf.ids
             if len(keep) != len(inf.reqs):  # rows of the requests that go on
+                inf.queue_copy()  # every row's token, before the next step's graph runs
                 rows = upload(torch.tensor(keep, dtype=torch.int64), ids.device)
                 ids = ids.index_select(0, rows)
-            self._launch_decode(nxt, ids)
+            self._launch_decode(nxt, ids, inf)
             self.num_overlapped_steps += 1
         for req, tok in zip(inf.reqs, inf.tokens(), strict=True):
             if req.finished:  # aborted while its step ran: the token is dropped

@@ -395,19 +395,26 @@ class MHATokenToKVPool:
         idx = upload(indices, self.device, torch.int64).reshape(-1)  # no host wait
         if idx.numel() == 0:
             return
-        if self.device.type == "cuda" and self.kv_buffer is None:
-            # one launch for every layer (the allocator scrubs on every decode step)
-            from srt.mem_cache.scrub import slot_table, zero_slots_all
+        table = self.scrub_table()
+        if table is not None:  # one launch for every layer (the allocator scrubs every step)
+            from srt.mem_cache.scrub import zero_slots_all
 
-            if self._slot_table is None:  # False: the buffers do not fit the kernel
-                self._slot_table = slot_table(self.k_buffer + self.v_buffer) or False
-            table = self._slot_table
-            if table is not False:
-                zero_slots_all(cast("SlotTable", table), idx)
-                return
+            zero_slots_all(table, idx)
+            return
         for kb, vb in zip(self.k_buffer, self.v_buffer, strict=True):
             for b in (kb, vb):
                 b[slot_index(b, idx)] = 0
+
+    def scrub_table(self) -> SlotTable | None:
+        """The device table that zeroes slots of every layer's K and V in one launch (CUDA,
+        buffers of one slot stride; built on first use), or None (index them one by one)."""
+        if self.device.type != "cuda" or self.kv_buffer is not None:
+            return None
+        if self._slot_table is None:  # False: the buffers do not fit the kernel
+            from srt.mem_cache.scrub import slot_table
+
+            self._slot_table = slot_table(self.k_buffer + self.v_buffer) or False
+        return cast("SlotTable | None", self._slot_table or None)
 
     def clear(self) -> None:
         """Zero every K and V byte (so nothing survives into the next user's requests)."""

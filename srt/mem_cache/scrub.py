@@ -26,9 +26,9 @@ _MAX_BLOCK = 1024  # words one program stores per loop iteration
 
 
 @triton.jit
-def _zero_slots_kernel(Bases, RowWords, Slots, BLOCK: tl.constexpr, WORD_BITS: tl.constexpr):
-    i = tl.program_id(0)  # slot position in Slots
-    b = tl.program_id(1)  # buffer
+def zero_slot_row(Bases, RowWords, Slots, i, b, BLOCK: tl.constexpr, WORD_BITS: tl.constexpr):
+    """Zero slot Slots[i] of buffer b of a SlotTable (its base address Bases[b], RowWords[b]
+    words of WORD_BITS a slot)."""
     slot = tl.load(Slots + i).to(tl.int64)
     n = tl.load(RowWords + b)  # int64 words per slot of this buffer
     if WORD_BITS == 64:
@@ -43,6 +43,12 @@ def _zero_slots_kernel(Bases, RowWords, Slots, BLOCK: tl.constexpr, WORD_BITS: t
     w = tl.arange(0, BLOCK)
     for c in range(0, n, BLOCK):
         tl.store(row + c + w, tl.zeros([BLOCK], dtype=row.dtype.element_ty), mask=c + w < n)
+
+
+@triton.jit
+def _zero_slots_kernel(Bases, RowWords, Slots, BLOCK: tl.constexpr, WORD_BITS: tl.constexpr):
+    # program (slot position in Slots, buffer)
+    zero_slot_row(Bases, RowWords, Slots, tl.program_id(0), tl.program_id(1), BLOCK, WORD_BITS)
 
 
 @dataclass(frozen=True)
@@ -73,13 +79,18 @@ def slot_table(buffers: list[torch.Tensor]) -> SlotTable | None:
     )
 
 
+def row_block(table: SlotTable) -> int:
+    """The words one program of `zero_slot_row` stores per loop iteration for `table`."""
+    return min(_MAX_BLOCK, next_pow2(table.max_words))
+
+
 def zero_slots_all(table: SlotTable, slots: torch.Tensor) -> None:
     """Zero `slots` (int64 [n], on the buffers' device, each < the buffers' slot count) in every
     buffer of `table`; one launch."""
     n = slots.shape[0]
     if n == 0:
         return
-    block = min(_MAX_BLOCK, next_pow2(table.max_words))  # host ints, per decode step
+    block = row_block(table)  # host ints, per decode step
     grid = (n, table.bases.shape[0])
     cached_launcher(_zero_slots_kernel)[grid](  # direct launch: every decode step scrubs
         table.bases, table.row_words, slots, BLOCK=block, WORD_BITS=table.word_bits

@@ -22,11 +22,15 @@ full slot 0 maps to window slot 0, so padded CUDA-graph rows write only padding 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from srt.mem_cache.host_copy import upload
 from srt.mem_cache.memory_pool import MHATokenToKVPool, Scale, _HasLayerId
+
+if TYPE_CHECKING:
+    from srt.mem_cache.scrub import SlotTable
 
 
 class SWAKVPool:
@@ -201,6 +205,10 @@ class SWAKVPool:
         """Zero the full layers' K/V at full slots `indices` (the full allocator's scrub; the
         window allocator scrubs `swa_kv_pool` itself)."""
         self.full_kv_pool.zero_slots(indices)
+
+    def scrub_table(self) -> SlotTable | None:
+        """zero_slots' one-launch table (the full layers'), or None."""
+        return self.full_kv_pool.scrub_table()
 
     def clear(self) -> None:
         """Zero every K/V byte of both pools and forget every window slot."""

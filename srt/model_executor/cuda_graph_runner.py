@@ -189,6 +189,15 @@ class CudaGraphRunner:
             and forward_batch.enable_fused_rope_kv == self.enable_fused_rope_kv
         )
 
+    def static_inputs(self, bs: int, rows: int) -> torch.Tensor | None:
+        """The static decode inputs' first bs columns (int64 [rows, bs], rows at the static
+        block's stride) for a batch of bs requests to be written into directly: its replay then
+        copies nothing. None when no graph can take bs requests or the row count differs."""
+        block = self.decode_inputs
+        if self.is_capturing or not self.graphs or not 1 <= bs <= self.max_bs:
+            return None
+        return block[:, :bs] if rows == block.shape[0] else None
+
     def bucket(self, raw_bs: int) -> int:
         """The captured batch size a batch of raw_bs replays."""
         return self.capture_bs[bisect.bisect_left(self.capture_bs, raw_bs)]
@@ -208,8 +217,11 @@ class CudaGraphRunner:
             self.seq_lens_cpu[raw_bs:bs].fill_(fill)
         rows = self.decode_inputs.shape[0]
         block = _decode_block(forward_batch, raw_bs, rows)
-        if block is not None:  # one copy: the host's work before the launch
-            self.decode_inputs[:, :raw_bs].copy_(block)
+        static = self.decode_inputs
+        if block is not None and block.data_ptr() == static.data_ptr():
+            assert block.stride() == static.stride()  # written there by the batch (no copy)
+        elif block is not None:  # one copy: the host's work before the launch
+            static[:, :raw_bs].copy_(block)
         else:
             fb = forward_batch
             assert fb.positions is not None  # decode batches carry their positions

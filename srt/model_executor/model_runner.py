@@ -395,6 +395,13 @@ class ModelRunner:
             self.attn_backend.init_forward_metadata(fb)
         return self.model_forward(fb)
 
+    def decode_static_inputs(self, batch_size: int, rows: int) -> torch.Tensor | None:
+        """Where a decode block of batch_size requests (int64 [rows, batch_size]) is written so
+        that its graph replay copies nothing: the decode graphs' static inputs, or None (no
+        graphs, or the batch does not fit them)."""
+        graphs = self.cuda_graph_runner
+        return None if graphs is None else graphs.static_inputs(batch_size, rows)
+
     def _greedy_kernel_ids(self, logits: torch.Tensor) -> torch.Tensor | None:
         """The greedy kernel's device ids of logits (launched, unless the graph replay that
         returned logits ran it), or None where the kernel does not take them (CPU, more rows

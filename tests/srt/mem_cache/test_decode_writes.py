@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
-from srt.mem_cache.decode_writes import write_decode_rows, write_decode_rows_native
+from srt.mem_cache.decode_writes import StepExtras, write_decode_rows, write_decode_rows_native
+from srt.mem_cache.scrub import slot_table
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 interp = pytest.mark.skipif(
@@ -164,3 +165,97 @@ def test_kernel_skips_entries_outside_the_tables():
     assert torch.equal(got[1][rows, pos], block[3, ok].to(torch.int32))
     assert int((got[1] >= 0).sum()) == len(ok)
     assert int((got[3] >= 0).sum()) == int((block[5, [0, 1, 3, 4, 5, 6]] >= 0).sum())
+
+
+class _TablePool:
+    """A pool of K/V-like buffers: zero_slots by indexing (the reference), and the table the
+    kernel zeroes them through."""
+
+    def __init__(self, bufs):
+        self.bufs = bufs
+
+    def zero_slots(self, indices):
+        for b in self.bufs:
+            b[indices] = 0
+
+    def scrub_table(self):
+        return slot_table(self.bufs)
+
+
+def _pools(g, n_slots):
+    """Two pools of poisoned buffers with different slot sizes and word widths."""
+    a = [torch.randn(n_slots, 3, 8, generator=g).to(torch.bfloat16).to(DEV) for _ in range(2)]
+    b = [torch.randint(1, 200, (n_slots, 5), generator=g, dtype=torch.uint8).to(DEV)]
+    return _TablePool(a), _TablePool(b)
+
+
+def _extras_case(b: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    block, r2t, r2s, mapping, ids = _case(b, True, True, seed)
+    n_map = mapping.shape[0]
+    new = set(block[3].tolist())
+    resets = torch.tensor([s for s in torch.randperm(n_map, generator=g).tolist() if s not in new])
+    resets = resets[: b + 5].to(DEV)  # more resets than requests: programs cover both
+    wide = torch.randint(-99, -10, (6, b + 4), generator=g).to(DEV)  # dest: a strided view
+    host = torch.full((b,), -7, dtype=torch.int64, pin_memory=DEV == "cuda")
+    pa, pb = _pools(g, 11)
+    scrubs = [(pa, torch.tensor([4, 0, 9]).to(DEV)), (pb, torch.tensor([10, 3]).to(DEV))]
+    return (block, r2t, r2s, mapping, ids), wide, host, resets, (pa, pb), scrubs
+
+
+@interp
+@pytest.mark.parametrize("b", [1, 7, 33])
+def test_kernel_extras_write_exactly_what_the_torch_ops_write(b):
+    """dest, host ids, mapping resets and two pools' scrubs in the one launch: equal to the
+    torch ops, and nothing else written (dest's other columns, other slots)."""
+    runs = []
+    for use_kernel in (False, True):
+        args, wide, host, resets, pools, scrubs = _extras_case(b, seed=40 + b)
+        extras = StepExtras(dest=wide[:, :b], host_ids=host, resets=resets, scrubs=scrubs)
+        write_decode_rows(*args, extras, use_kernel=use_kernel)
+        runs.append((args, wide, host, pools))
+    (want, w_wide, w_host, w_pools), (got, g_wide, g_host, g_pools) = runs
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(w, g)
+    assert torch.equal(w_wide, g_wide) and torch.equal(w_host, g_host)
+    for wp, gp in zip(w_pools, g_pools, strict=True):
+        for wb, gb in zip(wp.bufs, gp.bufs, strict=True):
+            assert torch.equal(wb, gb)
+    args, wide, host, resets, pools, scrubs = _extras_case(b, seed=40 + b)  # the inputs again
+    assert torch.equal(g_wide[:, :b], got[0]) and torch.equal(g_wide[:, b:], wide[:, b:])
+    assert torch.equal(g_host, args[4].cpu())
+    assert bool((got[3][resets] == -1).all())
+    assert torch.equal(got[3][got[0][3]], got[0][5])  # the new entries survive the resets
+    for (pool, slots), g_pool in zip(scrubs, g_pools, strict=True):
+        for before, after in zip(pool.bufs, g_pool.bufs, strict=True):
+            hit = torch.zeros(before.shape[0], dtype=torch.bool, device=DEV)
+            hit[slots] = True
+            assert bool((after[hit] == 0).all()) and torch.equal(after[~hit], before[~hit])
+
+
+@pytest.mark.parametrize("use_kernel", [False, True])
+def test_bad_extras_raise_before_any_write(use_kernel):
+    args, wide, host, resets, pools, scrubs = _extras_case(5, seed=7)
+    block, r2t, r2s, mapping, ids = args
+    before = _clone([block, r2t, r2s, mapping, wide, host, *pools[0].bufs, *pools[1].bufs])
+    ok = dict(dest=wide[:, :5], host_ids=host, resets=resets, scrubs=scrubs)
+    bad = [
+        (dict(ok, dest=wide[:5, :5]), r"dest must be int64 \(6, 5\)"),
+        (dict(ok, dest=wide[:, :5].t().contiguous().t()), "contiguous rows"),
+        (dict(ok, host_ids=host[:3]), r"host_ids must be int64 \[5\]"),
+        (dict(ok, resets=resets.int()), "resets must be int64"),
+        (dict(ok, scrubs=[(pools[0], scrubs[0][1].int())]), "scrub slots must be int64"),
+    ]
+    for kw, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            write_decode_rows(*args, StepExtras(**kw), use_kernel=use_kernel)
+    if DEV == "cuda":
+        with pytest.raises(ValueError, match="pinned"):
+            write_decode_rows(*args, StepExtras(host_ids=host.clone()), use_kernel=use_kernel)
+    with pytest.raises(ValueError, match="host_ids needs input_ids"):
+        write_decode_rows(block, r2t, r2s, mapping, None, StepExtras(host_ids=host))
+    with pytest.raises(ValueError, match="resets need the mapping"):
+        write_decode_rows(block[:5].contiguous(), r2t, None, None, ids, StepExtras(resets=resets))
+    after = [block, r2t, r2s, mapping, wide, host, *pools[0].bufs, *pools[1].bufs]
+    for b, t in zip(before, after, strict=True):
+        assert torch.equal(b, t)
