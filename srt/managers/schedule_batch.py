@@ -392,8 +392,15 @@ class ScheduleBatch:
         host[3] = slots  # the previous slots are no longer needed: the new ones travel instead
         if swa_slots is not None:
             host[5] = swa_slots
-        # one upload: the block, then the slots of each deferred scrub
-        flat = self._to_device(torch.cat([host.reshape(-1), *(s for _, s in scrubs)]))
+        # window evictions' deferred mapping resets ride along; a slot handed out again in
+        # this step keeps its new entry (the kernel does not order the two)
+        kv = self.token_to_kv_pool
+        resets = kv.take_mapping_resets() if swa_slots is not None else None
+        if resets is not None:
+            resets = resets[~torch.isin(resets, slots)]
+        # one upload: the block, the slots of each deferred scrub, the resets
+        tail = [s for _, s in scrubs] + ([resets] if resets is not None else [])
+        flat = self._to_device(torch.cat([host.reshape(-1), *tail]))
         dev = flat[: host.numel()].view(host.shape)  # [5 or 6, B]
         off = host.numel()
         scrub_dev = []  # zeroed before this step's forward writes the new slots
@@ -401,15 +408,26 @@ class ScheduleBatch:
             scrub_dev.append((pool, flat[off : off + len(s)]))
             off += len(s)
         dest = self.decode_dest(len(reqs), host.shape[0]) if self.decode_dest else None
-        r2t = self.req_to_token_pool
-        write_decode_rows(  # the request tables (and the window mapping), scrubs; ids copied
-            dev,  # after the step that computes them, when given
-            r2t.req_to_token,
-            r2t.req_to_swa_token if swa_slots is not None else None,
-            self.token_to_kv_pool.full_to_swa_index_mapping if swa_slots is not None else None,
-            input_ids,
-            StepExtras(dest=dest, host_ids=host_ids, scrubs=scrub_dev),
+        extras = StepExtras(
+            dest=dest,
+            host_ids=host_ids,
+            resets=None if resets is None else flat[off:],
+            scrubs=scrub_dev,
         )
+        r2t = self.req_to_token_pool
+        try:
+            write_decode_rows(  # the request tables (and the window mapping), scrubs; ids
+                dev,  # copied after the step that computes them, when given
+                r2t.req_to_token,
+                r2t.req_to_swa_token if swa_slots is not None else None,
+                kv.full_to_swa_index_mapping if swa_slots is not None else None,
+                input_ids,
+                extras,
+            )
+        except BaseException:
+            if resets is not None:
+                kv.requeue_mapping_resets(resets)
+            raise
         if dest is not None:
             dev = dest
         input_ids, rows, seq_lens, out_cache_loc, pos = dev[:5].unbind(0)  # [B] each

@@ -148,6 +148,8 @@ class Scheduler:
             and not getattr(args, "disable_overlap_schedule", True)
         )
         self._inflight: _InFlight | None = None
+        if self.overlap and self.is_swa:  # evictions' mapping resets ride on the next step
+            self.batch.token_to_kv_pool.defer_mapping_resets = True
         if self.overlap:  # two host buffers of tokens: step N's is read while N + 1 writes
             pin = torch.device(model_runner.device).type == "cuda"
             rows = self.max_running_requests
@@ -345,6 +347,8 @@ class Scheduler:
             else:
                 still.append(req)
         self.running = still
+        if not still and self._inflight is None and self.is_swa:  # idle: the mapping is current
+            self.batch.token_to_kv_pool.flush_mapping_resets()
 
     def step(self) -> list[Req]:
         """One prefill or decode step. Returns the requests that finished in it.
@@ -397,6 +401,8 @@ class Scheduler:
                 self.batch.free_req(req)  # a no-op for requests that hold nothing
             except BaseException as e:  # noqa: BLE001 - free the rest, then re-raise
                 error = error or e
+        if self.is_swa:
+            self.batch.token_to_kv_pool.flush_mapping_resets()
         if error is not None:
             raise error
         return dropped

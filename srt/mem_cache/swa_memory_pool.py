@@ -123,6 +123,11 @@ class SWAKVPool:
             (self.full_kv_pool.num_slots,), -1, dtype=torch.int64, device=self.device
         )
         self._reset_padding()
+        # The overlapped decode (Scheduler) sets this: window evictions' mapping resets then
+        # wait on the host until the next decode step's table kernel applies them
+        # (`take_mapping_resets`) or any other mapping access here flushes them first.
+        self.defer_mapping_resets = False
+        self._pending_resets: list[torch.Tensor] = []
 
     def _reset_padding(self) -> None:
         ps = self.page_size
@@ -159,6 +164,7 @@ class SWAKVPool:
     def translate_loc_from_full_to_swa(self, loc: torch.Tensor) -> torch.Tensor:
         """int64 [T] window slot of each full slot `loc` (int32/int64 [T]); -1 where loc < 0 or
         the token has no window slot. A device gather: no sync, capturable in CUDA graphs."""
+        self.flush_mapping_resets()
         loc = loc.long()
         swa = self.full_to_swa_index_mapping[loc.clamp(min=0)]  # [T]
         return torch.where(loc < 0, -1, swa)
@@ -166,16 +172,44 @@ class SWAKVPool:
     def set_swa_mapping(self, full_slots: torch.Tensor, swa_slots: torch.Tensor) -> None:
         """Record that the tokens in full slots `full_slots` [n] have window slots `swa_slots`
         [n] (host or device int tensors; host ones are copied once, without a sync)."""
+        self.flush_mapping_resets()
         full = upload(full_slots, self.device, torch.int64)
         swa = upload(swa_slots, self.device, torch.int64)
         self.full_to_swa_index_mapping[full] = swa
 
     def reset_swa_mapping(self, full_slots: torch.Tensor) -> None:
-        """The tokens in `full_slots` [n] no longer have a window slot (mapping -> -1)."""
-        if full_slots.numel():
-            full = upload(full_slots, self.device, torch.int64)
-            # index_fill_, not `[full] = -1`: the scalar would be a host copy, a sync
-            self.full_to_swa_index_mapping.index_fill_(0, full, -1)
+        """The tokens in `full_slots` [n] no longer have a window slot (mapping -> -1); with
+        `defer_mapping_resets`, host slots are kept for the next mapping access instead."""
+        if not full_slots.numel():
+            return
+        if self.defer_mapping_resets and full_slots.device.type == "cpu":
+            self._pending_resets.append(full_slots.to(torch.int64).reshape(-1))
+            return
+        self._reset_now(full_slots)
+
+    def _reset_now(self, full_slots: torch.Tensor) -> None:
+        full = upload(full_slots, self.device, torch.int64)
+        # index_fill_, not `[full] = -1`: the scalar would be a host copy, a sync
+        self.full_to_swa_index_mapping.index_fill_(0, full, -1)
+
+    def flush_mapping_resets(self) -> None:
+        """Apply the deferred mapping resets now (an upload and an index_fill_)."""
+        if self._pending_resets:
+            pending, self._pending_resets = self._pending_resets, []
+            self._reset_now(torch.cat(pending))
+
+    def take_mapping_resets(self) -> torch.Tensor | None:
+        """The deferred resets (host int64 [n] full slots), handed to a caller that applies
+        them before any other write to the mapping (the decode step's table kernel), or None.
+        `requeue_mapping_resets` gives them back if it cannot."""
+        if not self._pending_resets:
+            return None
+        pending, self._pending_resets = self._pending_resets, []
+        return torch.cat(pending)
+
+    def requeue_mapping_resets(self, full_slots: torch.Tensor) -> None:
+        """Put resets taken by `take_mapping_resets` back, ahead of any deferred since."""
+        self._pending_resets.insert(0, full_slots)
 
     # ------------------------------------------------------------------ writes
     def set_stream_overlap(self, enabled: bool) -> None:
@@ -214,6 +248,7 @@ class SWAKVPool:
         """Zero every K/V byte of both pools and forget every window slot."""
         self.full_kv_pool.clear()
         self.swa_kv_pool.clear()
+        self._pending_resets.clear()
         self.full_to_swa_index_mapping.fill_(-1)
         self._reset_padding()
 

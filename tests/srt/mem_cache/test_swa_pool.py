@@ -124,7 +124,9 @@ def _check(batch: ScheduleBatch, reqs: list[Req]) -> None:
     assert len(set(swa_pages)) == len(swa_pages) and 0 not in swa_pages
     assert a.available_size() + len(full_pages) * ps == a.size
     assert a.swa_available_size() + len(swa_pages) * ps == a.size_swa
-    mapping = pool.full_to_swa_index_mapping
+    mapping = pool.full_to_swa_index_mapping.clone()
+    if pool._pending_resets:  # deferred (overlapped decode): what the next step applies first
+        mapping[torch.cat(pool._pending_resets)] = -1
     held = set()
     for r in reqs:
         assert r.swa_page_start == max(0, r.kv_len - W) // ps  # evicted up to the window
@@ -150,11 +152,16 @@ def _check(batch: ScheduleBatch, reqs: list[Req]) -> None:
         min_size=1,
         max_size=40,
     ),
+    defer=st.booleans(),
 )
-def test_random_lifecycles_are_exact(ps, window, ops):
+def test_random_lifecycles_are_exact(ps, window, ops, defer):
+    """Random admissions, decode steps and finishes keep the pools and tables exact, with the
+    evictions' mapping resets applied at once or deferred to the next decode step (`defer`,
+    the overlapped decode's mode: checked as the mapping the next step's kernel leaves)."""
     size = 96
     size_swa = (6 * swa_tokens_per_request(window, ps) + 32) // ps * ps
     batch = _batch(size, size_swa, ps, window)
+    batch.token_to_kv_pool.defer_mapping_resets = defer
     a = batch.allocator
     reqs: list[Req] = []
     for n, (op, x) in enumerate(ops):
@@ -247,3 +254,23 @@ def test_memory_arithmetic():
     assert "uniform" in uni.describe()
     with pytest.raises(ValueError, match="no room"):
         hybrid_token_capacity(1000, shape, 4, 1, 3, 64)
+
+
+def test_deferred_mapping_resets_wait_for_the_next_access():
+    """With defer_mapping_resets, a reset waits on the host; take hands it over (requeue gives
+    it back), any mapping access applies it first, clear drops it."""
+    pool = _pool()
+    pool.set_swa_mapping(torch.tensor([5, 6, 7]), torch.tensor([1, 2, 3]))
+    pool.defer_mapping_resets = True
+    pool.reset_swa_mapping(torch.tensor([5, 6]))
+    assert pool.full_to_swa_index_mapping[5:8].tolist() == [1, 2, 3]  # not yet
+    taken = pool.take_mapping_resets()
+    assert taken.tolist() == [5, 6] and pool.take_mapping_resets() is None
+    pool.requeue_mapping_resets(taken)
+    assert pool.translate_loc_from_full_to_swa(torch.tensor([5, 7, -1])).tolist() == [-1, 3, -1]
+    pool.reset_swa_mapping(torch.tensor([7]))
+    pool.set_swa_mapping(torch.tensor([8]), torch.tensor([4]))  # flushes first
+    assert pool.full_to_swa_index_mapping[5:9].tolist() == [-1, -1, -1, 4]
+    pool.reset_swa_mapping(torch.tensor([8]))
+    pool.clear()
+    assert pool.take_mapping_resets() is None

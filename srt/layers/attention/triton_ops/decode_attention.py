@@ -221,14 +221,34 @@ class DecodeConfig:
     num_stages: int
 
 
-def decode_config(batch_size: int, num_splits: int, head_dim: int) -> DecodeConfig:
+def decode_config(
+    batch_size: int, num_splits: int, head_dim: int, window: int = -1
+) -> DecodeConfig:
     """The tile shape for a launch, from host-known shapes only (graph bucket == eager batch).
 
     H100 sweep (`benchmarks/bench_layers.py --decode-sweep`, Llama-3-8B heads, graph-timed per
     layer): 64-key tiles, 4 warps, 3 stages were best or within 5% of best at B=64 (L 512 / 2048:
     1.15x / 1.04x the read floor) and B=8, and within 8% at B=1 (L 512 / 4096).
+
+    A short window's whole span in one program (one split, up to WIDE_WINDOW_BATCH requests,
+    window + 1 <= WIDE_TILE_KEYS keys) is one tile: a single softmax step after the PDL wait
+    instead of one per 64-key tile (`WIDE_TILE_KEYS`; docs/performance.md).
     """
+    if (
+        SGL_WIDE
+        and num_splits == 1
+        and 0 <= window < WIDE_TILE_KEYS
+        and batch_size <= WIDE_WINDOW_BATCH
+    ):
+        return DecodeConfig(max(64, _pow2(window + 1)), 8, 1)
     return DecodeConfig(64, 4, 3)
+
+
+import os
+
+SGL_WIDE = os.environ.get("SGL_WIDE", "1") == "1"
+WIDE_TILE_KEYS = 256  # a window of up to this many keys is one tile (one split, few requests)
+WIDE_WINDOW_BATCH = 8
 
 
 def num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int, window: int = -1) -> int:
@@ -299,7 +319,8 @@ def plan_decode(
         raise ValueError(f"num_splits must be a power of two in [1, {MAX_KV_SPLITS}]")
     group = Hq // Hkv
     block_dv = max(16, _pow2(DV))
-    cfg = config or decode_config(B, num_splits, D)
+    # (one wide tile only from 16-bit or float32 caches: fp8 ones dequantise to float32 tiles)
+    cfg = config or decode_config(B, num_splits, D, window if kv.fp8 == KV_FP8_NONE else -1)
     low = q.dtype in (torch.bfloat16, torch.float16) and kv.fp8 == KV_FP8_NONE
     scalars = (
         kv.k_scale_f,
@@ -425,7 +446,7 @@ def decode_attention_fwd(
         launch and needs the scratch buffers.
     mid_o : float32 contiguous `decode_scratch_shape(B, Hq, Dv, num_splits)`;
     mid_lse : float32 contiguous [B, Hq, num_splits]. Allocated here when None.
-    config : tile shape (benchmarks); None: `decode_config(B, num_splits, D)`.
+    config : tile shape (benchmarks); None: `decode_config(B, num_splits, D, window)`.
 
     Precision: fp32 models use exact float32 products. 16-bit models with a 16-bit cache use
     16-bit tensor-core dots with float32 accumulation (the probabilities rounded to the cache
