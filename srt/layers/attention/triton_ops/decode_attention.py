@@ -210,6 +210,9 @@ _WAVES = 2
 # Sliding windows with fewer keys than this take one program per (request, KV head): three
 # 64-key tiles at most
 WINDOW_ONE_SPLIT_KEYS = 192
+# ... and at up to WIDE_WINDOW_BATCH requests one tile of up to WIDE_TILE_KEYS keys (decode_config)
+WIDE_TILE_KEYS = 256
+WIDE_WINDOW_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -234,21 +237,9 @@ def decode_config(
     window + 1 <= WIDE_TILE_KEYS keys) is one tile: a single softmax step after the PDL wait
     instead of one per 64-key tile (`WIDE_TILE_KEYS`; docs/performance.md).
     """
-    if (
-        SGL_WIDE
-        and num_splits == 1
-        and 0 <= window < WIDE_TILE_KEYS
-        and batch_size <= WIDE_WINDOW_BATCH
-    ):
+    if num_splits == 1 and 0 <= window < WIDE_TILE_KEYS and batch_size <= WIDE_WINDOW_BATCH:
         return DecodeConfig(max(64, _pow2(window + 1)), 8, 1)
     return DecodeConfig(64, 4, 3)
-
-
-import os
-
-SGL_WIDE = os.environ.get("SGL_WIDE", "1") == "1"
-WIDE_TILE_KEYS = 256  # a window of up to this many keys is one tile (one split, few requests)
-WIDE_WINDOW_BATCH = 8
 
 
 def num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int, window: int = -1) -> int:

@@ -199,3 +199,15 @@ def test_decode_cuda_graph_replay_equals_eager(name):
         eager = layer(q_static, None, None, fb, save_kv_cache=False)
         torch.cuda.synchronize()
         assert torch.equal(out_static, eager)
+
+
+def test_short_windows_take_one_wide_tile_at_small_batches():
+    """A window of up to WIDE_TILE_KEYS keys, unsplit, at up to WIDE_WINDOW_BATCH requests is
+    one tile (loaded before the PDL wait); everything else keeps the 64-key tiles."""
+    from srt.layers.attention.triton_ops.decode_attention import decode_config, pre_tiles
+
+    wide = decode_config(1, 1, 64, 128)
+    assert wide.block_n == 256 and pre_tiles(1, 1, 128, wide.block_n) == 1
+    assert decode_config(8, 1, 64, 100).block_n == 128 and decode_config(1, 1, 64, 40).block_n == 64
+    for b, splits, window in ((16, 1, 128), (1, 4, 128), (1, 1, 256), (1, 1, -1)):
+        assert decode_config(b, splits, 64, window).block_n == 64
