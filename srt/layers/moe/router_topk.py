@@ -27,7 +27,7 @@ from sgl_ext.triton.launcher import cached_launcher
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne
 from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, pair_position, row_f16_scale
-from srt.layers.moe.topk import RANKED_MAX_EXPERTS, topk_softmax_ranked, topk_softmax_row
+from srt.layers.moe.topk import topk_softmax_row
 
 MAX_TOKENS = 32  # more: router GEMM + routing kernel (bench_router: 9.5 vs 11.0 µs at 64)
 MAX_EXPERTS = 256
@@ -109,19 +109,14 @@ def _router_topk_kernel(
         tl.store(Count + t, 0)  # no other program of this launch touches it again
         if ADD_NORM:  # every program has read row t of R: the sum may replace it
             tl.store(R + t * stride_rm + k, xs, mask=km)
-        if BLOCK_E <= RANKED_MAX_EXPERTS:  # one comparison tile: no dependent rounds
-            topk_softmax_ranked(
-                Logits + t * E, E, Weights + t * TOP_K, Ids + t * TOP_K, TOP_K, BLOCK_E, True
-            )
-        else:
-            ee = tl.arange(0, BLOCK_E)
-            valid = ee < E
-            row = tl.load(
-                Logits + t * E + ee, mask=valid, other=float("-inf"), cache_modifier=".cg"
-            ).to(tl.float32)
-            topk_softmax_row(
-                row, valid, Weights + t * TOP_K, Ids + t * TOP_K, TOP_K, BLOCK_E, BLOCK_TOPK
-            )
+        ee = tl.arange(0, BLOCK_E)
+        valid = ee < E
+        row = tl.load(
+            Logits + t * E + ee, mask=valid, other=float("-inf"), cache_modifier=".cg"
+        ).to(tl.float32)
+        topk_softmax_row(
+            row, valid, Weights + t * TOP_K, Ids + t * TOP_K, TOP_K, BLOCK_E, BLOCK_TOPK
+        )
 
 
 class TicketCounts:

@@ -54,50 +54,6 @@ def topk_softmax_row(
     tl.store(ids_row + kk, ids.to(tl.int64), mask=in_k)
 
 
-RANKED_MAX_EXPERTS: tl.constexpr = tl.constexpr(64)  # [E, E] comparison tile up to here
-
-
-@triton.jit
-def topk_softmax_ranked(
-    row_ptr,
-    num_experts,
-    weights_row,
-    ids_row,
-    TOP_K: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    CG: tl.constexpr,
-):
-    """`topk_softmax_row` of the logits at row_ptr (num_experts of them, any float dtype; CG:
-    loaded past L1, for logits other programs of the launch wrote), by ranks: every logit
-    against every other in one [BLOCK_E, BLOCK_E] tile, so one reduction gives each expert its
-    place (NaN last, larger first, lower id first among equals) instead of TOP_K rounds of
-    dependent reductions; then the softmax of the TOP_K chosen, stored at their ranks."""
-    ei = tl.arange(0, BLOCK_E)[:, None]  # [E, 1] the expert ranked
-    ej = tl.arange(0, BLOCK_E)[None, :]  # [1, E] the one compared with it
-    if CG:
-        xi = tl.load(row_ptr + ei, mask=ei < num_experts, other=0.0, cache_modifier=".cg")
-        xj = tl.load(row_ptr + ej, mask=ej < num_experts, other=0.0, cache_modifier=".cg")
-    else:
-        xi = tl.load(row_ptr + ei, mask=ei < num_experts, other=0.0)
-        xj = tl.load(row_ptr + ej, mask=ej < num_experts, other=0.0)
-    xi = xi.to(tl.float32)
-    xj = xj.to(tl.float32)
-    ni = xi != xi
-    nj = xj != xj
-    first = ej < ei
-    ahead = tl.where(ni, ~nj | first, ~nj & ((xj > xi) | ((xj == xi) & first)))  # j before i
-    ahead = ahead & (ej < num_experts)
-    rank = tl.sum(ahead.to(tl.int32), axis=1)  # [E]
-    i = tl.max(ei + ej * 0, axis=1)  # [E] the expert ids, in rank's layout
-    x = tl.sum(tl.where(ej == 0, xi, 0.0), axis=1)  # [E] the logits, in rank's layout
-    chosen = (rank < TOP_K) & (i < num_experts)
-    v = tl.where(chosen & (x == x), x, float("-inf"))  # a NaN pick weighs as -inf
-    p = tl.where(chosen, tl.exp(v - tl.max(v, axis=0)), 0.0)
-    p = p / tl.sum(p, axis=0)
-    tl.store(weights_row + rank, p.to(weights_row.dtype.element_ty), mask=chosen)
-    tl.store(ids_row + rank, i.to(tl.int64), mask=chosen)
-
-
 @triton.jit
 def _topk_softmax_kernel(
     logits_ptr,
@@ -123,19 +79,12 @@ def _topk_softmax_kernel(
     X16 also row t of x as the fp16-product GEMVs read it (moe_x_f16.row_to_f16)."""
     pdl_enter(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
-    if BLOCK_E <= RANKED_MAX_EXPERTS:
-        topk_softmax_ranked(
-            logits_ptr + t * stride_t, num_experts, weights_ptr + t * TOP_K,
-            ids_ptr + t * TOP_K, TOP_K, BLOCK_E, False,
-        )  # fmt: skip
-    else:
-        e = tl.arange(0, BLOCK_E)
-        valid = e < num_experts
-        x = tl.load(logits_ptr + t * stride_t + e, mask=valid, other=float("-inf"))
-        topk_softmax_row(
-            x.to(tl.float32), valid, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K,
-            BLOCK_E, BLOCK_K,
-        )  # fmt: skip
+    e = tl.arange(0, BLOCK_E)
+    valid = e < num_experts
+    x = tl.load(logits_ptr + t * stride_t + e, mask=valid, other=float("-inf")).to(tl.float32)
+    topk_softmax_row(
+        x, valid, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, BLOCK_E, BLOCK_K
+    )
     if X16:
         row_to_f16(x_ptr + t * stride_xm, x16_ptr + t * stride_hm, inv_ptr + t, K, BLOCK_X)
 
