@@ -397,7 +397,9 @@ class ScheduleBatch:
         kv = self.token_to_kv_pool
         resets = kv.take_mapping_resets() if swa_slots is not None else None
         if resets is not None:
-            resets = resets[~torch.isin(resets, slots)]
+            new, gone = set(slots.tolist()), resets.tolist()
+            if any(s in new for s in gone):  # (rare: a finished request's slot handed out)
+                resets = torch.tensor([s for s in gone if s not in new], dtype=torch.int64)
         # one upload: the block, the slots of each deferred scrub, the resets
         tail = [s for _, s in scrubs] + ([resets] if resets is not None else [])
         flat = self._to_device(torch.cat([host.reshape(-1), *tail]))

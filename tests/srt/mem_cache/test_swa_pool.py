@@ -274,3 +274,41 @@ def test_deferred_mapping_resets_wait_for_the_next_access():
     pool.reset_swa_mapping(torch.tensor([8]))
     pool.clear()
     assert pool.take_mapping_resets() is None
+
+
+def test_deferred_reset_of_a_slot_handed_out_again_keeps_the_new_entry(monkeypatch):
+    """A finished request's slots wait for their mapping reset; the allocator (a stack) hands
+    the newest one out again at the next decode step, whose table kernel then writes its new
+    window slot and is not given its reset (the kernel does not order the two)."""
+    import srt.managers.schedule_batch as sb
+
+    handed = []
+    write = sb.write_decode_rows
+
+    def spy(*args, **kw):
+        extras = args[5]
+        handed.append(None if extras.resets is None else extras.resets.tolist())
+        return write(*args, **kw)
+
+    monkeypatch.setattr(sb, "write_decode_rows", spy)
+    batch = _batch(96, 40, 1, 3)
+    pool = batch.token_to_kv_pool
+    pool.defer_mapping_resets = True
+    a, b = (Req(i, list(range(3, 9)), SamplingParams(max_new_tokens=8)) for i in range(2))
+    batch.prepare_for_extend([a, b])
+    for _ in range(3):
+        for r in (a, b):
+            r.output_ids.append(5)
+        batch.prepare_for_decode([a, b])
+        batch.evict_swa([a, b])
+        _check(batch, [a, b])
+    batch.free_req(a)
+    pending = set(torch.cat(pool._pending_resets).tolist())
+    b.output_ids.append(5)
+    fb = batch.prepare_for_decode([b])
+    new = int(fb.out_cache_loc[0])
+    assert new in pending and not pool._pending_resets  # reused, and every reset applied
+    assert sorted(handed[-1]) == sorted(pending - {new})
+    assert int(pool.full_to_swa_index_mapping[new]) == int(fb.out_cache_loc_swa[0]) >= 0
+    batch.evict_swa([b])
+    _check(batch, [b])
