@@ -18,7 +18,9 @@ The first tile is loaded before the kernel waits for the previous one (programma
 launch, sgl_ext/triton/pdl.py), all but the newest key: the kernels that may still run then
 (the RoPE + KV write, or the RoPE op and a KV save) write only q, k and the newest key / value.
 q and the newest key / value are loaded after the wait. In the gpt-oss-20b / Llama-3-8B bs-1
-decode graphs this took 0.8-1 µs off each layer (docs/performance.md).
+decode graphs this took 0.8-1 µs off each layer (docs/performance.md). A short sliding window
+(gpt-oss: 129 keys) at up to 8 requests is one wide tile (`decode_config`), so after the wait a
+program runs one softmax step, not one per 64-key tile.
 """
 
 from __future__ import annotations
@@ -207,8 +209,7 @@ MAX_KV_SPLITS = 16
 SPLIT_ALIGN = 16  # chunk boundaries are multiples of this many keys
 # Programs per SM the split heuristic aims for (enough resident programs to keep loads in flight).
 _WAVES = 2
-# Sliding windows with fewer keys than this take one program per (request, KV head): three
-# 64-key tiles at most
+# Sliding windows with fewer keys than this take one program per (request, KV head)
 WINDOW_ONE_SPLIT_KEYS = 192
 # ... and at up to WIDE_WINDOW_BATCH requests one tile of up to WIDE_TILE_KEYS keys (decode_config)
 WIDE_TILE_KEYS = 256
