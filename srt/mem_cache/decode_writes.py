@@ -213,8 +213,19 @@ def write_decode_rows_native(
         extras.dest.copy_(block)
 
 
-def _scrub_args(scrubs: Sequence[tuple[Any, torch.Tensor]], block: torch.Tensor) -> list | None:
-    """The kernel's arguments for up to two scrubs whose pools have a `scrub_table` (None: the
+@dataclass(frozen=True)
+class _ScrubLaunch:
+    """The kernel's scrub part: its arguments (two groups of five), constexprs and programs."""
+
+    args: tuple
+    constexprs: dict[str, int]
+    programs: int
+
+
+def _scrub_launch(
+    scrubs: Sequence[tuple[Any, torch.Tensor]], block: torch.Tensor
+) -> _ScrubLaunch | None:
+    """The kernel's scrub part for up to two scrubs whose pools have a `scrub_table` (None: the
     pools zero their slots themselves)."""
     tables: list[SlotTable] = []
     for pool, _ in scrubs:
@@ -226,15 +237,18 @@ def _scrub_args(scrubs: Sequence[tuple[Any, torch.Tensor]], block: torch.Tensor)
         return None
     args: list = []
     meta: dict[str, int] = {"SCRUBS": len(scrubs)}
+    programs = 0
     for j, name in enumerate("AB"):
         if j < len(scrubs):
             t, slots = tables[j], scrubs[j][1]
-            args += [t.bases, t.row_words, slots, slots.shape[0], t.bases.shape[0]]
+            n, bufs = slots.shape[0], t.bases.shape[0]
+            args += [t.bases, t.row_words, slots, n, bufs]
             meta[f"BLOCK_{name}"] = row_block(t)
             meta[f"BITS_{name}"] = t.word_bits
+            programs += n * bufs  # one a (slot, buffer)
         else:
             args += [block, block, block, 0, 0]  # never read
-    return [args, meta]
+    return _ScrubLaunch(tuple(args), meta, programs)
 
 
 def write_decode_rows(
@@ -278,20 +292,17 @@ def write_decode_rows(
         write_decode_rows_native(block, req_to_token, req_to_swa_token, mapping, input_ids, extras)
         return
     _check(block, req_to_token, req_to_swa_token, mapping, input_ids, extras)
-    scrub = _scrub_args(extras.scrubs, block)
+    scrub = _scrub_launch(extras.scrubs, block)
     if scrub is None:
         for pool, slots in extras.scrubs:
             pool.zero_slots(slots)
-        scrub = _scrub_args((), block)
+        scrub = _scrub_launch((), block)
         assert scrub is not None
-    scrub_args, scrub_meta = scrub
     b = block.shape[1]
     resets, dest, host = extras.resets, extras.dest, extras.host_ids
     n_resets = 0 if resets is None else resets.shape[0]
     row_programs = -(-max(b, n_resets) // _BLOCK)
-    programs = row_programs + sum(
-        n * bufs for n, bufs in zip(scrub_args[3::5], scrub_args[4::5], strict=True)
-    )
+    programs = row_programs + scrub.programs
     if programs == 0:
         return
     swa = req_to_swa_token is not None
@@ -313,12 +324,12 @@ def write_decode_rows(
         block if resets is None else resets,
         n_resets,
         row_programs,
-        *scrub_args,
+        *scrub.args,
         HAS_IDS=input_ids is not None,
         HAS_SWA=swa,
         HAS_DEST=dest is not None,
         HAS_HOST=host is not None,
         ROWS=block.shape[0],
         BLOCK=_BLOCK,
-        **scrub_meta,
+        **scrub.constexprs,
     )
