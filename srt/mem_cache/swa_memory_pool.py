@@ -194,9 +194,9 @@ class SWAKVPool:
 
     def flush_mapping_resets(self) -> None:
         """Apply the deferred mapping resets now (an upload and an index_fill_)."""
-        if self._pending_resets:
-            pending, self._pending_resets = self._pending_resets, []
-            self._reset_now(torch.cat(pending))
+        full = self.take_mapping_resets()
+        if full is not None:
+            self._reset_now(full)
 
     def take_mapping_resets(self) -> torch.Tensor | None:
         """The deferred resets (host int64 [n] full slots), handed to a caller that applies
