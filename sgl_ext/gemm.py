@@ -88,10 +88,14 @@ def default_config(m: int) -> GemmConfig:
 
 
 def linear_small_m_native(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Reference: F.linear(x, weight, bias)."""
-    return F.linear(x, weight, bias)
+    """Reference: F.linear(x, weight, bias), widened to out_dtype if given."""
+    y = F.linear(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 @dataclass(frozen=True)
@@ -140,10 +144,14 @@ def _check(x: object, weight: object, bias: object) -> tuple[int, int, int]:
     return m, n, k
 
 
-def _plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config) -> GemmPlan:
+def _plan(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config, out_dtype
+) -> GemmPlan:
     m, n, k = _check(x, weight, bias)
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise ValueError(f"out_dtype must be None, x's dtype or torch.float32, got {out_dtype}")
     out_shape = (*x.shape[:-1], n)
     backend = select_backend(x.device)
     if backend != "triton" or not 1 <= m <= MAX_M or n == 0 or k == 0:
@@ -159,7 +167,7 @@ def _plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conf
 
     cfg = config or default_config(m)
     launch = plan_skinny_gemm(
-        m, n, k, stride_xm, weight.stride(0), n, x.dtype, bias is not None, cfg, x.device
+        m, n, k, stride_xm, weight.stride(0), n, x.dtype, bias is not None, cfg, x.device, out_dtype
     )
     return GemmPlan("triton", m, out_shape, launch)
 
@@ -169,6 +177,7 @@ def linear_small_m(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     config: GemmConfig | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """y = x weight^T (+ bias) for few rows: the skinny Triton GEMM, else F.linear.
 
@@ -181,22 +190,25 @@ def linear_small_m(
     weight : [N, K] of x's dtype and device, last dim contiguous (an nn.Linear weight).
     bias : optional [N] of x's dtype, contiguous.
     config : launch configuration; None: `default_config(M)`.
+    out_dtype : None (x's dtype) or torch.float32: the same values (rounded once to x's dtype)
+        stored widened, as `F.linear(...).float()` but without a second kernel (an LM head's
+        logits).
 
     Returns
     -------
-    out : [..., N], x's dtype (new tensor). F.linear's result within rounding: float32
+    out : [..., N], out_dtype (new tensor). F.linear's result within rounding: float32
         accumulation, bias added in float32, one rounding to x's dtype. M > MAX_M or a
-        non-Triton backend: F.linear itself.
+        non-Triton backend: F.linear itself (then widened).
     """
     if _is_compiling():
-        return F.linear(x, weight, bias)
+        return linear_small_m_native(x, weight, bias, out_dtype)
     out: torch.Tensor | None = None
     fast = -1
     if _FAST.available():
         # a new output (16-byte aligned, as the plans assume), keyed with the call: one C call
         # keys and launches a single-kernel plan
         try:
-            out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+            out = x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype or x.dtype)
         except (AttributeError, IndexError, TypeError):  # the checks below will say
             out = None
         else:
@@ -205,19 +217,19 @@ def linear_small_m(
                 return out
     key = plan = None
     try:
-        key = (tensor_key(x), tensor_key(weight), optional_key(bias), config)
+        key = (tensor_key(x), tensor_key(weight), optional_key(bias), config, out_dtype)
         plan = _PLANS.get(key)
     except (AttributeError, TypeError):  # not a tensor / unhashable: the checks will say
         key = None
     if plan is None:
-        plan = _PLANS.put(key, _plan(x, weight, bias, config))
+        plan = _PLANS.put(key, _plan(x, weight, bias, config, out_dtype))
     grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    if plan.backend != "triton" or grad:
-        return F.linear(x, weight, bias)  # (no autograd formula for the Triton path)
+    if plan.backend != "triton" or grad:  # (no autograd formula for the Triton path)
+        return linear_small_m_native(x, weight, bias, out_dtype)
     from sgl_ext.triton.gemm import run_skinny_gemm
 
-    if out is None or tuple(out.shape) != plan.out_shape:
-        out = torch.empty(plan.out_shape, dtype=x.dtype, device=x.device)
+    if out is None or tuple(out.shape) != plan.out_shape or out.dtype != (out_dtype or x.dtype):
+        out = torch.empty(plan.out_shape, dtype=out_dtype or x.dtype, device=x.device)
     m = plan.m
     run_skinny_gemm(plan.launch, x.view(m, -1), weight, bias, out.view(m, -1))  # [M, K], [M, N]
     main = plan.launch.main

@@ -124,7 +124,9 @@ def _skinny_gemm_kernel(
         if HAS_BIAS:
             res += bias[None, :]
         o = Out + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
-        tl.store(o, cast_rne(res, Out.dtype.element_ty, EMULATE), mask=mask)
+        # one rounding to x's dtype, then (a float32 out) widened exactly
+        y = cast_rne(res, X.dtype.element_ty, EMULATE).to(Out.dtype.element_ty)
+        tl.store(o, y, mask=mask)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -139,6 +141,7 @@ def _split_k_reduce_kernel(
     BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EMULATE: tl.constexpr,
+    ROUND_F32: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     pdl_enter(USE_PDL)
@@ -152,7 +155,11 @@ def _split_k_reduce_kernel(
     if HAS_BIAS:
         acc += tl.load(Bias + rn, mask=ok, other=0.0).to(tl.float32)
     dst = Out + m.to(tl.int64) * stride_om + rn
-    tl.store(dst, cast_rne(acc, Out.dtype.element_ty, EMULATE), mask=ok)
+    if ROUND_F32:  # a float32 out of 16-bit x: round to Bias's dtype (x's), then widen
+        y = cast_rne(acc, Bias.dtype.element_ty, EMULATE).to(tl.float32)
+    else:
+        y = cast_rne(acc, Out.dtype.element_ty, EMULATE)
+    tl.store(dst, y, mask=ok)
 
 
 @dataclass(frozen=True)
@@ -180,9 +187,11 @@ def plan_skinny_gemm(
     has_bias: bool,
     config: GemmConfig,
     device: torch.device,
+    out_dtype: torch.dtype | None = None,
 ) -> SkinnyLaunch:
     """The launch of a checked call: x [m, k] (row stride stride_xm), weight [n, k] (stride_wn),
-    out [m, n] (stride_om), last dims contiguous; m, n, k >= 1."""
+    out [m, n] (stride_om) of out_dtype (None: x's dtype; or float32), last dims contiguous;
+    m, n, k >= 1."""
     bk = config.block_k
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), bk) * bk
     splits = triton.cdiv(k, k_per_split)
@@ -209,7 +218,13 @@ def plan_skinny_gemm(
             _split_k_reduce_kernel,
             (m, triton.cdiv(n, REDUCE_BLOCK)),
             (m, n, stride_om),
-            dict(SPLITS=splits, BLOCK=REDUCE_BLOCK, HAS_BIAS=has_bias, EMULATE=emulate),
+            dict(
+                SPLITS=splits,
+                BLOCK=REDUCE_BLOCK,
+                HAS_BIAS=has_bias,
+                EMULATE=emulate,
+                ROUND_F32=out_dtype not in (None, dtype),
+            ),
             {"num_warps": 4},
             device,
         )

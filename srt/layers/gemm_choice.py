@@ -174,22 +174,30 @@ def _overrides(device: torch.device) -> dict[tuple[int, int, int], GemmConfig | 
 
 
 def dispatch_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias), through the skinny Triton GEMM where the table says so.
 
     Parameters
     ----------
     x : [..., K] model dtype; weight : [N, K]; bias : [N] or None.
+    out_dtype : None (x's dtype) or torch.float32: the same values widened (the skinny GEMM
+        stores them so itself; F.linear's result is cast).
 
     Returns
     -------
-    [..., N], x's dtype.
+    [..., N], out_dtype.
     """
     cfg = linear_config(x, weight)
     if cfg is not None:
-        return linear_small_m(x, weight, bias, cfg)
-    return F.linear(x, weight, bias)
+        if out_dtype is None:
+            return linear_small_m(x, weight, bias, cfg)
+        return linear_small_m(x, weight, bias, cfg, out_dtype=out_dtype)
+    y = F.linear(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 def linear_config(x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:

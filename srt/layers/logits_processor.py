@@ -40,11 +40,16 @@ class LogitsProcessor(nn.Module):
     def _project(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         weight: torch.Tensor = lm_head.weight  # type: ignore[assignment]  # [V / tp, hidden]
         bias: torch.Tensor | None = getattr(lm_head, "bias", None)
-        # [N, V / tp]: the skinny Triton GEMM at decode sizes (gemm_choice's LM-head rows)
-        logits = dispatch_linear(hidden.to(weight.dtype), weight, bias)
-        if getattr(lm_head, "tp_size", 1) > 1:
-            logits = tensor_model_parallel_all_gather(logits, dim=-1)  # [N, Vp * tp]
-        logits = logits[:, : self.vocab_size].float()
+        x = hidden.to(weight.dtype)
+        if getattr(lm_head, "tp_size", 1) == 1 and weight.shape[0] == self.vocab_size:
+            # float32 [N, V] stored by the GEMM itself (the skinny Triton GEMM at decode sizes,
+            # gemm_choice's LM-head rows): the values of the 16-bit product, no second kernel
+            logits = dispatch_linear(x, weight, bias, out_dtype=torch.float32)
+        else:
+            logits = dispatch_linear(x, weight, bias)  # [N, Vp]
+            if getattr(lm_head, "tp_size", 1) > 1:
+                logits = tensor_model_parallel_all_gather(logits, dim=-1)  # [N, Vp * tp]
+            logits = logits[:, : self.vocab_size].float()  # [N, V]
         if self.softcap > 0:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits

@@ -2,15 +2,80 @@
 
 Rank r owns ids [r * Vp, (r + 1) * Vp) with Vp = ceil(vocab / tp); rows past the real vocabulary
 (padding, when tp does not divide it) are zero and their logits are dropped by LogitsProcessor.
+
+On CUDA the gather is one Triton kernel (`_gather_rows_kernel`) that starts with the PDL entry
+of every per-layer kernel: in the decode graph the first layer's norm launches while it runs
+(torch's gather releases nothing, so that norm used to launch after it ended). It also does the
+TP masking: ids outside this rank's slice give zero rows.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from torch import nn
 
+from sgl_ext._backend import interpreting
+from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.triton.pdl import pdl_enter
 from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
+
+GATHER_BLOCK = 1024  # hidden elements a program
+
+
+@triton.jit
+def _gather_rows_kernel(
+    Ids,  # int64 [T]
+    Weight,  # [Vp, D], rows at stride_w, columns contiguous
+    Out,  # [T, D] contiguous
+    start,  # the first id of this slice
+    Vp,  # rows of this slice
+    D,
+    stride_w,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    pdl_enter(USE_PDL)
+    t = tl.program_id(0)
+    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] hidden index
+    i = tl.load(Ids + t) - start
+    ours = (i >= 0) & (i < Vp)
+    src = Weight + tl.where(ours, i, 0).to(tl.int64) * stride_w + d
+    row = tl.load(src, mask=d < tl.where(ours, D, 0), other=0.0)  # zeros: not our id
+    tl.store(Out + t.to(tl.int64) * D + d, row, mask=d < D)
+
+
+def embedding_rows(ids: torch.Tensor, weight: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Rows of `weight` for ids - start; ids outside [start, start + Vp) give zero rows.
+
+    Parameters
+    ----------
+    ids : int32 / int64 [T] (any shape) token ids. weight : [Vp, D] on ids' device.
+    start : the first id `weight` holds (a TP rank's vocabulary offset).
+
+    Returns
+    -------
+    [T, D] of weight's dtype (new tensor): on CUDA (or under TRITON_INTERPRET) one Triton
+    launch, elsewhere the torch reference (F.embedding with the same masking). Rows are copies:
+    the same bits either way.
+    """
+    vp, d = weight.shape
+    kernel = weight.is_cuda or interpreting()
+    if not kernel or weight.stride(1) != 1 or ids.dtype not in (torch.int32, torch.int64):
+        local = ids - start
+        ours = (local >= 0) & (local < vp)  # [T]
+        out = F.embedding(local.masked_fill(~ours, 0), weight)  # [T, D]
+        return out.masked_fill(~ours[..., None], 0)
+    flat = ids.reshape(-1).contiguous()  # [T]
+    out = torch.empty(*ids.shape, d, dtype=weight.dtype, device=weight.device)
+    if flat.numel():
+        grid = (flat.numel(), -(-d // GATHER_BLOCK))
+        cached_launcher(_gather_rows_kernel)[grid](
+            flat, weight, out, start, vp, d, weight.stride(0), BLOCK=GATHER_BLOCK, num_warps=4
+        )
+    return out
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -64,11 +129,11 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: int64 [T] -> [T, hidden] (all-reduced over the TP ranks)."""
         if self.tp_size == 1:
+            if input_ids.is_cuda:
+                return embedding_rows(input_ids, self.weight)
             return F.embedding(input_ids, self.weight)
-        local = input_ids - self.vocab_start_index  # [T]
-        mask = (local < 0) | (local >= self.num_embeddings_per_partition)  # [T] not ours
-        out = F.embedding(local.masked_fill(mask, 0), self.weight)  # [T, hidden]
-        out = out.masked_fill(mask[:, None], 0)
+        # [T, hidden]: this slice's rows, zeros for ids of other ranks
+        out = embedding_rows(input_ids, self.weight, self.vocab_start_index)
         return tensor_model_parallel_all_reduce(out)
 
 

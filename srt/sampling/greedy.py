@@ -26,6 +26,7 @@ import triton.language as tl
 
 from sgl_ext._backend import interpreting
 from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.triton.pdl import pdl_enter
 
 BLOCK = 2048  # logits a program (8 a thread at 8 warps)
 _EMPTY = -(2**63)  # the accumulator between launches: below every key
@@ -48,7 +49,9 @@ def _argmax_kernel(
     BLOCK: tl.constexpr,
     HAS_HOST: tl.constexpr,
     GUMBEL: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_enter(USE_PDL)  # in the decode graph: launched while the LM head runs
     b = tl.program_id(0)
     j = tl.program_id(1)
     idx = j * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] column

@@ -77,6 +77,29 @@ def test_kernel_writes_every_element(backend, cfg):
     _close(out, _ref(x, w, b), torch.bfloat16)
 
 
+@pytest.mark.parametrize("cfg", [FMA, FMA_SPLIT, DOT_SPLIT], ids=["fma", "fma_split", "dot_split"])
+def test_float32_out_is_the_16_bit_result_widened(backend, cfg):
+    """out_dtype=float32 (an LM head's logits): the bits of the 16-bit result, widened, in the
+    GEMM's own store (every element written: the output starts poisoned); F.linear's widened
+    result on the native backend."""
+    backend("triton")
+    from sgl_ext.triton.gemm import plan_skinny_gemm, run_skinny_gemm
+
+    m, n, k = 3, 257, 200
+    x, w, b = _problem(m, n, k, torch.bfloat16, True, seed=5)
+    half = linear_small_m(x, w, b, cfg)
+    wide = linear_small_m(x, w, b, cfg, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32 and wide.shape == (m, n)
+    assert torch.equal(wide, half.float())
+    out = poison(torch.empty(m, n, dtype=torch.float32, device=DEV))
+    plan = plan_skinny_gemm(m, n, k, k, k, n, x.dtype, True, cfg, x.device, torch.float32)
+    run_skinny_gemm(plan, x, w, b, out)
+    assert torch.equal(out, half.float())
+    backend("native")
+    nat = linear_small_m(x, w, b, cfg, out_dtype=torch.float32)
+    assert torch.equal(nat, F.linear(x, w, b).float())
+
+
 def test_leading_dims_and_row_stride(backend):
     """x [2, 3, K] gives [2, 3, N]; x as rows of a wider buffer (row stride > K)."""
     backend("triton")
@@ -124,6 +147,7 @@ def test_bad_input_raises():
         (TypeError, "bias", lambda: linear_small_m(x, w, torch.randn(5).half())),
         (ValueError, "x", lambda: linear_small_m(torch.randn(8, 3).t(), w)),
         (TypeError, "config", lambda: linear_small_m(x, w, None, "fma")),  # type: ignore[arg-type]
+        (ValueError, "out_dtype", lambda: linear_small_m(x, w, out_dtype=torch.float16)),
     ]:
         with pytest.raises(exc, match=word):
             call()
@@ -216,8 +240,13 @@ for bm, bn, bk, dot, part, even in [(1, 16, 512, False, False, True), (4, 8, 128
     one(K, {**ptrs, **ints}, dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_DOT=dot,
         DOT_PRECISION="tf32", WRITE_PARTIAL=part, HAS_BIAS=True, EVEN_N=even, EVEN_K=even,
         EMULATE=False, USE_PDL=dot), 4, 3)
-one(R, dict(Part="*fp32", Bias="*bf16", Out="*bf16", M="i32", N="i32", stride_om="i32"),
-    dict(SPLITS=3, BLOCK=1024, HAS_BIAS=True, EMULATE=False, USE_PDL=True), 4, 1)
+    one(K, {**ptrs, **ints, "Out": "*fp32"}, dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        USE_DOT=dot, DOT_PRECISION="tf32", WRITE_PARTIAL=part, HAS_BIAS=True, EVEN_N=even,
+        EVEN_K=even, EMULATE=False, USE_PDL=True), 4, 3)  # float32 logits
+for out, wide in (("*bf16", False), ("*fp32", True)):
+    one(R, dict(Part="*fp32", Bias="*bf16", Out=out, M="i32", N="i32", stride_om="i32"),
+        dict(SPLITS=3, BLOCK=1024, HAS_BIAS=True, EMULATE=False, ROUND_F32=wide, USE_PDL=True),
+        4, 1)
 print("compiled")
 """
 

@@ -95,7 +95,7 @@ class _Everything(dict):
 def test_cuda_layers_pick_triton_and_match(monkeypatch, m):
     calls = []
     real = gc.linear_small_m
-    monkeypatch.setattr(gc, "linear_small_m", lambda *a: calls.append(a[1].shape) or real(*a))
+    monkeypatch.setattr(gc, "linear_small_m", lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw))
     torch.manual_seed(m)
     dt = torch.bfloat16
     qkv = QKVParallelLinear(256, 32, 8, 2, bias=True, params_dtype=dt).cuda()
@@ -122,7 +122,7 @@ def test_cuda_graph_equals_eager_with_triton_linears(monkeypatch):
 
     calls = []
     real = gc.linear_small_m
-    monkeypatch.setattr(gc, "linear_small_m", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(gc, "linear_small_m", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     with gc.use_gemm_choices(_Everything()):
         test_graph_replay_equals_eager_padded(monkeypatch, True, 1)
     assert calls, "no linear went through the Triton GEMM"

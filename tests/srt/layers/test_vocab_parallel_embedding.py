@@ -24,6 +24,34 @@ def test_embedding_and_loader():
         ParallelLMHead(11, 6)(ids)
 
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize(
+    "vp, d, start, dtype",
+    [(11, 6, 0, torch.float32), (257, 1031, 5, torch.bfloat16), (33, 2880, 40, torch.float16)],
+)
+def test_embedding_rows_kernel_copies_rows_and_masks_other_slices(vp, d, start, dtype):
+    """The gather kernel (CUDA, or interpreted on the CPU): each id's row exactly, zeros for ids
+    outside [start, start + vp) (another TP rank's), every element written (poisoned output
+    allocation is the op's own: checked by NaN-free zero rows); int32 ids and 2-d ids too."""
+    from srt.layers.vocab_parallel_embedding import embedding_rows
+
+    g = torch.Generator().manual_seed(vp + d)
+    w = torch.randn(vp, d, generator=g).to(DEV, dtype)
+    ids = torch.randint(start - 3, start + vp + 3, (37,), generator=g).to(DEV)
+    ids[:3] = torch.tensor([start, start + vp - 1, start + vp])  # both ends and one past
+    local = ids - start
+    ours = (local >= 0) & (local < vp)
+    want = torch.where(ours[:, None], w[local.clamp(0, vp - 1)], torch.zeros((), dtype=dtype))
+    want = want.to(DEV)
+    for got in (embedding_rows(ids, w, start), embedding_rows(ids.int(), w, start)):
+        assert got.dtype == dtype and got.shape == (37, d)
+        assert torch.equal(got, want)
+    assert torch.equal(embedding_rows(ids.view(37, 1), w, start), want.view(37, 1, d))
+    assert embedding_rows(ids[:0], w, start).shape == (0, d)
+
+
 def _extend_batch(prefix, lens):
     md = compute_extend_metadata(prefix, lens, "cpu")
     T = sum(lens)
@@ -69,16 +97,17 @@ def test_logits_processor_prunes_extend_and_keeps_decode():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [1, 3, 8])
-def test_cuda_decode_logits_take_the_table_gemm(monkeypatch, m):
+@pytest.mark.parametrize("m, drop", [(1, 0), (3, 2), (8, 0)])
+def test_cuda_decode_logits_take_the_table_gemm(monkeypatch, m, drop):
     """On CUDA the LM head's projection goes through gemm_choice: a table row for its (V, H, M
-    bucket) sends it to the skinny Triton GEMM, within bf16 rounding of float64."""
+    bucket) sends it to the skinny Triton GEMM, within bf16 rounding of float64. Without padded
+    rows (drop 0) the GEMM stores the float32 logits itself: the bf16 product's bits widened."""
     from sgl_ext.gemm import GemmConfig
     from srt.layers import gemm_choice as gc
 
     calls = []
     real = gc.linear_small_m
-    monkeypatch.setattr(gc, "linear_small_m", lambda *a: calls.append(a[1].shape) or real(*a))
+    monkeypatch.setattr(gc, "linear_small_m", lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw))
     torch.manual_seed(m)
     V, H = 1031, 264  # odd sizes: a partial N tile, K not a multiple of the block
     head = ParallelLMHead(V, H, params_dtype=torch.bfloat16).cuda()
@@ -93,11 +122,34 @@ def test_cuda_decode_logits_take_the_table_gemm(monkeypatch, m):
         torch.zeros(m, dtype=torch.int64),
         5 * m,
     )
-    lp = LogitsProcessor(vocab_size=V - 2)
+    lp = LogitsProcessor(vocab_size=V - drop)
     cfg = GemmConfig(block_n=4, block_k=256, dot=False)
     with gc.use_gemm_choices({(V, H, gc.m_bucket(m)): cfg}):
         out = lp(dec.input_ids, h, head, dec).next_token_logits
+        half = real(h, head.weight, None, cfg)  # [m, V] bf16
     assert calls == [(V, H)]
-    want = (h.double() @ head.weight.double().T)[:, : V - 2]
-    assert out.dtype == torch.float32 and out.shape == (m, V - 2)
+    want = (h.double() @ head.weight.double().T)[:, : V - drop]
+    assert out.dtype == torch.float32 and out.shape == (m, V - drop)
     torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=1.6e-2)
+    assert torch.equal(out, half[:, : V - drop].float())
+
+
+def test_gather_kernel_compiles_for_sm90():
+    """A real sm_90 compile of the gather kernel with its PDL entry (the interpreter runs it
+    without PDL and misses front-end errors)."""
+    from tests.sgl_ext.sgl_ext_testutil import run_compile_script
+
+    run_compile_script(
+        """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from srt.layers.vocab_parallel_embedding import _gather_rows_kernel as K
+for ids in ("*i64", "*i32"):
+    sig = dict(Ids=ids, Weight="*bf16", Out="*bf16", start="i32", Vp="i32", D="i32",
+               stride_w="i32", BLOCK="constexpr", USE_PDL="constexpr")
+    triton.compile(ASTSource(K, sig, dict(BLOCK=1024, USE_PDL=True), {}),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+print("compiled")
+"""
+    )

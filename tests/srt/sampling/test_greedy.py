@@ -113,3 +113,26 @@ def test_gpt_oss_vocab_in_a_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert s.tokens(8) == argmax_native(logits).tolist(), case
+
+
+def test_argmax_kernel_compiles_for_sm90():
+    """A real sm_90 compile of the argmax kernel with its PDL entry, greedy and Gumbel (the
+    interpreter runs it without PDL and misses front-end errors)."""
+    from tests.sgl_ext.sgl_ext_testutil import run_compile_script
+
+    run_compile_script(
+        """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from srt.sampling.greedy import _argmax_kernel as K
+for logits, gumbel in (("*fp32", False), ("*bf16", True)):
+    sig = dict(Logits=logits, Acc="*i64", Count="*i32", Ids="*i64", Host="*i64", V="i32",
+               stride_b="i32", NUM_BLOCKS="i32", Rows="*i64", Temps="*fp32", Seeds="*i64",
+               BLOCK="constexpr", HAS_HOST="constexpr", GUMBEL="constexpr", USE_PDL="constexpr")
+    consts = dict(BLOCK=2048, HAS_HOST=True, GUMBEL=gumbel, USE_PDL=True)
+    triton.compile(ASTSource(K, sig, consts, {}), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": 8})
+print("compiled")
+"""
+    )
