@@ -95,7 +95,9 @@ class _Everything(dict):
 def test_cuda_layers_pick_triton_and_match(monkeypatch, m):
     calls = []
     real = gc.linear_small_m
-    monkeypatch.setattr(gc, "linear_small_m", lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw))
+    monkeypatch.setattr(
+        gc, "linear_small_m", lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw)
+    )
     torch.manual_seed(m)
     dt = torch.bfloat16
     qkv = QKVParallelLinear(256, 32, 8, 2, bias=True, params_dtype=dt).cuda()

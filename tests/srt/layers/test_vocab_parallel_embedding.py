@@ -107,7 +107,9 @@ def test_cuda_decode_logits_take_the_table_gemm(monkeypatch, m, drop):
 
     calls = []
     real = gc.linear_small_m
-    monkeypatch.setattr(gc, "linear_small_m", lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw))
+    monkeypatch.setattr(
+        gc, "linear_small_m", lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw)
+    )
     torch.manual_seed(m)
     V, H = 1031, 264  # odd sizes: a partial N tile, K not a multiple of the block
     head = ParallelLMHead(V, H, params_dtype=torch.bfloat16).cuda()
