@@ -60,6 +60,13 @@ CANDIDATES: dict[int, tuple[str, ...]] = {
         "4,4,1,1,1,1",  # one program per GQA group: 4 query heads and its key/value head
         "4,4,0,0,0,0,0,0,1",
         "4,4,0,0,0,1,0,1",
+        # PRE_WAIT (RoPE + KV alone's layout here since session 20), with / without the early
+        # release, as the 8 row
+        "4,4,0,0,0,0,0,0,0,0,1",
+        "4,4,0,0,0,0,0,1,0,0,1",
+        "2,2,0,0,0,0,0,1,0,0,1",
+        "4,2,0,0,0,0,0,1,0,0,1",
+        "1,1,0,0,0,0,0,1,0,0,1",
     ),
     64: (
         "4,4,0,0,0,0",
