@@ -128,6 +128,9 @@ DEVICE_OVERRIDES: dict[str, dict[tuple[int, int, int], GemmConfig | None]] = {
         (28672, 4096, 1): _fma(4, 1024, 2, 3),
         (4096, 12288, 1): _fma(4, 1024, 2, 3),
         (24576, 4096, 1): _fma(4, 1024, 4, 3),
+        # LM head at M = 1 (session 22, `bench_gemm.py --lm-head --m 1 --sweep quick`, H200):
+        # the H100's one-K-block FMA row streams at 1.24x the floor there (342.3 µs, floor 275.6)
+        (201088, 2880, 1): _dot(64, 128, 4, 5),  # gpt-oss-20b 260.3 vs 277.4
     },
 }
 
