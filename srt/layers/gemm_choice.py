@@ -128,9 +128,12 @@ DEVICE_OVERRIDES: dict[str, dict[tuple[int, int, int], GemmConfig | None]] = {
         (28672, 4096, 1): _fma(4, 1024, 2, 3),
         (4096, 12288, 1): _fma(4, 1024, 2, 3),
         (24576, 4096, 1): _fma(4, 1024, 4, 3),
-        # LM head at M = 1 (session 22, `bench_gemm.py --lm-head --m 1 --sweep quick`, H200):
-        # the H100's one-K-block FMA row streams at 1.24x the floor there (342.3 µs, floor 275.6)
-        (201088, 2880, 1): _dot(64, 128, 4, 5),  # gpt-oss-20b 260.3 vs 277.4
+        # LM heads at M = 1 (session 22, `bench_gemm.py --lm-head --m 1 --sweep quick`, H200):
+        # the H100's one-K-block FMA rows stream at 0.96-1.24x the floor there; µs, the new row
+        # vs the H100 row (gpt-oss-20b bs-1 decode graph 1.711 -> 1.626 ms)
+        (201088, 2880, 1): _dot(64, 128, 4, 5),  # gpt-oss-20b 260.3 vs 342.3 (floor 275.6)
+        (128256, 4096, 1): _dot(64, 128, 4, 3),  # llama3-8b 235.6 vs 274.5 (floor 249.7)
+        (151936, 4096, 1): _dot(64, 128, 8, 3),  # qwen3-8b 278.3 vs 284.9 (floor 295.8)
     },
 }
 
