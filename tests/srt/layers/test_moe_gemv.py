@@ -10,6 +10,7 @@ import torch
 from srt.layers.moe.fused_moe_triton.fused_moe import (
     MOE_CONFIGS,
     MXFP4_CONFIGS,
+    MXFP4_DEVICE_OVERRIDES,
     GemmConfig,
     MoeConfig,
     fused_experts,
@@ -130,6 +131,7 @@ def _table_gemv_configs() -> list[tuple[str, int, MoeConfig]]:
     so the CUDA tests run before the tables hold one)."""
     rows = [("bf16", b, c) for b, c in MOE_CONFIGS if c.gemv]
     rows += [("mxfp4", b, c) for b, c in MXFP4_CONFIGS if c.gemv]
+    rows += [("mxfp4", b, c) for t in MXFP4_DEVICE_OVERRIDES.values() for b, c in t if c.gemv]
     default = MoeConfig(16, GemmConfig(16, 256, 4, 1), GemmConfig(16, 256, 4, 1), gemv=True)
     prefetch = MoeConfig(16, GemmConfig(8, 256, 1, 2), GemmConfig(16, 512, 2, 2), gemv=True)
     return rows + [(f, 1, c) for c in (prefetch, default) for f in ("bf16", "mxfp4")]

@@ -1,12 +1,14 @@
 """Launch configurations of the routed-expert kernels, by token count, weight format and dtype.
 
 `get_config(T, device, dtype, mxfp4)` picks a row of the measured tables (bf16 experts:
-MOE_CONFIGS, MXFP4 experts: MXFP4_CONFIGS), shrunk where its pipelined tiles would not fit in
-shared memory (fp32), and the interpreter's tiny tiles off CUDA.
+MOE_CONFIGS, MXFP4 experts: MXFP4_CONFIGS, with a GPU's own rows from
+MXFP4_DEVICE_OVERRIDES first), shrunk where its pipelined tiles would not fit in shared memory
+(fp32), and the interpreter's tiny tiles off CUDA.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -104,6 +106,15 @@ MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (512, MoeConfig(64, GemmConfig(64, 128, 4, 4, 8), GemmConfig(128, 128, 4, 3, 8))),
     (1 << 62, MoeConfig(128, GemmConfig(64, 128, 8, 3, 8), GemmConfig(128, 128, 8, 3, 8))),
 )
+# Rows another GPU measured better, keyed by a substring of its name (torch.cuda.
+# get_device_name): on such a GPU a row here takes the token counts up to its bound before
+# MXFP4_CONFIGS does.
+MXFP4_DEVICE_OVERRIDES: dict[str, tuple[tuple[int, MoeConfig], ...]] = {
+    # H200 (session 22, bench_moe --mxfp4 --sweep-gemv --tokens 1): 28.5 µs a layer call against
+    # the H100 row's 29.4 (floor 12.5 at 4.2 TB/s): 4 rows a one-warp program, 512-element K
+    # blocks in both GEMVs
+    "H200": ((1, MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True)),),
+}
 # Shared memory the pipelined operand tiles of one GEMM may take (H100: 227 KiB per block).
 SHARED_MEMORY_BUDGET = 192 * 1024
 # Tiny tiles for the CPU interpreter (tests): same code paths, fewer wasted lanes.
@@ -121,6 +132,8 @@ def get_config(
     if device.type != "cuda":
         return fit_mxfp4(INTERPRETER_CONFIG) if mxfp4 else INTERPRETER_CONFIG
     table = MXFP4_CONFIGS if mxfp4 else MOE_CONFIGS
+    if mxfp4:
+        table = _mxfp4_overrides(device.index) + table
     cfg = next(cfg for bound, cfg in table if num_tokens <= bound)
     if mxfp4 and dtype not in (torch.bfloat16, torch.float16):
         cfg = replace(cfg, mxfp4_mode="split")
@@ -128,6 +141,15 @@ def get_config(
         return cfg
     act_size = torch.empty((), dtype=dtype).element_size()
     return fit_shared_memory(cfg, act_size, 0.5 if mxfp4 else act_size)
+
+
+@functools.cache
+def _mxfp4_overrides(index: int | None) -> tuple[tuple[int, MoeConfig], ...]:
+    """The MXFP4_DEVICE_OVERRIDES rows whose name occurs in CUDA device `index`'s name."""
+    if not torch.cuda.is_available():
+        return ()
+    name = torch.cuda.get_device_name(index)
+    return tuple(row for sub, rows in MXFP4_DEVICE_OVERRIDES.items() if sub in name for row in rows)
 
 
 def fit_shared_memory(cfg: MoeConfig, act_size: int, weight_size: float) -> MoeConfig:

@@ -20,6 +20,7 @@ from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
     INTERPRETER_CONFIG,
     MOE_CONFIGS,
     MXFP4_CONFIGS,
+    MXFP4_DEVICE_OVERRIDES,
     MXFP4_MODES,
     SHARED_MEMORY_BUDGET,
     GemmConfig,
