@@ -247,9 +247,10 @@ def pdl_wait_first() -> bool:
 
 def pre_wait_misplaced() -> list[str]:
     """POS_LAST 4 (PRE_WAIT): the position and both halves of the cos/sin row are loaded before
-    the kernel waits for the previous one (ACQBULK), every other load after it. Checked for
-    separate programs (Llama-3 decode at 1 and at 9..64 tokens, q/k-norm decode) and merged
-    programs with HOIST."""
+    the kernel waits for the previous one (ACQBULK), and with the q/k norm its weight rows too
+    (both halves of the query's and the key's), every other load after it. Checked for separate
+    programs (Llama-3 decode at 1 and at 9..64 tokens, q/k-norm decode) and merged programs
+    with HOIST."""
     bad = []
     for qk, bh, merged, hoist in ((False, 1, False, False), (True, 4, False, False),
                                   (False, 4, False, False), (False, 8, True, True)):  # fmt: skip
@@ -257,7 +258,7 @@ def pre_wait_misplaced() -> list[str]:
         ops = _sass(compile_one(*args, qk_norm=qk, pos_last=4, hoist=hoist))
         wait = next((i for i, ln in enumerate(ops) if "ACQBULK" in ln), -1)
         before = sum("LDG" in ln for ln in ops[:wait]) if wait >= 0 else 0
-        if wait < 0 or before < 3:  # position, cos, sin
+        if wait < 0 or before < (7 if qk else 3):  # position, cos, sin (+ 4 weight halves)
             bad.append(f"{bh} heads{' merged' if merged else ''}, norm {qk}: {before} loads")
     return bad
 
@@ -317,7 +318,7 @@ def main() -> int:
     wait_first = pdl_wait_first()
     print(f"PDL: rope_kv waits before it releases the next launch: {wait_first}")
     pw_bad = pre_wait_misplaced()
-    print(f"PRE_WAIT: the position and cos/sin row loaded before the wait: {not pw_bad}")
+    print(f"PRE_WAIT: position, cos/sin (and norm weights) before the wait: {not pw_bad}")
     for line in pw_bad:
         print(f"  {line}")
     ok = after == 0 and before > 0 and not bad and not misplaced and not lb_bad and wait_first

@@ -29,7 +29,7 @@ from sgl_ext.triton.key_value import (
     position_at,
 )
 from sgl_ext.triton.pdl import pdl_enter
-from sgl_ext.triton.qk_norm import query_in, query_norm, query_out
+from sgl_ext.triton.qk_norm import load_norm_weights, query_in, query_norm, query_out
 
 # rope_kv_kernel's runtime parameters in the order a launch plan passes them (KernelLauncher's
 # call_names): the per-call pointers, then the plan's fixed arguments.
@@ -189,6 +189,36 @@ def rope_kv_kernel(
         cs_pre = cos_sin_ptr + clamp_position(tl.load(pos_ptr + t), max_pos) * cs_stride
         cos_pre = tl.load(cs_pre + c, mask=c_ok, other=0.0).to(tl.float32)
         sin_pre = tl.load(cs_pre + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
+    # PRE_WAIT with the norm: the query's and the key's norm weights too (weights: no kernel
+    # writes them). Every program of the launch reads the same two rows; after the wait those
+    # loads queued on one L2 line each behind the data (and at decode they come from DRAM). A
+    # program loads only the rows it uses (the other's mask is empty).
+    W_PRE: tl.constexpr = QK_NORM and ROTATE and POS_LAST == 4
+    zero_w = tl.zeros([1, 1], tl.float32)
+    qwa_pre, qwb_pre, qwt_pre = zero_w, zero_w, zero_w
+    kwa_pre, kwb_pre, kwt_pre = zero_w, zero_w, zero_w
+    if W_PRE:
+        if BLOCK_TAIL > 0:
+            dtw = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]  # [1, BLOCK_TAIL]
+        else:
+            dtw = c  # unused
+        # [1, 1] limits (0: this program does not use the row); a scalar & tensor mask is
+        # rejected by newer interpreters
+        one = tl.full([1, 1], 1, tl.int32)
+        if MERGED:
+            uses_q = one
+            uses_k = tl.where(hb < NUM_KV_BLOCKS, one, 0)
+        else:
+            uses_q = tl.where(hb < NUM_Q_BLOCKS, one, 0)
+            uses_k = 1 - uses_q
+        qwa_pre, qwb_pre, qwt_pre = load_norm_weights(
+            qw_ptr, c, c < HALF * uses_q, dtw, dtw < HEAD_DIM * uses_q, HALF, PAIR_MODE,
+            IS_BF16, BLOCK_TAIL > 0,
+        )  # fmt: skip
+        kwa_pre, kwb_pre, kwt_pre = load_norm_weights(
+            kw_ptr, c, c < HALF * uses_k, dtw, dtw < HEAD_DIM * uses_k, HALF, PAIR_MODE,
+            IS_BF16, BLOCK_TAIL > 0,
+        )  # fmt: skip
     pdl_enter(USE_PDL, WAIT_FIRST=not EARLY_RELEASE)
     # Loads are issued in order: the position first (the longest chain: position -> cos/sin
     # row), then the slot and the data, then the cos/sin row (cos_sin, which waits on the
@@ -214,6 +244,8 @@ def rope_kv_kernel(
             q_row, c, q_mask, dqt, qt_mask, qw_ptr, HALF, HEAD_DIM, BLOCK_TAIL, PAIR_MODE,
             IS_BF16, QK_NORM,
         )  # fmt: skip
+        if W_PRE:  # (query_in's own weight loads are then dead code)
+            wa, wb, wt = qwa_pre, qwb_pre, qwt_pre
         if HOIST:
             # key/value block hb's loads in every program (nothing past the last key/value head)
             (kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, kwa, kwb,
@@ -224,6 +256,8 @@ def rope_kv_kernel(
                 BLOCK_DV, BLOCK_HKV, PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE,
                 V_SCALE_MODE, QK_NORM,
             )  # fmt: skip
+            if W_PRE:
+                kwa, kwb, kwt = kwa_pre, kwb_pre, kwt_pre
             cos, sin, eps = cos_sin(
                 cs_row, pos_at, cs_stride, max_pos, c, c_ok, eps, HALF, BLOCK_HALF, ROTATE,
                 POS_LAST, EMULATE_FP8,
@@ -273,6 +307,9 @@ def rope_kv_kernel(
                 v_scale_f,
                 num_kv_heads,
                 kw_ptr,
+                kwa_pre,
+                kwb_pre,
+                kwt_pre,
                 eps,
                 PAGE_SIZE,
                 HEAD_DIM,
@@ -348,6 +385,8 @@ def rope_kv_kernel(
             IS_BF16,
             QK_NORM,
         )
+        if W_PRE:
+            wa, wb, wt = qwa_pre, qwb_pre, qwt_pre
         cos, sin, eps = cos_sin(
             cs_row,
             pos_at,
@@ -416,6 +455,9 @@ def rope_kv_kernel(
             v_scale_f,
             num_kv_heads,
             kw_ptr,
+            kwa_pre,
+            kwb_pre,
+            kwt_pre,
             eps,
             PAGE_SIZE,
             HEAD_DIM,
