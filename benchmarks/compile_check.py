@@ -37,6 +37,7 @@ def compile_one(
     pos_last=False,
     hoist=False,
     early_release=False,
+    norm_w_pre=False,
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -89,6 +90,7 @@ def compile_one(
         POS_LAST=pos_last,
         HOIST=hoist,
         EARLY_RELEASE=early_release,
+        NORM_W_PRE=norm_w_pre,
     )
     for k in consts:
         sig[k] = "constexpr"
@@ -247,15 +249,15 @@ def pdl_wait_first() -> bool:
 
 def pre_wait_misplaced() -> list[str]:
     """POS_LAST 4 (PRE_WAIT): the position and both halves of the cos/sin row are loaded before
-    the kernel waits for the previous one (ACQBULK), and with the q/k norm its weight rows too
-    (both halves of the query's and the key's), every other load after it. Checked for separate
-    programs (Llama-3 decode at 1 and at 9..64 tokens, q/k-norm decode) and merged programs
-    with HOIST."""
+    the kernel waits for the previous one (ACQBULK), and with the q/k norm and NORM_W_PRE its
+    weight rows too (both halves of the query's and the key's), every other load after it.
+    Checked for separate programs (Llama-3 decode at 1 and at 9..64 tokens, q/k-norm decode)
+    and merged programs with HOIST."""
     bad = []
     for qk, bh, merged, hoist in ((False, 1, False, False), (True, 4, False, False),
                                   (False, 4, False, False), (False, 8, True, True)):  # fmt: skip
         args = ("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh, merged)
-        ops = _sass(compile_one(*args, qk_norm=qk, pos_last=4, hoist=hoist))
+        ops = _sass(compile_one(*args, qk_norm=qk, pos_last=4, hoist=hoist, norm_w_pre=qk))
         wait = next((i for i, ln in enumerate(ops) if "ACQBULK" in ln), -1)
         before = sum("LDG" in ln for ln in ops[:wait]) if wait >= 0 else 0
         if wait < 0 or before < (7 if qk else 3):  # position, cos, sin (+ 4 weight halves)

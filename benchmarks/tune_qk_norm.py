@@ -11,8 +11,8 @@ with the lowest worst ratio over the row's T and both shapes, printed as the cod
 Candidates: "default" (the table as it is), "lc" / "lc+pl" (launch_config's bf16 layout, without
 / with POS_LAST), or "block_h,num_warps,order,merged,spread,pos_last" (order 0: 2-D grid, 1:
 token-major, 2: key/value programs first; see rope_kv_plan.LaunchConfig), optionally followed
-by ",hoist[,early_release[,load_barrier[,kv_block_h[,pre_wait]]]]" (flags 0 / 1; kv_block_h
-0: as block_h).
+by ",hoist[,early_release[,load_barrier[,kv_block_h[,pre_wait[,norm_w_pre]]]]]" (flags 0 / 1;
+kv_block_h 0: as block_h).
 
 Usage: python benchmarks/tune_qk_norm.py [--tokens 1 8 32 128 512] [--shapes ...] [--rounds 2]
            [--json-out F]
@@ -44,6 +44,7 @@ BIG = 1 << 62
 # "default" is the row's layout before LOAD_BARRIER (the session 8 / 11 table).
 CANDIDATES: dict[int, tuple[str, ...]] = {
     8: (  # PRE_WAIT (the position and cos/sin before the PDL wait) layouts, then the old one
+        "4,4,0,0,0,0,0,1,0,0,1,0",  # the row before its norm weights moved before the wait
         "4,4,0,0,0,0,0,0,0,0,1",
         "1,1,0,0,0,0,0,0,0,0,1",
         "1,1,0,0,0,0,0,1,0,0,1",
@@ -124,6 +125,8 @@ def parse(cand: str) -> tuple[LaunchConfig | None, bool]:
     )
     if len(vals) > 10:
         cfg = cfg._replace(pre_wait=bool(vals[10]))
+    if len(vals) > 11:
+        cfg = cfg._replace(norm_w_pre=bool(vals[11]))
     return cfg, False
 
 
@@ -133,7 +136,7 @@ def code(cfg: LaunchConfig | None) -> str:
         return "None"
     args = [str(cfg.block_h), str(cfg.num_warps), ORDER_NAMES[cfg.order]]
     flags = ("merged", "spread", "pos_last", "hoist", "early_release", "load_barrier")
-    flags += ("pre_wait",)
+    flags += ("pre_wait", "norm_w_pre")
     args += [f"{k}=True" for k in flags if getattr(cfg, k)]
     args += [f"kv_block_h={cfg.kv_block_h}"] if cfg.kv_block_h else []
     return f"LaunchConfig({', '.join(args)})"

@@ -380,11 +380,12 @@ def key_value(
     QK_NORM: tl.constexpr,
     SS_FP64: tl.constexpr,
     POS_LAST: tl.constexpr,
+    W_PRE: tl.constexpr = False,
 ):
     """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
-    Returns the token's (cos, sin), loaded after every other load of the block. With the norm
-    and POS_LAST 4 the key's norm weights are kw_pre_a / kw_pre_b / kw_pre_t (loaded by the
-    caller before the PDL wait); otherwise those are unused.
+    Returns the token's (cos, sin), loaded after every other load of the block. With W_PRE the
+    key's norm weights are kw_pre_a / kw_pre_b / kw_pre_t (loaded by the caller before the PDL
+    wait); otherwise those are unused.
 
     With the norm and POS_LAST 1 the slot's cache rows are worked out under the cos/sin load:
     after the rotation (as without the norm), ptxas leaves this arithmetic behind the branch of
@@ -397,7 +398,7 @@ def key_value(
         V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV, PAIR_MODE, IS_BF16,
         ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, QK_NORM,
     )  # fmt: skip
-    if QK_NORM and ROTATE and POS_LAST == 4:  # loaded before the PDL wait (rope_kv_kernel)
+    if W_PRE:  # loaded before the PDL wait (rope_kv_kernel's NORM_W_PRE)
         wa, wb, wt = kw_pre_a, kw_pre_b, kw_pre_t
     HALF: tl.constexpr = ROT_DIM // 2
     cos, sin, eps = cos_sin(

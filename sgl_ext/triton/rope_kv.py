@@ -153,6 +153,9 @@ def rope_kv_kernel(
     # EARLY_RELEASE: let the next kernel launch before waiting for the previous one (the other
     # kernels' order, pdl.pdl_enter); by default this kernel waits first (see below).
     EARLY_RELEASE: tl.constexpr = False,
+    # NORM_W_PRE (QK_NORM with POS_LAST 4): the query's and the key's norm weights are loaded
+    # before the PDL wait too (see below).
+    NORM_W_PRE: tl.constexpr = False,
 ):
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
@@ -193,7 +196,7 @@ def rope_kv_kernel(
     # writes them). Every program of the launch reads the same two rows; after the wait those
     # loads queued on one L2 line each behind the data (and at decode they come from DRAM). A
     # program loads only the rows it uses (the other's mask is empty).
-    W_PRE: tl.constexpr = QK_NORM and ROTATE and POS_LAST == 4
+    W_PRE: tl.constexpr = NORM_W_PRE and QK_NORM and ROTATE and POS_LAST == 4
     zero_w = tl.zeros([1, 1], tl.float32)
     qwa_pre, qwb_pre, qwt_pre = zero_w, zero_w, zero_w
     kwa_pre, kwb_pre, kwt_pre = zero_w, zero_w, zero_w
@@ -332,6 +335,7 @@ def rope_kv_kernel(
                 QK_NORM,
                 SS_FP64,
                 POS_LAST,
+                W_PRE,
             )
         else:
             cos, sin, eps = cos_sin(
@@ -480,4 +484,5 @@ def rope_kv_kernel(
             QK_NORM,
             SS_FP64,
             POS_LAST,
+            W_PRE,
         )

@@ -58,6 +58,8 @@ class LaunchConfig(NamedTuple):
     load_barrier: bool = False  # every load, then a barrier, then cos/sin (the kernel's POS_LAST 3)
     kv_block_h: int = 0  # key/value heads per program (0: as block_h; spread decides its own)
     pre_wait: bool = False  # the position and cos/sin row before the PDL wait (POS_LAST 4)
+    # pre_wait with the q/k norm: its weight rows before the wait too (the kernel's NORM_W_PRE)
+    norm_w_pre: bool = False
 
 
 def launch_config(
@@ -65,11 +67,11 @@ def launch_config(
 ) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism."""
     # "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last[,hoist[,early_release
-    # [,load_barrier[,kv_block_h[,pre_wait]]]]]]]]]]]", for tuning only
+    # [,load_barrier[,kv_block_h[,pre_wait[,norm_w_pre]]]]]]]]]]]]", for tuning only
     override = settings.get().triton_config
     if override:
         vals = list(override)
-        # ints, two flags as bools, maxnreg, four more flags, an int, a flag; LaunchConfig
+        # ints, two flags as bools, maxnreg, four more flags, an int, flags; LaunchConfig
         # rejects a bad length
         args: list[Any] = [*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6]]
         args += [*(bool(x) for x in vals[6:10]), *vals[10:11], *(bool(x) for x in vals[11:])]
@@ -148,7 +150,11 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # Up to 8: PRE_WAIT (2026-11-27, tune_qk_norm.py row 8, 2 rounds): 0.97-1.08 µs against
     # 0.98-1.15 with POS_LAST 1 (the old row); ratio 1.229 / 1.063 at T = 1 (8B / 32B), where
     # RoPE + KV alone with PRE_WAIT takes 0.80 / 0.91 µs, 1.04 / 1.00 at 4, 1.04 / 0.87 at 8.
-    (8, LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True)),
+    # NORM_W_PRE here (session 22, H200, bench_qk_norm_rope alternating with the tree before,
+    # two processes each): Qwen3-32B T = 1 0.88-0.89 µs against 0.93, Qwen3-8B T = 1 / 8 the same;
+    # at decode the weights come from DRAM, after the wait a round trip of their own. Not in the
+    # 64 row: Qwen3-32B T = 64 2.26 against 2.17-2.18 µs there.
+    (8, LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True, norm_w_pre=True)),
     (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.017 (1 x 1 with POS_LAST: 1.094)
     # 33..64: PRE_WAIT (session 20, tune_qk_norm.py, 2 rounds): 0.98-1.02x the old RoPE + KV
     # layout where LOAD_BARRIER took 1.03-1.08x; RoPE + KV alone now has PRE_WAIT here as well
@@ -318,6 +324,7 @@ def plan_rope_kv(
         POS_LAST=_pos_last_mode(cfg, merged) if rotate else 0,
         HOIST=merged and cfg.hoist,
         EARLY_RELEASE=use_pdl and cfg.early_release,
+        NORM_W_PRE=norm is not None and rotate and cfg.pre_wait and cfg.norm_w_pre,
     )
     return make_launcher(
         rope_kv_kernel, grid, fixed, constexprs, options, call.device, ROPE_KV_CALL_NAMES

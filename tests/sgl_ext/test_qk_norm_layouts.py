@@ -46,12 +46,16 @@ def _layouts():
         LaunchConfig(4, 4, ORDER_2D, load_barrier=True, kv_block_h=1),
         LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True),
         LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, pre_wait=True),
+        # the norm weights before the PDL wait too: separate, merged and merged with HOIST
+        LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True, norm_w_pre=True),
+        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, pre_wait=True, norm_w_pre=True),
+        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, pre_wait=True, norm_w_pre=True),
     ]
 
 
 IDS = ["1x1", "4x4", "merged", "kv-first", "spread", "hoist", "hoist-kv-first", "hoist-spread"]
 IDS += ["lb-1x1", "lb-4x4", "lb-merged", "lb-hoist-kv-first", "lb-spread", "lb-kv1"]
-IDS += ["pw-4x4", "pw-hoist"]
+IDS += ["pw-4x4", "pw-hoist", "pw-w-4x4", "pw-w-merged", "pw-w-hoist"]
 
 
 @pytest.fixture
@@ -119,6 +123,7 @@ def test_plan_pos_last_follows_the_table(num_tokens):
         c = _plan(num_tokens, kv_dtype).constexprs
         assert c["POS_LAST"] == want and c["HOIST"] == (cfg.merged and cfg.hoist)
         assert c["EARLY_RELEASE"] == (c["USE_PDL"] and cfg.early_release)
+        assert c["NORM_W_PRE"] == (cfg.pre_wait and cfg.norm_w_pre)
 
 
 def test_override_and_rope_alone_do_not_load_the_position_last(monkeypatch):
