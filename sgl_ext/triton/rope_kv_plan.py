@@ -150,10 +150,11 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # Up to 8: PRE_WAIT (2026-11-27, tune_qk_norm.py row 8, 2 rounds): 0.97-1.08 µs against
     # 0.98-1.15 with POS_LAST 1 (the old row); ratio 1.229 / 1.063 at T = 1 (8B / 32B), where
     # RoPE + KV alone with PRE_WAIT takes 0.80 / 0.91 µs, 1.04 / 1.00 at 4, 1.04 / 0.87 at 8.
-    # NORM_W_PRE here (session 22, H200, bench_qk_norm_rope alternating with the tree before,
-    # two processes each): Qwen3-32B T = 1 0.88-0.89 µs against 0.93, Qwen3-8B T = 1 / 8 the same;
-    # at decode the weights come from DRAM, after the wait a round trip of their own. Not in the
-    # 64 row: Qwen3-32B T = 64 2.26 against 2.17-2.18 µs there.
+    # NORM_W_PRE here (session 22): at decode the norm weights come from DRAM (a step streams
+    # the model through L2), and loaded after the wait they were a round trip of their own, as
+    # the biases and norm weights were elsewhere (session 18). The benchmark (weights L2-hot)
+    # cannot show it: T = 1 / 8 the same with and without (H200, two processes each). Not in the
+    # 64 row, where it measured Qwen3-32B T = 64 2.26 against 2.17-2.18 µs.
     (8, LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True, norm_w_pre=True)),
     (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.017 (1 x 1 with POS_LAST: 1.094)
     # 33..64: PRE_WAIT (session 20, tune_qk_norm.py, 2 rounds): 0.98-1.02x the old RoPE + KV
