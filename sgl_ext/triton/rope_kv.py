@@ -192,10 +192,9 @@ def rope_kv_kernel(
         cs_pre = cos_sin_ptr + clamp_position(tl.load(pos_ptr + t), max_pos) * cs_stride
         cos_pre = tl.load(cs_pre + c, mask=c_ok, other=0.0).to(tl.float32)
         sin_pre = tl.load(cs_pre + HALF + c, mask=c_ok, other=0.0).to(tl.float32)
-    # PRE_WAIT with the norm: the query's and the key's norm weights too (weights: no kernel
-    # writes them). Every program of the launch reads the same two rows; after the wait those
-    # loads queued on one L2 line each behind the data (and at decode they come from DRAM). A
-    # program loads only the rows it uses (the other's mask is empty).
+    # NORM_W_PRE (PRE_WAIT with the norm): the query's and the key's norm weights too (weights:
+    # no kernel writes them). At decode they come from DRAM, a round trip of their own after the
+    # wait; a program loads only the row it uses (the other's mask is empty).
     W_PRE: tl.constexpr = NORM_W_PRE and QK_NORM and ROTATE and POS_LAST == 4
     zero_w = tl.zeros([1, 1], tl.float32)
     qwa_pre, qwb_pre, qwt_pre = zero_w, zero_w, zero_w

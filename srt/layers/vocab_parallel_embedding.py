@@ -27,7 +27,7 @@ GATHER_BLOCK = 1024  # hidden elements a program
 
 @triton.jit
 def _gather_rows_kernel(
-    Ids,  # int64 [T]
+    Ids,  # int32 / int64 [T]
     Weight,  # [Vp, D], rows at stride_w, columns contiguous
     Out,  # [T, D] contiguous
     start,  # the first id of this slice
