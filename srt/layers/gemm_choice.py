@@ -199,8 +199,6 @@ def dispatch_linear(
     """
     cfg = linear_config(x, weight)
     if cfg is not None:
-        if out_dtype is None:
-            return linear_small_m(x, weight, bias, cfg)
         return linear_small_m(x, weight, bias, cfg, out_dtype=out_dtype)
     y = F.linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
