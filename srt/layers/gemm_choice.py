@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from sgl_ext._common import next_pow2
 from sgl_ext.gemm import MAX_M, GemmConfig, linear_small_m
+from srt.utils.device_tables import device_tables
 
 _DTYPES = (torch.bfloat16, torch.float16)
 _is_compiling = torch.compiler.is_compiling
@@ -138,8 +139,6 @@ DEVICE_OVERRIDES: dict[str, dict[tuple[int, int, int], GemmConfig | None]] = {
 }
 
 _table: Mapping[tuple[int, int, int], GemmConfig] = GEMM_CHOICES
-# the DEVICE_OVERRIDES rows of each CUDA device index that apply to it (by its name)
-_device_rows: dict[int, dict[tuple[int, int, int], GemmConfig | None]] = {}
 # choose_config's answers for CUDA tensors, per (N, K, M <= MAX_M, dtype): one dict lookup per
 # linear call instead of the checks and the bucket; emptied whenever the table changes (one GPU
 # model per process: the key holds no device).
@@ -167,16 +166,8 @@ def choose_config(
 
 
 def _overrides(device: torch.device) -> dict[tuple[int, int, int], GemmConfig | None]:
-    """The DEVICE_OVERRIDES rows whose name occurs in this device's name (cached)."""
-    if not torch.cuda.is_available():
-        return {}
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    rows = _device_rows.get(index)
-    if rows is None:
-        name = torch.cuda.get_device_name(index)
-        rows = {k: v for sub, t in DEVICE_OVERRIDES.items() if sub in name for k, v in t.items()}
-        _device_rows[index] = rows
-    return rows
+    """The DEVICE_OVERRIDES rows whose name occurs in this device's name."""
+    return {k: v for t in device_tables(DEVICE_OVERRIDES, device) for k, v in t.items()}
 
 
 def dispatch_linear(

@@ -1,1 +1,1 @@
-"""Small helpers shared by the command-line jobs (no import-time work)."""
+"""Small helpers shared by the command-line jobs and the layers (no import-time work)."""

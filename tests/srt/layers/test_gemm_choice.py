@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from sgl_ext.gemm import GemmConfig, default_config
 from srt.layers import gemm_choice as gc
 from srt.layers.linear import QKVParallelLinear, RowParallelLinear
+from srt.utils import device_tables
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 CFG = GemmConfig(block_n=16, block_k=64)
@@ -44,7 +45,7 @@ def test_device_overrides_apply_by_gpu_name(monkeypatch, name):
     nowhere else, and never over a table a caller installed."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
-    monkeypatch.setattr(gc, "_device_rows", {})
+    monkeypatch.setattr(device_tables, "_names", {})
     cuda = torch.device("cuda", 0)
     sub = next(iter(gc.DEVICE_OVERRIDES))
     key, row = next(iter(gc.DEVICE_OVERRIDES[sub].items()))

@@ -197,6 +197,29 @@ def test_bad_arguments_raise_before_launch():
         TopKExperts(2, 4, 2, moe_runner_backend="cuda", tp_rank=0, tp_size=1)
 
 
+@pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_mxfp4_device_rows_apply_by_gpu_name(monkeypatch, name):
+    """MXFP4_DEVICE_OVERRIDES rows come before MXFP4_CONFIGS on a GPU whose name holds their
+    key, nowhere else; bf16 experts never take them."""
+    from srt.layers.moe.fused_moe_triton.config import MXFP4_DEVICE_OVERRIDES
+    from srt.utils import device_tables
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
+    monkeypatch.setattr(device_tables, "_names", {})
+    _mxfp4_overrides.cache_clear()
+    try:
+        cuda = torch.device("cuda", 0)
+        sub = next(iter(MXFP4_DEVICE_OVERRIDES))
+        bound, row = MXFP4_DEVICE_OVERRIDES[sub][0]
+        table_row = next(c for b, c in MXFP4_CONFIGS if bound <= b)
+        assert row != table_row  # an exception, not a copy
+        assert get_config(bound, cuda, mxfp4=True) == (row if sub in name else table_row)
+        assert get_config(bound, cuda) == next(c for b, c in MOE_CONFIGS if bound <= b)
+    finally:
+        _mxfp4_overrides.cache_clear()
+
+
 def test_config_table_covers_every_token_count():
     for table in (MOE_CONFIGS, MXFP4_CONFIGS):
         bounds = [b for b, _ in table]
@@ -207,7 +230,7 @@ def test_config_table_covers_every_token_count():
             cfg = get_config(T, cuda, mxfp4=mx)
             assert cfg.block_m in (16, 32, 64, 128)
             if mx:  # this GPU's own rows first
-                table = _mxfp4_overrides(cuda.index) + table
+                table = _mxfp4_overrides(cuda) + table
             assert cfg == next(c for b, c in table if T <= b)  # bf16: the table as measured
             for dtype in (torch.bfloat16, torch.float32):  # pipelined tiles fit in shared memory
                 c = get_config(T, cuda, dtype, mxfp4=mx)

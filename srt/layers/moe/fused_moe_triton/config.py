@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from srt.utils.device_tables import device_tables
+
 MXFP4_MODES = ("dot_scaled", "split")
 
 
@@ -133,7 +135,7 @@ def get_config(
         return fit_mxfp4(INTERPRETER_CONFIG) if mxfp4 else INTERPRETER_CONFIG
     table = MXFP4_CONFIGS if mxfp4 else MOE_CONFIGS
     if mxfp4:
-        table = _mxfp4_overrides(device.index) + table
+        table = _mxfp4_overrides(device) + table
     cfg = next(cfg for bound, cfg in table if num_tokens <= bound)
     if mxfp4 and dtype not in (torch.bfloat16, torch.float16):
         cfg = replace(cfg, mxfp4_mode="split")
@@ -144,12 +146,9 @@ def get_config(
 
 
 @functools.cache
-def _mxfp4_overrides(index: int | None) -> tuple[tuple[int, MoeConfig], ...]:
-    """The MXFP4_DEVICE_OVERRIDES rows whose name occurs in CUDA device `index`'s name."""
-    if not torch.cuda.is_available():
-        return ()
-    name = torch.cuda.get_device_name(index)
-    return tuple(row for sub, rows in MXFP4_DEVICE_OVERRIDES.items() if sub in name for row in rows)
+def _mxfp4_overrides(device: torch.device) -> tuple[tuple[int, MoeConfig], ...]:
+    """The MXFP4_DEVICE_OVERRIDES rows whose name occurs in this device's name."""
+    return tuple(row for t in device_tables(MXFP4_DEVICE_OVERRIDES, device) for row in t)
 
 
 def fit_shared_memory(cfg: MoeConfig, act_size: int, weight_size: float) -> MoeConfig:
