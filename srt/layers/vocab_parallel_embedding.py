@@ -61,6 +61,8 @@ def embedding_rows(ids: torch.Tensor, weight: torch.Tensor, start: int = 0) -> t
     launch, elsewhere the torch reference (F.embedding with the same masking). Rows are copies:
     the same bits either way.
     """
+    if ids.device != weight.device:
+        raise ValueError(f"ids must be on weight's device {weight.device}, got {ids.device}")
     vp, d = weight.shape
     kernel = weight.is_cuda or interpreting()
     if not kernel or weight.stride(1) != 1 or ids.dtype not in (torch.int32, torch.int64):

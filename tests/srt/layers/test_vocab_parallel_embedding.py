@@ -50,6 +50,9 @@ def test_embedding_rows_kernel_copies_rows_and_masks_other_slices(vp, d, start, 
         assert torch.equal(got, want)
     assert torch.equal(embedding_rows(ids.view(37, 1), w, start), want.view(37, 1, d))
     assert embedding_rows(ids[:0], w, start).shape == (0, d)
+    if DEV == "cuda":
+        with pytest.raises(ValueError, match="ids"):
+            embedding_rows(ids.cpu(), w, start)
 
 
 def _extend_batch(prefix, lens):
