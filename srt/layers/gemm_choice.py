@@ -18,10 +18,9 @@ import contextlib
 from collections.abc import Iterator, Mapping
 
 import torch
-import torch.nn.functional as F
 
 from sgl_ext._common import next_pow2
-from sgl_ext.gemm import MAX_M, GemmConfig, linear_small_m
+from sgl_ext.gemm import MAX_M, GemmConfig, linear_small_m, linear_small_m_native
 from srt.utils.device_tables import device_tables
 
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -191,8 +190,7 @@ def dispatch_linear(
     cfg = linear_config(x, weight)
     if cfg is not None:
         return linear_small_m(x, weight, bias, cfg, out_dtype=out_dtype)
-    y = F.linear(x, weight, bias)
-    return y if out_dtype is None else y.to(out_dtype)
+    return linear_small_m_native(x, weight, bias, out_dtype)
 
 
 def linear_config(x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:
