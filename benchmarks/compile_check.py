@@ -38,6 +38,7 @@ def compile_one(
     hoist=False,
     early_release=False,
     norm_w_pre=False,
+    slot_pre=False,
 ):
     names = list(rope_kv_kernel.arg_names)
     sig, consts, attrs = {}, {}, {}
@@ -91,6 +92,7 @@ def compile_one(
         HOIST=hoist,
         EARLY_RELEASE=early_release,
         NORM_W_PRE=norm_w_pre,
+        SLOT_PRE=slot_pre,
     )
     for k in consts:
         sig[k] = "constexpr"
@@ -249,19 +251,29 @@ def pdl_wait_first() -> bool:
 
 def pre_wait_misplaced() -> list[str]:
     """POS_LAST 4 (PRE_WAIT): the position and both halves of the cos/sin row are loaded before
-    the kernel waits for the previous one (ACQBULK), and with the q/k norm and NORM_W_PRE its
-    weight rows too (both halves of the query's and the key's), every other load after it.
-    Checked for separate programs (Llama-3 decode at 1 and at 9..64 tokens, q/k-norm decode)
-    and merged programs with HOIST."""
+    the kernel waits for the previous one (ACQBULK), with the q/k norm and NORM_W_PRE its weight
+    rows too (both halves of the query's and the key's), with SLOT_PRE the slot, every other
+    load after it. Checked for separate programs (Llama-3 decode at 1 and at 9..64 tokens,
+    q/k-norm decode with and without SLOT_PRE) and merged programs with HOIST."""
     bad = []
-    for qk, bh, merged, hoist in ((False, 1, False, False), (True, 4, False, False),
-                                  (False, 4, False, False), (False, 8, True, True)):  # fmt: skip
+    for qk, slot, bh, merged, hoist in (
+        (False, False, 1, False, False),
+        (True, True, 4, False, False),
+        (True, False, 4, False, False),
+        (False, False, 4, False, False),
+        (False, True, 8, True, True),
+    ):
         args = ("bf16", "bf16", True, True, 0, 0, 0, 0, True, bh, merged)
-        ops = _sass(compile_one(*args, qk_norm=qk, pos_last=4, hoist=hoist, norm_w_pre=qk))
+        kernel = compile_one(
+            *args, qk_norm=qk, pos_last=4, hoist=hoist, norm_w_pre=qk, slot_pre=slot
+        )
+        ops = _sass(kernel)
         wait = next((i for i, ln in enumerate(ops) if "ACQBULK" in ln), -1)
         before = sum("LDG" in ln for ln in ops[:wait]) if wait >= 0 else 0
-        if wait < 0 or before < (7 if qk else 3):  # position, cos, sin (+ 4 weight halves)
-            bad.append(f"{bh} heads{' merged' if merged else ''}, norm {qk}: {before} loads")
+        # position, cos, sin (+ 4 weight halves) (+ the slot)
+        if wait < 0 or before != 3 + 4 * qk + slot:
+            name = f"{bh} heads{' merged' if merged else ''}, norm {qk}, slot {slot}"
+            bad.append(f"{name}: {before} loads")
     return bad
 
 
@@ -320,7 +332,7 @@ def main() -> int:
     wait_first = pdl_wait_first()
     print(f"PDL: rope_kv waits before it releases the next launch: {wait_first}")
     pw_bad = pre_wait_misplaced()
-    print(f"PRE_WAIT: position, cos/sin (and norm weights) before the wait: {not pw_bad}")
+    print(f"PRE_WAIT: position, cos/sin (norm weights, slot) before the wait: {not pw_bad}")
     for line in pw_bad:
         print(f"  {line}")
     ok = after == 0 and before > 0 and not bad and not misplaced and not lb_bad and wait_first

@@ -6,16 +6,17 @@ CUDA graphs (bench_qk_norm_rope's inputs, bf16 cache). Every timing is taken in 
 `--rounds` rounds (the first one compiles and warms up every shape); a figure is the lowest
 round median, and the ratio is to RoPE + KV alone (goal: <= 1.05). Then, per row, the candidate
 with the lowest worst ratio over the row's T and both shapes, printed as the code's table
-(QK_NORM_LAYOUTS, QK_NORM_POS_LAST_TOKENS) to paste into rope_kv_plan.py.
+(QK_NORM_LAYOUTS, QK_NORM_POS_LAST_TOKENS) to paste into rope_kv_plan.py (on a GPU with its
+own table, QK_NORM_DEVICE_LAYOUTS, that table's rows are "default").
 
 Candidates: "default" (the table as it is), "lc" / "lc+pl" (launch_config's bf16 layout, without
 / with POS_LAST), or "block_h,num_warps,order,merged,spread,pos_last" (order 0: 2-D grid, 1:
 token-major, 2: key/value programs first; see rope_kv_plan.LaunchConfig), optionally followed
-by ",hoist[,early_release[,load_barrier[,kv_block_h[,pre_wait[,norm_w_pre]]]]]" (flags 0 / 1;
-kv_block_h 0: as block_h).
+by ",hoist[,early_release[,load_barrier[,kv_block_h[,pre_wait[,norm_w_pre[,slot_pre]]]]]]"
+(flags 0 / 1; kv_block_h 0: as block_h).
 
 Usage: python benchmarks/tune_qk_norm.py [--tokens 1 8 32 128 512] [--shapes ...] [--rounds 2]
-           [--json-out F]
+           [--kv-dtype bf16|fp8_e4m3] [--candidates C ...] [--json-out F]
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ BIG = 1 << 62
 # "default" is the row's layout before LOAD_BARRIER (the session 8 / 11 table).
 CANDIDATES: dict[int, tuple[str, ...]] = {
     8: (  # PRE_WAIT (the position and cos/sin before the PDL wait) layouts, then the old one
-        "4,4,0,0,0,0,0,1,0,0,1,0",  # the row before its norm weights moved before the wait
+        "4,4,0,0,0,0,0,1,0,0,1,1,0",  # the row before its slot moved before the wait
+        "4,4,0,0,0,0,0,1,0,0,1,0",  # ... and before its norm weights did
         "4,4,0,0,0,0,0,0,0,0,1",
         "1,1,0,0,0,0,0,0,0,0,1",
         "1,1,0,0,0,0,0,1,0,0,1",
@@ -68,6 +70,11 @@ CANDIDATES: dict[int, tuple[str, ...]] = {
         "2,2,0,0,0,0,0,1,0,0,1",
         "4,2,0,0,0,0,0,1,0,0,1",
         "1,1,0,0,0,0,0,1,0,0,1",
+        # PRE_WAIT with the norm weights before the wait too (NORM_W_PRE, session 22)
+        "4,4,0,0,0,0,0,0,0,0,1,1",
+        "4,4,0,0,0,0,0,1,0,0,1,1",
+        "8,4,0,0,0,0,0,0,0,0,1,1",
+        "4,4,0,0,0,0,0,0,0,2,1,1",
     ),
     64: (
         "4,4,0,0,0,0",
@@ -107,6 +114,14 @@ CANDIDATES: dict[int, tuple[str, ...]] = {
         "16,8,1,0,0,0,0,0,1",
         "16,4,1,1,0,0,0,0,1",
         "8,2,1,0,0,0,0,0,1",
+        # the table's row (8 query / 4 key-value heads, LOAD_BARRIER) with other warps and
+        # key/value blocks (session 23: H200 rows)
+        "8,8,1,0,0,0,0,0,1,4",
+        "8,4,1,0,0,0,0,0,1,8",
+        "8,4,1,0,0,0,0,0,1,2",
+        "16,8,1,0,0,0,0,0,1,4",
+        "4,4,1,0,0,0,0,0,1,4",
+        "8,4,2,0,0,0,0,0,1,4",
     ),
 }
 CANDIDATES[256] = CANDIDATES[160]
@@ -127,6 +142,8 @@ def parse(cand: str) -> tuple[LaunchConfig | None, bool]:
         cfg = cfg._replace(pre_wait=bool(vals[10]))
     if len(vals) > 11:
         cfg = cfg._replace(norm_w_pre=bool(vals[11]))
+    if len(vals) > 12:
+        cfg = cfg._replace(slot_pre=bool(vals[12]))
     return cfg, False
 
 
@@ -136,7 +153,7 @@ def code(cfg: LaunchConfig | None) -> str:
         return "None"
     args = [str(cfg.block_h), str(cfg.num_warps), ORDER_NAMES[cfg.order]]
     flags = ("merged", "spread", "pos_last", "hoist", "early_release", "load_barrier")
-    flags += ("pre_wait", "norm_w_pre")
+    flags += ("pre_wait", "norm_w_pre", "slot_pre")
     args += [f"{k}=True" for k in flags if getattr(cfg, k)]
     args += [f"kv_block_h={cfg.kv_block_h}"] if cfg.kv_block_h else []
     return f"LaunchConfig({', '.join(args)})"
@@ -144,10 +161,13 @@ def code(cfg: LaunchConfig | None) -> str:
 
 class Tables:
     """Sets rope_kv_plan's q/k-norm tables for a candidate; restore() puts the code's back.
-    Each change reloads the settings, which drops the ops' cached launch plans."""
+    Each change reloads the settings, which drops the ops' cached launch plans. `rows` is the
+    table this GPU uses (its own from QK_NORM_DEVICE_LAYOUTS, else QK_NORM_LAYOUTS): "default"."""
 
     def __init__(self) -> None:
-        self.rows = rope_kv_plan.QK_NORM_LAYOUTS
+        self.base = rope_kv_plan.QK_NORM_LAYOUTS
+        self.device_rows = rope_kv_plan.QK_NORM_DEVICE_LAYOUTS
+        self.rows = rope_kv_plan.qk_norm_layouts(torch.device("cuda", torch.cuda.current_device()))
         self.pos_last_tokens = rope_kv_plan.QK_NORM_POS_LAST_TOKENS
 
     def set(self, cand: str) -> None:
@@ -156,11 +176,13 @@ class Tables:
             return
         cfg, pos_last = parse(cand)
         rope_kv_plan.QK_NORM_LAYOUTS = ((BIG, cfg),)
+        rope_kv_plan.QK_NORM_DEVICE_LAYOUTS = {}
         rope_kv_plan.QK_NORM_POS_LAST_TOKENS = BIG if pos_last else 0
         settings.reload()
 
     def restore(self) -> None:
-        rope_kv_plan.QK_NORM_LAYOUTS = self.rows
+        rope_kv_plan.QK_NORM_LAYOUTS = self.base
+        rope_kv_plan.QK_NORM_DEVICE_LAYOUTS = self.device_rows
         rope_kv_plan.QK_NORM_POS_LAST_TOKENS = self.pos_last_tokens
         settings.reload()
 
@@ -173,7 +195,8 @@ def sweep(args, tables: Tables) -> list[dict]:
     os.environ.pop("SGL_EXT_TRITON_CONFIG", None)  # the override would bypass the tables
     rows = []
     for t in args.tokens:  # T outer: a run cut short still has the small T of both shapes
-        cands = ("default", *CANDIDATES.get(tables.row(t), ("lc", "lc+pl")))
+        row_cands = args.candidates or CANDIDATES.get(tables.row(t), ("lc", "lc+pl"))
+        cands = ("default", *row_cands)
         for shape in args.shapes:
             c = bqn.NormCase(shape, t, bqn.brk.KV_DTYPES[args.kv_dtype])
             reps = max(4, min(200, int(2e5 / max(1.0, c.bytes / 3e3))))
@@ -254,6 +277,11 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=list(bqn.SHAPES), choices=bqn.SHAPES)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--kv-dtype", default="bf16", choices=bqn.brk.KV_DTYPES)
+    p.add_argument(
+        "--candidates",
+        nargs="+",
+        help="these candidates (and default) at every T instead of the row's CANDIDATES",
+    )
     p.add_argument("--json-out")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -262,6 +290,12 @@ def main() -> None:
     if args.rounds < 1:
         print("error: --rounds must be >= 1", file=sys.stderr)
         sys.exit(2)
+    for cand in args.candidates or ():
+        try:
+            parse(cand)
+        except (ValueError, TypeError) as err:
+            print(f"error: --candidates {cand!r}: {err}", file=sys.stderr)
+            sys.exit(2)
     t0 = time.time()
     print(f"# device {torch.cuda.get_device_name()}; µs per call in CUDA graphs", flush=True)
     tables = Tables()

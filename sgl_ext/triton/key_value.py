@@ -129,6 +129,35 @@ def _slot_rows(
 
 
 @triton.jit
+def slot_rows_pre(
+    t,
+    kvb,
+    loc_ptr,
+    num_slots,
+    kbuf_ptr,
+    kb_page_stride,
+    kb_off_stride,
+    kb_head_stride,
+    vbuf_ptr,
+    vb_page_stride,
+    vb_off_stride,
+    vb_head_stride,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+):
+    """_slot_rows of token t's slot for key/value block kvb, for use before the PDL wait
+    (PRE_WAIT): the slot is batch metadata that no running kernel writes (pdl.py), and its
+    paged-cache row arithmetic (~40 dependent integer instructions) otherwise runs after the
+    data has arrived, on the program's critical path."""
+    kh = kvb * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
+    loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
+    return _slot_rows(
+        loc, num_slots, kh, kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride, vbuf_ptr,
+        vb_page_stride, vb_off_stride, vb_head_stride, PAGE_SIZE,
+    )  # fmt: skip
+
+
+@triton.jit
 def key_value_in(
     t,
     kvb,
@@ -161,10 +190,12 @@ def key_value_in(
     K_SCALE_MODE: tl.constexpr,
     V_SCALE_MODE: tl.constexpr,
     QK_NORM: tl.constexpr,
+    SLOT_PRE: tl.constexpr = False,
 ):
-    """Every load of key/value block kvb of token t but the cos/sin row: the slot, V, the
-    scales, K (rotary pairs and pass-through tail) and the key's norm weights. A block past the
-    last key/value head loads no K or V (masked; the slot and scales read valid addresses)."""
+    """Every load of key/value block kvb of token t but the cos/sin row: the slot (unless
+    SLOT_PRE: loaded before the PDL wait, see slot_rows_pre), V, the scales, K (rotary pairs and
+    pass-through tail) and the key's norm weights. A block past the last key/value head loads no
+    K or V (masked; the slot and scales read valid addresses)."""
     HALF: tl.constexpr = ROT_DIM // 2
     kh = kvb * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
     h_ok = kh < num_kv_heads
@@ -177,7 +208,8 @@ def key_value_in(
     if WRITE_KV:
         # Issue every independent load first: slot, V row, K tail, scales.
         # [1, 1] rather than a scalar: newer Triton interpreters reject scalar & tensor masks.
-        loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
+        if not SLOT_PRE:
+            loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
         v = tl.load(v_ptr + t * v_tok_stride + kh * v_head_stride + dv, mask=dv_mask)
         k_s = load_scale(k_scale_ptr, k_scale_f, K_SCALE_MODE)
         v_s = load_scale(v_scale_ptr, v_scale_f, V_SCALE_MODE)
@@ -250,12 +282,17 @@ def key_value_out(
     QK_NORM: tl.constexpr,
     SS_FP64: tl.constexpr,
     SLOT_EARLY: tl.constexpr,
+    slot_pre=None,
+    SLOT_PRE: tl.constexpr = False,
 ):
     """A key/value block once its loads (key_value_in) and the cos/sin row are in: normalise
     (QK_NORM) and rotate K in place, store K and V into the cache slot. SLOT_EARLY: the slot's
-    cache rows first (see key_value)."""
+    cache rows first (see key_value). SLOT_PRE: slot_pre holds them (slot_rows_pre, worked out
+    before the PDL wait; loc is then unused)."""
     HALF: tl.constexpr = ROT_DIM // 2
-    if WRITE_KV and SLOT_EARLY:
+    if WRITE_KV and SLOT_PRE:
+        ok, kdst, vdst = slot_pre
+    elif WRITE_KV and SLOT_EARLY:
         ok, kdst, vdst = _slot_rows(
             loc,
             num_slots,
@@ -293,7 +330,7 @@ def key_value_out(
         ka, kb = ka.to(KT).to(tl.float32), kb.to(KT).to(tl.float32)
         store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
     if WRITE_KV:
-        if not SLOT_EARLY:
+        if not SLOT_EARLY and not SLOT_PRE:
             ok, kdst, vdst = _slot_rows(
                 loc,
                 num_slots,
@@ -381,11 +418,14 @@ def key_value(
     SS_FP64: tl.constexpr,
     POS_LAST: tl.constexpr,
     W_PRE: tl.constexpr = False,
+    slot_pre=None,
+    SLOT_PRE: tl.constexpr = False,
 ):
     """Key/value block kvb of token t: rotate K in place, store K and V into the cache slot.
     Returns the token's (cos, sin), loaded after every other load of the block. With W_PRE the
     key's norm weights are kw_pre_a / kw_pre_b / kw_pre_t (loaded by the caller before the PDL
-    wait); otherwise those are unused.
+    wait); otherwise those are unused. With SLOT_PRE, slot_pre is the slot's cache rows
+    (slot_rows_pre, before the wait) and the slot is not loaded here.
 
     With the norm and POS_LAST 1 the slot's cache rows are worked out under the cos/sin load:
     after the rotation (as without the norm), ptxas leaves this arithmetic behind the branch of
@@ -396,7 +436,7 @@ def key_value(
         t, kvb, c, c_ok, k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride, v_head_stride,
         loc_ptr, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads, kw_ptr, HEAD_DIM,
         V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV, PAIR_MODE, IS_BF16,
-        ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, QK_NORM,
+        ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, QK_NORM, SLOT_PRE,
     )  # fmt: skip
     if W_PRE:  # loaded before the PDL wait (rope_kv_kernel's NORM_W_PRE)
         wa, wb, wt = kw_pre_a, kw_pre_b, kw_pre_t
@@ -411,6 +451,6 @@ def key_value(
         vb_page_stride, vb_off_stride, vb_head_stride, num_slots, eps, PAGE_SIZE, HEAD_DIM,
         ROT_DIM, BLOCK_TAIL, PAIR_MODE, KBUF_PAIR_MODE, ROTATE, WRITE_KV, K_SCALE_MODE,
         V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, QK_NORM, SS_FP64,
-        QK_NORM and POS_LAST == 1,
+        QK_NORM and POS_LAST == 1, slot_pre, SLOT_PRE,
     )  # fmt: skip
     return cos, sin, eps

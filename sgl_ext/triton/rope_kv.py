@@ -27,6 +27,7 @@ from sgl_ext.triton.key_value import (
     key_value_in,
     key_value_out,
     position_at,
+    slot_rows_pre,
 )
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.qk_norm import load_norm_weights, query_in, query_norm, query_out
@@ -156,6 +157,9 @@ def rope_kv_kernel(
     # NORM_W_PRE (QK_NORM with POS_LAST 4): the query's and the key's norm weights are loaded
     # before the PDL wait too (see below).
     NORM_W_PRE: tl.constexpr = False,
+    # SLOT_PRE (WRITE_KV with POS_LAST 4): the slot and its cache rows before the PDL wait too
+    # (see below).
+    SLOT_PRE: tl.constexpr = False,
 ):
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
@@ -221,6 +225,21 @@ def rope_kv_kernel(
             kw_ptr, c, c < HALF * uses_k, dtw, dtw < HEAD_DIM * uses_k, HALF, PAIR_MODE,
             IS_BF16, BLOCK_TAIL > 0,
         )  # fmt: skip
+    # SLOT_PRE: the token's slot and the cache rows of this program's key/value block (slot
+    # tables are batch metadata: pdl.py). Its paged-cache arithmetic (~40 dependent integer
+    # instructions) otherwise ran after the data arrived, on the critical path; ptxas put it
+    # behind the key's norm.
+    slot_pre = (tl.zeros([1, 1], tl.int1), kbuf_ptr, vbuf_ptr)  # unused without SLOT_PRE
+    if SLOT_PRE:
+        if MERGED:
+            kvb_pre = hb
+        else:  # (query programs: block 0's rows, never used)
+            kvb_pre = tl.maximum(hb - NUM_Q_BLOCKS, 0)
+        slot_pre = slot_rows_pre(
+            t, kvb_pre, loc_ptr, num_slots, kbuf_ptr, kb_page_stride, kb_off_stride,
+            kb_head_stride, vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride, PAGE_SIZE,
+            BLOCK_HKV,
+        )  # fmt: skip
     pdl_enter(USE_PDL, WAIT_FIRST=not EARLY_RELEASE)
     # Loads are issued in order: the position first (the longest chain: position -> cos/sin
     # row), then the slot and the data, then the cos/sin row (cos_sin, which waits on the
@@ -256,7 +275,7 @@ def rope_kv_kernel(
                 v_head_stride, loc_ptr, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f,
                 num_kv_heads, kw_ptr, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL,
                 BLOCK_DV, BLOCK_HKV, PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE,
-                V_SCALE_MODE, QK_NORM,
+                V_SCALE_MODE, QK_NORM, SLOT_PRE,
             )  # fmt: skip
             if W_PRE:
                 kwa, kwb, kwt = kwa_pre, kwb_pre, kwt_pre
@@ -275,7 +294,7 @@ def rope_kv_kernel(
                     kb_head_stride, vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
                     num_slots, eps, PAGE_SIZE, HEAD_DIM, ROT_DIM, BLOCK_TAIL, PAIR_MODE,
                     KBUF_PAIR_MODE, ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, K_FP8_MAX,
-                    V_FP8_MAX, EMULATE_FP8, QK_NORM, SS_FP64, False,
+                    V_FP8_MAX, EMULATE_FP8, QK_NORM, SS_FP64, False, slot_pre, SLOT_PRE,
                 )  # fmt: skip
         elif hb < NUM_KV_BLOCKS:
             cos, sin, eps = key_value(
@@ -335,6 +354,8 @@ def rope_kv_kernel(
                 SS_FP64,
                 POS_LAST,
                 W_PRE,
+                slot_pre,
+                SLOT_PRE,
             )
         else:
             cos, sin, eps = cos_sin(
@@ -428,60 +449,12 @@ def rope_kv_kernel(
         )
     else:
         key_value(
-            t,
-            hb - NUM_Q_BLOCKS,
-            cs_row,
-            pos_at,
-            cs_stride,
-            max_pos,
-            c,
-            c_ok,
-            k_ptr,
-            k_tok_stride,
-            k_head_stride,
-            v_ptr,
-            v_tok_stride,
-            v_head_stride,
-            kbuf_ptr,
-            kb_page_stride,
-            kb_off_stride,
-            kb_head_stride,
-            vbuf_ptr,
-            vb_page_stride,
-            vb_off_stride,
-            vb_head_stride,
-            loc_ptr,
-            num_slots,
-            k_scale_ptr,
-            v_scale_ptr,
-            k_scale_f,
-            v_scale_f,
-            num_kv_heads,
-            kw_ptr,
-            kwa_pre,
-            kwb_pre,
-            kwt_pre,
-            eps,
-            PAGE_SIZE,
-            HEAD_DIM,
-            V_HEAD_DIM,
-            ROT_DIM,
-            BLOCK_HALF,
-            BLOCK_TAIL,
-            BLOCK_DV,
-            BLOCK_HKV,
-            PAIR_MODE,
-            KBUF_PAIR_MODE,
-            IS_BF16,
-            ROTATE,
-            WRITE_KV,
-            K_SCALE_MODE,
-            V_SCALE_MODE,
-            K_FP8_MAX,
-            V_FP8_MAX,
-            EMULATE_FP8,
-            QK_NORM,
-            SS_FP64,
-            POS_LAST,
-            W_PRE,
-        )
+            t, hb - NUM_Q_BLOCKS, cs_row, pos_at, cs_stride, max_pos, c, c_ok, k_ptr, k_tok_stride,
+            k_head_stride, v_ptr, v_tok_stride, v_head_stride, kbuf_ptr, kb_page_stride,
+            kb_off_stride, kb_head_stride, vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
+            loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
+            kw_ptr, kwa_pre, kwb_pre, kwt_pre, eps, PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM,
+            BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV, PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE,
+            WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, QK_NORM,
+            SS_FP64, POS_LAST, W_PRE, slot_pre, SLOT_PRE,
+        )  # fmt: skip

@@ -11,6 +11,7 @@ import torch
 
 from sgl_ext import settings
 from sgl_ext._common import KVLayout, QKNormCall, RopeCall, fp8_max, next_pow2
+from sgl_ext.device_tables import device_tables
 from sgl_ext.triton.launcher import KernelLauncher, make_launcher, pdl_on
 from sgl_ext.triton.rope_kv import ROPE_KV_CALL_NAMES, rope_kv_kernel
 
@@ -60,6 +61,8 @@ class LaunchConfig(NamedTuple):
     pre_wait: bool = False  # the position and cos/sin row before the PDL wait (POS_LAST 4)
     # pre_wait with the q/k norm: its weight rows before the wait too (the kernel's NORM_W_PRE)
     norm_w_pre: bool = False
+    # pre_wait with the KV write: the slot and its cache rows before the wait too (SLOT_PRE)
+    slot_pre: bool = False
 
 
 def launch_config(
@@ -67,7 +70,7 @@ def launch_config(
 ) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism."""
     # "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last[,hoist[,early_release
-    # [,load_barrier[,kv_block_h[,pre_wait[,norm_w_pre]]]]]]]]]]]]", for tuning only
+    # [,load_barrier[,kv_block_h[,pre_wait[,norm_w_pre[,slot_pre]]]]]]]]]]]]]", for tuning only
     override = settings.get().triton_config
     if override:
         vals = list(override)
@@ -155,7 +158,17 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # the biases and norm weights were elsewhere (session 18). The benchmark (weights L2-hot)
     # cannot show it: T = 1 / 8 the same with and without (H200, two processes each). Not in the
     # 64 row, where it measured Qwen3-32B T = 64 2.26 against 2.17-2.18 µs.
-    (8, LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True, norm_w_pre=True)),
+    # SLOT_PRE here too (session 23, H200, against the row without it, two processes each):
+    # the slot's paged-cache arithmetic sat behind the key's norm; Qwen3-8B T = 1 / 8 0.89-0.91
+    # / 0.95-0.96 µs against 0.93 / 0.99-1.00. RoPE + KV alone lost 3-8% with it at every T <=
+    # 64 (its pre-wait part grows while its post-wait part has no norm to hide), and the q/k-norm
+    # op at T 16..64 gained nothing: this row only.
+    (
+        8,
+        LaunchConfig(
+            4, 4, ORDER_2D, early_release=True, pre_wait=True, norm_w_pre=True, slot_pre=True
+        ),
+    ),
     (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.017 (1 x 1 with POS_LAST: 1.094)
     # 33..64: PRE_WAIT (session 20, tune_qk_norm.py, 2 rounds): 0.98-1.02x the old RoPE + KV
     # layout where LOAD_BARRIER took 1.03-1.08x; RoPE + KV alone now has PRE_WAIT here as well
@@ -169,6 +182,18 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     # 1.05-1.18) at T 300..4096
     (1 << 62, LaunchConfig(8, 4, ORDER_TOKEN, load_barrier=True, kv_block_h=4)),
 )
+# A GPU's own table, by a substring of its name (device_tables), where its sweep measured the
+# H100's rows worse. H200 (session 23, `tune_qk_norm.py --kv-dtype bf16 / fp8_e4m3 --tokens 128
+# .. 32768`): from 1025 tokens 16 query heads (8 key/value) a program, bf16 0.98-1.02x RoPE + KV
+# alone at T 2048..32768 against 1.04-1.06x, fp8 e4m3 1.06-1.11x against 1.13-1.18x; at 512 /
+# 1024 it lost on fp8 (1.12 against 1.08), so those keep the H100's row.
+QK_NORM_DEVICE_LAYOUTS: dict[str, tuple[tuple[int, LaunchConfig | None], ...]] = {
+    "H200": (
+        *QK_NORM_LAYOUTS[:-1],
+        (1024, QK_NORM_LAYOUTS[-1][1]),
+        (1 << 62, LaunchConfig(16, 4, ORDER_TOKEN, load_barrier=True)),
+    ),
+}
 # Other head sizes: one head x one warp up to 8 tokens, then launch_config's layout.
 QK_NORM_LAYOUTS_OTHER: tuple[tuple[int, LaunchConfig | None], ...] = (
     (8, LaunchConfig(1, 1, ORDER_2D, pre_wait=True)),
@@ -178,13 +203,23 @@ QK_NORM_LAYOUTS_OTHER: tuple[tuple[int, LaunchConfig | None], ...] = (
 QK_NORM_POS_LAST_TOKENS = 1023
 
 
-def qk_norm_launch_config(num_tokens: int, max_heads: int, head_dim: int) -> LaunchConfig:
-    """The QK_NORM variant's layout: a function of the token count and head shape only, never of
-    the KV write or the cache dtype, so the op rounds the float32 sum of squares the same way
-    with and without the write. SGL_EXT_TRITON_CONFIG overrides it as it does launch_config."""
+def qk_norm_layouts(device: torch.device | None) -> tuple[tuple[int, LaunchConfig | None], ...]:
+    """The D = 128 layout table on `device`: its GPU's own (QK_NORM_DEVICE_LAYOUTS), else
+    QK_NORM_LAYOUTS."""
+    own = device_tables(QK_NORM_DEVICE_LAYOUTS, device) if device is not None else []
+    return own[0] if own else QK_NORM_LAYOUTS
+
+
+def qk_norm_launch_config(
+    num_tokens: int, max_heads: int, head_dim: int, device: torch.device | None = None
+) -> LaunchConfig:
+    """The QK_NORM variant's layout on `device` (None: the H100 table): a function of the token
+    count, head shape and GPU only, never of the KV write or the cache dtype, so the op rounds
+    the float32 sum of squares the same way with and without the write. SGL_EXT_TRITON_CONFIG
+    overrides it as it does launch_config."""
     if settings.get().triton_config:
         return launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
-    rows = QK_NORM_LAYOUTS if head_dim == 128 else QK_NORM_LAYOUTS_OTHER
+    rows = qk_norm_layouts(device) if head_dim == 128 else QK_NORM_LAYOUTS_OTHER
     cfg = next((c for hi, c in rows if num_tokens <= hi), None)
     if cfg is None:
         cfg = launch_config(num_tokens, max_heads, head_dim, fp8_cache=False)
@@ -242,7 +277,7 @@ def plan_rope_kv(
     k_fp8_max = fp8_max(k_dtype)
     max_heads = max(num_q_heads, k.num_heads)
     if norm is not None:  # one layout with and without the KV write (q/k bits)
-        cfg = qk_norm_launch_config(call.num_tokens, max_heads, head_size)
+        cfg = qk_norm_launch_config(call.num_tokens, max_heads, head_size, call.device)
     else:
         cfg = launch_config(call.num_tokens, max_heads, head_size, k_fp8_max > 0)
     block_h = cfg.block_h
@@ -326,6 +361,7 @@ def plan_rope_kv(
         HOIST=merged and cfg.hoist,
         EARLY_RELEASE=use_pdl and cfg.early_release,
         NORM_W_PRE=norm is not None and rotate and cfg.pre_wait and cfg.norm_w_pre,
+        SLOT_PRE=kv is not None and rotate and cfg.pre_wait and cfg.slot_pre,
     )
     return make_launcher(
         rope_kv_kernel, grid, fixed, constexprs, options, call.device, ROPE_KV_CALL_NAMES

@@ -50,12 +50,17 @@ def _layouts():
         LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True, norm_w_pre=True),
         LaunchConfig(2, 2, ORDER_TOKEN, merged=True, pre_wait=True, norm_w_pre=True),
         LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, pre_wait=True, norm_w_pre=True),
+        # the slot and its cache rows before the PDL wait too: separate, merged, merged HOIST
+        LaunchConfig(4, 4, ORDER_2D, pre_wait=True, norm_w_pre=True, slot_pre=True),
+        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, pre_wait=True, slot_pre=True),
+        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, pre_wait=True, slot_pre=True),
     ]
 
 
 IDS = ["1x1", "4x4", "merged", "kv-first", "spread", "hoist", "hoist-kv-first", "hoist-spread"]
 IDS += ["lb-1x1", "lb-4x4", "lb-merged", "lb-hoist-kv-first", "lb-spread", "lb-kv1"]
 IDS += ["pw-4x4", "pw-hoist", "pw-w-4x4", "pw-w-merged", "pw-w-hoist"]
+IDS += ["pw-s-4x4", "pw-s-merged", "pw-s-hoist"]
 
 
 @pytest.fixture
@@ -66,6 +71,7 @@ def layout(monkeypatch):
 
     def _set(cfg) -> None:
         monkeypatch.setattr(rope_kv_plan, "QK_NORM_LAYOUTS", ((1 << 62, cfg),))
+        monkeypatch.setattr(rope_kv_plan, "QK_NORM_DEVICE_LAYOUTS", {})  # no GPU's own table
         monkeypatch.setattr(rope_kv_plan, "QK_NORM_LAYOUTS_OTHER", ((1 << 62, cfg),))
         settings.reload()
 
@@ -114,7 +120,7 @@ def test_plan_pos_last_follows_the_table(num_tokens):
     from sgl_ext.triton.rope_kv_plan import QK_NORM_LAYOUTS, qk_norm_launch_config
 
     assert [hi for hi, _ in QK_NORM_LAYOUTS] == sorted(hi for hi, _ in QK_NORM_LAYOUTS)
-    cfg = qk_norm_launch_config(num_tokens, 32, 128)
+    cfg = qk_norm_launch_config(num_tokens, 32, 128, torch.device(DEV))
     # 2: behind a barrier (merged programs without HOIST)
     want = (2 if cfg.merged and not cfg.hoist else 1) if cfg.pos_last else 0
     want = 3 if cfg.load_barrier else want
@@ -124,6 +130,36 @@ def test_plan_pos_last_follows_the_table(num_tokens):
         assert c["POS_LAST"] == want and c["HOIST"] == (cfg.merged and cfg.hoist)
         assert c["EARLY_RELEASE"] == (c["USE_PDL"] and cfg.early_release)
         assert c["NORM_W_PRE"] == (cfg.pre_wait and cfg.norm_w_pre)
+        assert c["SLOT_PRE"] == (kv_dtype is not None and cfg.pre_wait and cfg.slot_pre)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_device_layouts_by_gpu_name(monkeypatch, name):
+    """A GPU whose name holds a QK_NORM_DEVICE_LAYOUTS key takes that table (sorted bounds, its
+    own rows only where they differ), any other GPU and the CPU the H100's; RoPE + KV alone is
+    unaffected."""
+    from sgl_ext import device_tables
+    from sgl_ext.triton import rope_kv_plan as rp
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
+    monkeypatch.setattr(device_tables, "_names", {})
+    cuda = torch.device("cuda", 0)
+    for sub, rows in rp.QK_NORM_DEVICE_LAYOUTS.items():
+        bounds = [hi for hi, _ in rows]
+        assert bounds == sorted(bounds) and bounds[-1] == rp.QK_NORM_LAYOUTS[-1][0]
+        assert rows != rp.QK_NORM_LAYOUTS  # an exception, not a copy
+        for t in (1, 8, 9, 33, 64, 65, 300, 512, 1024, 1025, 4096, 32768):
+            own = next(c for hi, c in rows if t <= hi)
+            base = next(c for hi, c in rp.QK_NORM_LAYOUTS if t <= hi)
+            cfg = rp.qk_norm_launch_config(t, 32, 128, cuda)
+            assert cfg == (own if sub in name else base)
+            assert rp.qk_norm_launch_config(t, 32, 128) == base  # no device: the H100 table
+            assert rp.qk_norm_launch_config(t, 32, 128, torch.device("cpu")) == base
+    assert rp.qk_norm_layouts(cuda) is next(
+        (rows for sub, rows in rp.QK_NORM_DEVICE_LAYOUTS.items() if sub in name),
+        rp.QK_NORM_LAYOUTS,
+    )
 
 
 def test_override_and_rope_alone_do_not_load_the_position_last(monkeypatch):

@@ -197,6 +197,11 @@ LAUNCH_CONFIGS = [
     "4,2,1,1,0,0,0,0,0,1",
     "2,4,2,1,0,0,0,1,0,1",
     "4,4,1,0,0,0,0,0,0,1,1",
+    # PRE_WAIT (position and cos/sin before the PDL wait), with the slot and its cache rows
+    # before it too (SLOT_PRE): separate programs, merged with HOIST
+    "2,2,0,0,0,0,0,0,0,0,0,1",
+    "2,2,0,0,0,0,0,0,0,0,0,1,0,1",
+    "2,2,1,1,0,0,0,1,0,0,0,1,0,1",
 ]
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sgl_ext import device_tables
 from sgl_ext.gemm import GemmConfig, default_config
 from srt.layers import gemm_choice as gc
 from srt.layers.linear import QKVParallelLinear, RowParallelLinear
-from srt.utils import device_tables
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 CFG = GemmConfig(block_n=16, block_k=64)

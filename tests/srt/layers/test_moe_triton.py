@@ -201,8 +201,8 @@ def test_bad_arguments_raise_before_launch():
 def test_mxfp4_device_rows_apply_by_gpu_name(monkeypatch, name):
     """MXFP4_DEVICE_OVERRIDES rows come before MXFP4_CONFIGS on a GPU whose name holds their
     key, nowhere else; bf16 experts never take them."""
+    from sgl_ext import device_tables
     from srt.layers.moe.fused_moe_triton.config import MXFP4_DEVICE_OVERRIDES
-    from srt.utils import device_tables
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)

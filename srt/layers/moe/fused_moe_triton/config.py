@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from srt.utils.device_tables import device_tables
+from sgl_ext.device_tables import device_tables
 
 MXFP4_MODES = ("dot_scaled", "split")
 

@@ -1,7 +1,8 @@
 """Per-GPU exceptions to a measured table: the tables whose key occurs in the GPU's name.
 
-`gemm_choice.DEVICE_OVERRIDES` (decode linears) and `MXFP4_DEVICE_OVERRIDES` (the MXFP4 expert
-kernels) hold rows another GPU measured better than the H100's table, keyed by a substring of
+srt's `gemm_choice.DEVICE_OVERRIDES` (decode linears) and `MXFP4_DEVICE_OVERRIDES` (the MXFP4
+expert kernels) and sgl_ext's `rope_kv_plan.QK_NORM_DEVICE_LAYOUTS` (the q/k-norm op's layouts)
+hold what another GPU measured better than the H100's table, keyed by a substring of
 `torch.cuda.get_device_name` (e.g. "H200").
 """
 
