@@ -14,8 +14,9 @@ the backend and launch configuration chosen under the old settings).
                             found, an eager call whose metadata has a plan is keyed and
                             launched by one C call, `fast_launch.py`)
     SGL_EXT_TRITON_CONFIG   "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last
-                            [,hoist[,early_release[,load_barrier[,kv_block_h]]]]]]]]]"
-                            (tuning; rope_kv_plan.LaunchConfig)
+                            [,hoist[,early_release[,load_barrier[,kv_block_h[,pre_wait
+                            [,norm_w_pre[,slot_pre]]]]]]]]]]]]" (tuning; the fields of
+                            rope_kv_plan.LaunchConfig in order)
     SGL_EXT_PDL             0: no programmatic dependent launch (default 1: on Hopper+, every
                             Triton kernel that declares USE_PDL overlaps its launch with the
                             previous kernel's tail and waits for its results before reading)
