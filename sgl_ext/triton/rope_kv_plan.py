@@ -65,10 +65,28 @@ class LaunchConfig(NamedTuple):
     slot_pre: bool = False
 
 
+# A GPU's own layout for RoPE + KV at up to 8 tokens with D = 128 and a 16-bit cache (plan_rope_kv
+# passes the device only for those calls), by a substring of its name (device_tables); elsewhere
+# launch_config's one head a program.
+# H200 (session 23, SGL_EXT_TRITON_CONFIG on both Qwen3 shapes of bench_qk_norm_rope's rope_kv
+# column): 4 heads x 4 warps took 0.84 / 0.86 / 0.87 / 0.91 µs at T = 1 / 2 / 4 / 8 against
+# 0.89 / 0.93 / 0.93 / 1.03 (32 query heads), 0.86 / 0.87 / 0.90 / 0.83 against 0.92 / 0.93 /
+# 0.99 / 1.18 (64). With an fp8 e4m3 cache it lost 0.02-0.04 µs at T 1..4 on 32 heads: fp8 keeps
+# one head a program.
+DECODE_DEVICE_LAYOUTS: dict[str, LaunchConfig] = {
+    "H200": LaunchConfig(4, 4, ORDER_2D, pre_wait=True),
+}
+
+
 def launch_config(
-    num_tokens: int, max_heads: int, head_dim: int, fp8_cache: bool = False
+    num_tokens: int,
+    max_heads: int,
+    head_dim: int,
+    fp8_cache: bool = False,
+    device: torch.device | None = None,
 ) -> LaunchConfig:
-    """Heads per program and warps: small batches split heads finer for parallelism."""
+    """Heads per program and warps: small batches split heads finer for parallelism. device:
+    the GPU whose own rows apply (DECODE_DEVICE_LAYOUTS; None: the H100's)."""
     # "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last[,hoist[,early_release
     # [,load_barrier[,kv_block_h[,pre_wait[,norm_w_pre[,slot_pre]]]]]]]]]]]]]", for tuning only
     override = settings.get().triton_config
@@ -98,6 +116,9 @@ def launch_config(
         if d64:  # 8 query heads or 2 key/value heads a program (0.91-0.97x one-head programs)
             bh = min(8, next_pow2(max_heads))
             return LaunchConfig(bh, 4, ORDER_2D, kv_block_h=2, pre_wait=True)
+        own = device_tables(DECODE_DEVICE_LAYOUTS, device) if device is not None else []
+        if own and head_dim == 128 and not fp8_cache:
+            return own[0]._replace(block_h=min(own[0].block_h, next_pow2(max_heads)))
         return LaunchConfig(1, 4, ORDER_2D, pre_wait=True)
     if num_tokens <= 64:
         # PRE_WAIT here too (session 20, H100, CUDA graphs; against the LOAD_BARRIER / plain
@@ -279,7 +300,10 @@ def plan_rope_kv(
     if norm is not None:  # one layout with and without the KV write (q/k bits)
         cfg = qk_norm_launch_config(call.num_tokens, max_heads, head_size, call.device)
     else:
-        cfg = launch_config(call.num_tokens, max_heads, head_size, k_fp8_max > 0)
+        # the GPU's own decode rows were measured with a KV write into a 16-bit cache
+        own_rows = kv is not None and k_dtype in (torch.bfloat16, torch.float16)
+        dev = call.device if own_rows else None
+        cfg = launch_config(call.num_tokens, max_heads, head_size, k_fp8_max > 0, dev)
     block_h = cfg.block_h
     num_q_blocks = _cdiv(num_q_heads, block_h)
     merged = cfg.merged and num_q_blocks > 0

@@ -202,6 +202,7 @@ LAUNCH_CONFIGS = [
     "2,2,0,0,0,0,0,0,0,0,0,1",
     "2,2,0,0,0,0,0,0,0,0,0,1,0,1",
     "2,2,1,1,0,0,0,1,0,0,0,1,0,1",
+    "4,4,0,0,0,0,0,0,0,0,0,1",  # the H200's decode layout (DECODE_DEVICE_LAYOUTS)
 ]
 
 
@@ -316,6 +317,32 @@ def test_launch_config_heads_per_program_is_a_power_of_two():
                 bh, nw = launch_config(t, heads, d)[:2]
                 assert bh & (bh - 1) == 0 and 1 <= bh <= 32, (d, t, heads, bh)
                 assert nw in (1, 2, 4, 8)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_decode_device_layouts_by_gpu_name(monkeypatch, name):
+    """Up to 8 tokens, D = 128 and a 16-bit cache: a GPU whose name holds a
+    DECODE_DEVICE_LAYOUTS key takes its layout (heads capped at the call's), any other GPU, fp8
+    caches, other head sizes, more tokens and no device launch_config's own."""
+    from sgl_ext import device_tables
+    from sgl_ext.triton import rope_kv_plan as rp
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
+    monkeypatch.setattr(device_tables, "_names", {})
+    cuda = torch.device("cuda", 0)
+    own = next((c for sub, c in rp.DECODE_DEVICE_LAYOUTS.items() if sub in name), None)
+    for t in (1, 2, 8, 9, 64):
+        for heads in (1, 2, 32, 64):
+            for fp8 in (False, True):
+                for d in (64, 128):
+                    base = rp.launch_config(t, heads, d, fp8)
+                    cfg = rp.launch_config(t, heads, d, fp8, cuda)
+                    if own is not None and t <= 8 and d == 128 and not fp8:
+                        assert cfg == own._replace(block_h=min(own.block_h, heads))
+                    else:
+                        assert cfg == base
+    assert rp.launch_config(1, 32, 128).block_h == 1  # no device: the H100's one head
 
 
 @pytest.mark.parametrize(
