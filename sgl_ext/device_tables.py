@@ -2,7 +2,8 @@
 
 srt's `gemm_choice.DEVICE_OVERRIDES` (decode linears) and `MXFP4_DEVICE_OVERRIDES` (the MXFP4
 expert kernels) and sgl_ext's `rope_kv_plan.QK_NORM_DEVICE_LAYOUTS` (the q/k-norm op's layouts)
-hold what another GPU measured better than the H100's table, keyed by a substring of
+and `DECODE_DEVICE_LAYOUTS` (RoPE + KV at decode sizes) hold what another GPU measured better
+than the H100's table, keyed by a substring of
 `torch.cuda.get_device_name` (e.g. "H200").
 """
 
