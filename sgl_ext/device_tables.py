@@ -18,10 +18,10 @@ T = TypeVar("T")
 _names: dict[int, str] = {}  # CUDA device index -> its name (read once)
 
 
-def device_tables(overrides: Mapping[str, T], device: torch.device) -> list[T]:
+def device_tables(overrides: Mapping[str, T], device: torch.device | None) -> list[T]:
     """The values of `overrides` whose key is a substring of CUDA `device`'s name, in the
-    mapping's order; none off CUDA or without a GPU."""
-    if device.type != "cuda" or not torch.cuda.is_available():
+    mapping's order; none for no device, off CUDA or without a GPU."""
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
         return []
     index = device.index if device.index is not None else torch.cuda.current_device()
     name = _names.get(index)

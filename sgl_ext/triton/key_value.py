@@ -129,35 +129,6 @@ def _slot_rows(
 
 
 @triton.jit
-def slot_rows_pre(
-    t,
-    kvb,
-    loc_ptr,
-    num_slots,
-    kbuf_ptr,
-    kb_page_stride,
-    kb_off_stride,
-    kb_head_stride,
-    vbuf_ptr,
-    vb_page_stride,
-    vb_off_stride,
-    vb_head_stride,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_HKV: tl.constexpr,
-):
-    """_slot_rows of token t's slot for key/value block kvb, for use before the PDL wait
-    (PRE_WAIT): the slot is batch metadata that no running kernel writes (pdl.py), and its
-    paged-cache row arithmetic (~40 dependent integer instructions) otherwise runs after the
-    data has arrived, on the program's critical path."""
-    kh = kvb * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
-    loc = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
-    return _slot_rows(
-        loc, num_slots, kh, kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride, vbuf_ptr,
-        vb_page_stride, vb_off_stride, vb_head_stride, PAGE_SIZE,
-    )  # fmt: skip
-
-
-@triton.jit
 def key_value_in(
     t,
     kvb,
@@ -193,7 +164,7 @@ def key_value_in(
     SLOT_PRE: tl.constexpr = False,
 ):
     """Every load of key/value block kvb of token t but the cos/sin row: the slot (unless
-    SLOT_PRE: loaded before the PDL wait, see slot_rows_pre), V, the scales, K (rotary pairs and
+    SLOT_PRE: loaded before the PDL wait, see rope_kv_kernel), V, the scales, K (rotary pairs and
     pass-through tail) and the key's norm weights. A block past the last key/value head loads no
     K or V (masked; the slot and scales read valid addresses)."""
     HALF: tl.constexpr = ROT_DIM // 2
@@ -287,8 +258,8 @@ def key_value_out(
 ):
     """A key/value block once its loads (key_value_in) and the cos/sin row are in: normalise
     (QK_NORM) and rotate K in place, store K and V into the cache slot. SLOT_EARLY: the slot's
-    cache rows first (see key_value). SLOT_PRE: slot_pre holds them (slot_rows_pre, worked out
-    before the PDL wait; loc is then unused)."""
+    cache rows first (see key_value). SLOT_PRE: slot_pre holds them (worked out before the PDL
+    wait by rope_kv_kernel; loc is then unused)."""
     HALF: tl.constexpr = ROT_DIM // 2
     if WRITE_KV and SLOT_PRE:
         ok, kdst, vdst = slot_pre
@@ -425,7 +396,7 @@ def key_value(
     Returns the token's (cos, sin), loaded after every other load of the block. With W_PRE the
     key's norm weights are kw_pre_a / kw_pre_b / kw_pre_t (loaded by the caller before the PDL
     wait); otherwise those are unused. With SLOT_PRE, slot_pre is the slot's cache rows
-    (slot_rows_pre, before the wait) and the slot is not loaded here.
+    (worked out before the wait) and the slot is not loaded here.
 
     With the norm and POS_LAST 1 the slot's cache rows are worked out under the cos/sin load:
     after the rotation (as without the norm), ptxas leaves this arithmetic behind the branch of

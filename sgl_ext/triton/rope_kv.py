@@ -21,13 +21,13 @@ import triton
 import triton.language as tl
 
 from sgl_ext.triton.key_value import (
+    _slot_rows,
     clamp_position,
     cos_sin,
     key_value,
     key_value_in,
     key_value_out,
     position_at,
-    slot_rows_pre,
 )
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.qk_norm import load_norm_weights, query_in, query_norm, query_out
@@ -235,10 +235,11 @@ def rope_kv_kernel(
             kvb_pre = hb
         else:  # (query programs: block 0's rows, never used)
             kvb_pre = tl.maximum(hb - NUM_Q_BLOCKS, 0)
-        slot_pre = slot_rows_pre(
-            t, kvb_pre, loc_ptr, num_slots, kbuf_ptr, kb_page_stride, kb_off_stride,
-            kb_head_stride, vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride, PAGE_SIZE,
-            BLOCK_HKV,
+        kh_pre = kvb_pre * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
+        loc_pre = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
+        slot_pre = _slot_rows(
+            loc_pre, num_slots, kh_pre, kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
+            vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride, PAGE_SIZE,
         )  # fmt: skip
     pdl_enter(USE_PDL, WAIT_FIRST=not EARLY_RELEASE)
     # Loads are issued in order: the position first (the longest chain: position -> cos/sin

@@ -116,7 +116,7 @@ def launch_config(
         if d64:  # 8 query heads or 2 key/value heads a program (0.91-0.97x one-head programs)
             bh = min(8, next_pow2(max_heads))
             return LaunchConfig(bh, 4, ORDER_2D, kv_block_h=2, pre_wait=True)
-        own = device_tables(DECODE_DEVICE_LAYOUTS, device) if device is not None else []
+        own = device_tables(DECODE_DEVICE_LAYOUTS, device)
         if own and head_dim == 128 and not fp8_cache:
             return own[0]._replace(block_h=min(own[0].block_h, next_pow2(max_heads)))
         return LaunchConfig(1, 4, ORDER_2D, pre_wait=True)
@@ -227,7 +227,7 @@ QK_NORM_POS_LAST_TOKENS = 1023
 def qk_norm_layouts(device: torch.device | None) -> tuple[tuple[int, LaunchConfig | None], ...]:
     """The D = 128 layout table on `device`: its GPU's own (QK_NORM_DEVICE_LAYOUTS), else
     QK_NORM_LAYOUTS."""
-    own = device_tables(QK_NORM_DEVICE_LAYOUTS, device) if device is not None else []
+    own = device_tables(QK_NORM_DEVICE_LAYOUTS, device)
     return own[0] if own else QK_NORM_LAYOUTS
 
 
