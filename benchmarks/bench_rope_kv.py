@@ -62,6 +62,7 @@ SHAPES = {  # name: (Hq, Hkv, D)
     "llama3-8b": (32, 8, 128),
     "gpt-oss-20b": (64, 8, 64),
     "qwen3-8b": (32, 8, 128),
+    "qwen3-32b": (64, 8, 128),
 }
 TOKENS = [1, 8, 32, 128, 512, 2048, 8192, 32768]
 # SGLang 0.5.23 JIT rope.cuh fused kernel, H100, CUDA graph (from issue #2; not measured here).

@@ -65,17 +65,48 @@ class LaunchConfig(NamedTuple):
     slot_pre: bool = False
 
 
-# A GPU's own layout for RoPE + KV at up to 8 tokens with D = 128 and a 16-bit cache (plan_rope_kv
-# passes the device only for those calls), by a substring of its name (device_tables); elsewhere
-# launch_config's one head a program.
-# H200 (session 23, SGL_EXT_TRITON_CONFIG on both Qwen3 shapes of bench_qk_norm_rope's rope_kv
-# column): 4 heads x 4 warps took 0.84 / 0.86 / 0.87 / 0.91 µs at T = 1 / 2 / 4 / 8 against
-# 0.89 / 0.93 / 0.93 / 1.03 (32 query heads), 0.86 / 0.87 / 0.90 / 0.83 against 0.92 / 0.93 /
-# 0.99 / 1.18 (64). With an fp8 e4m3 cache it lost 0.02-0.04 µs at T 1..4 on 32 heads: fp8 keeps
-# one head a program.
-DECODE_DEVICE_LAYOUTS: dict[str, LaunchConfig] = {
-    "H200": LaunchConfig(4, 4, ORDER_2D, pre_wait=True),
+class DecodeRow(NamedTuple):
+    """A GPU's own RoPE + KV layout for first <= T <= last tokens at the head sizes listed."""
+
+    first: int
+    last: int
+    head_dims: tuple[int, ...]
+    config: LaunchConfig
+
+
+# A GPU's own RoPE + KV layouts at decode sizes (T <= 64) with a 16-bit cache (plan_rope_kv
+# passes the device only for KV writes into one), by a substring of its name (device_tables);
+# elsewhere launch_config's H100 layouts. H200:
+# - T <= 8, D = 128 (session 23, SGL_EXT_TRITON_CONFIG on both Qwen3 shapes of
+#   bench_qk_norm_rope's rope_kv column): 4 heads x 4 warps took 0.84 / 0.86 / 0.87 / 0.91 µs at
+#   T = 1 / 2 / 4 / 8 against 0.89 / 0.93 / 0.93 / 1.03 (32 query heads), 0.86 / 0.87 / 0.90 /
+#   0.83 against 0.92 / 0.93 / 0.99 / 1.18 (64). With an fp8 e4m3 cache it lost 0.02-0.04 µs at
+#   T 1..4 on 32 heads: fp8 keeps one head a program.
+# - 25 <= T <= 64 at D = 128, 32 <= T <= 64 at D = 64 (session 24, `bench_rope_kv.py
+#   --only-fused` under SGL_EXT_TRITON_CONFIG, best of 3 processes each): 16 heads x 4 warps that
+#   release the next launch early took 0.93-0.99x the H100 row (4 heads, PRE_WAIT) on 32 query
+#   heads (Llama-3-8B / Qwen3-8B), 0.86-0.94x on 64 (Qwen3-32B), 0.91-0.97x at D = 64
+#   (gpt-oss-20b); at T 9..16 it lost up to 5%, at D = 64 T 24..25 2-3%. fp8 e4m3 caches lost
+#   7-26% (Llama-3-8B).
+DECODE_DEVICE_LAYOUTS: dict[str, tuple[DecodeRow, ...]] = {
+    "H200": (
+        DecodeRow(1, 8, (128,), LaunchConfig(4, 4, ORDER_2D, pre_wait=True)),
+        DecodeRow(25, 64, (128,), LaunchConfig(16, 4, ORDER_2D, early_release=True, pre_wait=True)),
+        DecodeRow(32, 64, (64,), LaunchConfig(16, 4, ORDER_2D, early_release=True, pre_wait=True)),
+    ),
 }
+
+
+def _device_decode_layout(
+    num_tokens: int, max_heads: int, head_dim: int, device: torch.device | None
+) -> LaunchConfig | None:
+    """The GPU's own DECODE_DEVICE_LAYOUTS row for this call (heads capped at the call's), or
+    None."""
+    for rows in device_tables(DECODE_DEVICE_LAYOUTS, device):
+        for row in rows:
+            if row.first <= num_tokens <= row.last and head_dim in row.head_dims:
+                return row.config._replace(block_h=min(row.config.block_h, next_pow2(max_heads)))
+    return None
 
 
 def launch_config(
@@ -112,13 +143,13 @@ def launch_config(
     # PRE_WAIT (pre_wait) up to 64 tokens: the position and its cos/sin row are loaded while the
     # previous kernel still runs, one round trip less after the wait (docs/performance.md).
     d64 = head_dim == 64 and not fp8_cache
+    own = None if fp8_cache else _device_decode_layout(num_tokens, max_heads, head_dim, device)
+    if own is not None:
+        return own
     if num_tokens <= 8:
         if d64:  # 8 query heads or 2 key/value heads a program (0.91-0.97x one-head programs)
             bh = min(8, next_pow2(max_heads))
             return LaunchConfig(bh, 4, ORDER_2D, kv_block_h=2, pre_wait=True)
-        own = device_tables(DECODE_DEVICE_LAYOUTS, device)
-        if own and head_dim == 128 and not fp8_cache:
-            return own[0]._replace(block_h=min(own[0].block_h, next_pow2(max_heads)))
         return LaunchConfig(1, 4, ORDER_2D, pre_wait=True)
     if num_tokens <= 64:
         # PRE_WAIT here too (session 20, H100, CUDA graphs; against the LOAD_BARRIER / plain
@@ -207,10 +238,24 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
 # H100's rows worse. H200 (session 23, `tune_qk_norm.py --kv-dtype bf16 / fp8_e4m3 --tokens 128
 # .. 32768`): from 1025 tokens 16 query heads (8 key/value) a program, bf16 0.98-1.02x RoPE + KV
 # alone at T 2048..32768 against 1.04-1.06x, fp8 e4m3 1.06-1.11x against 1.13-1.18x; at 512 /
-# 1024 it lost on fp8 (1.12 against 1.08), so those keep the H100's row.
+# 1024 it lost on fp8 (1.12 against 1.08), so those keep the H100's row. At 9..64 (session 24,
+# tune_qk_norm.py, four sweeps, bf16 and fp8 e4m3 caches): 16 query heads and 4 key/value heads
+# a program, PRE_WAIT with the norm weights and the early release. Against the H100's rows, µs
+# at T = 9 / 16 / 32 / 64: Qwen3-8B bf16 0.94 / 0.98 / 1.05 / 1.49 against 1.00 / 1.06 / 1.12 /
+# 1.57, fp8 1.09 / 1.14 / 1.22 / 1.46 against ~1.18 / 1.18 / 1.22 / 1.50; Qwen3-32B bf16 0.95 /
+# 1.01 / 1.26 / 1.95 against 1.04 / 1.09 / 1.18 / 2.18, fp8 1.10 / 1.18 / 1.40 / 1.94 against ~
+# 1.2 / 1.17 / 1.30 / 2.14 (T = 32 on Qwen3-32B is the one point it loses). With 8 key/value heads
+# a program bf16 was as fast or faster, but fp8 lost 5-17%: the layout cannot follow the cache.
 QK_NORM_DEVICE_LAYOUTS: dict[str, tuple[tuple[int, LaunchConfig | None], ...]] = {
     "H200": (
-        *QK_NORM_LAYOUTS[:-1],
+        QK_NORM_LAYOUTS[0],
+        (
+            64,
+            LaunchConfig(
+                16, 4, ORDER_2D, early_release=True, kv_block_h=4, pre_wait=True, norm_w_pre=True
+            ),
+        ),
+        *QK_NORM_LAYOUTS[3:-1],
         (1024, QK_NORM_LAYOUTS[-1][1]),
         (1 << 62, LaunchConfig(16, 4, ORDER_TOKEN, load_barrier=True)),
     ),

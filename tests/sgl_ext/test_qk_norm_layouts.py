@@ -54,13 +54,18 @@ def _layouts():
         LaunchConfig(4, 4, ORDER_2D, pre_wait=True, norm_w_pre=True, slot_pre=True),
         LaunchConfig(2, 2, ORDER_TOKEN, merged=True, pre_wait=True, slot_pre=True),
         LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, pre_wait=True, slot_pre=True),
+        # 16 query heads a program (the H200's 9..64 rows), 4 key/value heads
+        LaunchConfig(16, 4, ORDER_2D, early_release=True, pre_wait=True, norm_w_pre=True),
+        LaunchConfig(
+            16, 4, ORDER_2D, early_release=True, kv_block_h=4, pre_wait=True, norm_w_pre=True
+        ),
     ]
 
 
 IDS = ["1x1", "4x4", "merged", "kv-first", "spread", "hoist", "hoist-kv-first", "hoist-spread"]
 IDS += ["lb-1x1", "lb-4x4", "lb-merged", "lb-hoist-kv-first", "lb-spread", "lb-kv1"]
 IDS += ["pw-4x4", "pw-hoist", "pw-w-4x4", "pw-w-merged", "pw-w-hoist"]
-IDS += ["pw-s-4x4", "pw-s-merged", "pw-s-hoist"]
+IDS += ["pw-s-4x4", "pw-s-merged", "pw-s-hoist", "pw-w-16x4", "pw-16x4-kv4"]
 
 
 @pytest.fixture
@@ -97,6 +102,18 @@ def test_triton_pos_last_against_float64(backend, layout, idx):
             num_tokens=3,
             seed=30 + idx,
         )
+    if idx >= len(IDS) - 2:  # 16 heads a program: 20 query heads fill one and a bit of another
+        run_case(device=DEV, dtype=torch.bfloat16, hq=20, hkv=4, num_tokens=33, seed=40)
+        run_case(
+            device=DEV,
+            dtype=torch.bfloat16,
+            kv_dtype=torch.float8_e4m3fn,
+            scale="float",
+            hq=20,
+            hkv=4,
+            num_tokens=9,
+            seed=41,
+        )
 
 
 @pytest.mark.parametrize("idx", [0, 2, 5], ids=["1x1", "merged", "hoist"])
@@ -120,7 +137,7 @@ def test_plan_pos_last_follows_the_table(num_tokens):
     from sgl_ext.triton.rope_kv_plan import QK_NORM_LAYOUTS, qk_norm_launch_config
 
     assert [hi for hi, _ in QK_NORM_LAYOUTS] == sorted(hi for hi, _ in QK_NORM_LAYOUTS)
-    cfg = qk_norm_launch_config(num_tokens, 32, 128, torch.device(DEV))
+    cfg = qk_norm_launch_config(num_tokens, 32, 128, torch.device("cpu"))  # _plan's tensors
     # 2: behind a barrier (merged programs without HOIST)
     want = (2 if cfg.merged and not cfg.hoist else 1) if cfg.pos_last else 0
     want = 3 if cfg.load_barrier else want

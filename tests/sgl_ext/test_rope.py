@@ -202,7 +202,8 @@ LAUNCH_CONFIGS = [
     "2,2,0,0,0,0,0,0,0,0,0,1",
     "2,2,0,0,0,0,0,0,0,0,0,1,0,1",
     "2,2,1,1,0,0,0,1,0,0,0,1,0,1",
-    "4,4,0,0,0,0,0,0,0,0,0,1",  # the H200's decode layout (DECODE_DEVICE_LAYOUTS)
+    "4,4,0,0,0,0,0,0,0,0,0,1",  # the H200's decode layouts (DECODE_DEVICE_LAYOUTS): T <= 8
+    "16,4,0,0,0,0,0,0,1,0,0,1",  # ... and 25..64
 ]
 
 
@@ -321,9 +322,9 @@ def test_launch_config_heads_per_program_is_a_power_of_two():
 
 @pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
 def test_decode_device_layouts_by_gpu_name(monkeypatch, name):
-    """Up to 8 tokens, D = 128 and a 16-bit cache: a GPU whose name holds a
-    DECODE_DEVICE_LAYOUTS key takes its layout (heads capped at the call's), any other GPU, fp8
-    caches, other head sizes, more tokens and no device launch_config's own."""
+    """Up to 64 tokens and a 16-bit cache: a GPU whose name holds a DECODE_DEVICE_LAYOUTS key
+    takes the layout of its row for (T, D) (heads capped at the call's); any other GPU, fp8
+    caches, T and D outside its rows and no device take launch_config's own."""
     from sgl_ext import device_tables
     from sgl_ext.triton import rope_kv_plan as rp
 
@@ -331,18 +332,24 @@ def test_decode_device_layouts_by_gpu_name(monkeypatch, name):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
     monkeypatch.setattr(device_tables, "_names", {})
     cuda = torch.device("cuda", 0)
-    own = next((c for sub, c in rp.DECODE_DEVICE_LAYOUTS.items() if sub in name), None)
-    for t in (1, 2, 8, 9, 64):
+    rows = next((r for sub, r in rp.DECODE_DEVICE_LAYOUTS.items() if sub in name), ())
+    assert all(1 <= r.first <= r.last <= 64 for r in rows)
+    for t in (1, 2, 8, 9, 24, 25, 33, 64, 65):
         for heads in (1, 2, 32, 64):
             for fp8 in (False, True):
-                for d in (64, 128):
+                for d in (64, 80, 128):
                     base = rp.launch_config(t, heads, d, fp8)
                     cfg = rp.launch_config(t, heads, d, fp8, cuda)
-                    if own is not None and t <= 8 and d == 128 and not fp8:
-                        assert cfg == own._replace(block_h=min(own.block_h, heads))
+                    own = [r for r in rows if r.first <= t <= r.last and d in r.head_dims]
+                    if own and not fp8:
+                        c = own[0].config
+                        assert cfg == c._replace(block_h=min(c.block_h, heads))
                     else:
                         assert cfg == base
     assert rp.launch_config(1, 32, 128).block_h == 1  # no device: the H100's one head
+    if "H200" in name:  # the rows this test is about
+        assert rp.launch_config(8, 32, 128, False, cuda).block_h == 4
+        assert rp.launch_config(40, 64, 64, False, cuda).block_h == 16
 
 
 @pytest.mark.parametrize(
