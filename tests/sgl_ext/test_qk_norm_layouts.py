@@ -103,17 +103,9 @@ def test_triton_pos_last_against_float64(backend, layout, idx):
             seed=30 + idx,
         )
     if idx >= len(IDS) - 2:  # 16 heads a program: 20 query heads fill one and a bit of another
-        run_case(device=DEV, dtype=torch.bfloat16, hq=20, hkv=4, num_tokens=33, seed=40)
-        run_case(
-            device=DEV,
-            dtype=torch.bfloat16,
-            kv_dtype=torch.float8_e4m3fn,
-            scale="float",
-            hq=20,
-            hkv=4,
-            num_tokens=9,
-            seed=41,
-        )
+        for kv, scale, t in ((None, "none", 33), (torch.float8_e4m3fn, "float", 9)):
+            kw = dict(kv_dtype=kv, scale=scale, hq=20, hkv=4, num_tokens=t, seed=40 + t)
+            run_case(device=DEV, dtype=torch.bfloat16, **kw)
 
 
 @pytest.mark.parametrize("idx", [0, 2, 5], ids=["1x1", "merged", "hoist"])
