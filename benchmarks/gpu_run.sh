@@ -166,7 +166,7 @@ t_moe() {
   # MXFP4 tests in their own process: a compiler crash there cannot hide the bf16 results
   timeout 300 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe.py \
     tests/srt/layers/test_moe_triton.py tests/srt/layers/test_moe_gemv.py -k "not mxfp4" -rfE
-  timeout 400 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe_triton.py \
+  timeout 400 python -m pytest -q -p no:cacheprovider tests/srt/layers/test_moe_triton_mxfp4.py \
     tests/srt/layers/test_moe_gemv.py tests/srt/models/test_gpt_oss_mxfp4.py -k "mxfp4" -rfE
   timeout 240 python benchmarks/bench_moe.py
   timeout 300 python benchmarks/bench_moe.py --mxfp4

@@ -20,14 +20,13 @@ from tests.srt.layers.test_moe_triton import (
     ALPHA,
     DEV,
     LIMIT,
-    _dequantised,
-    _mxfp4_problem,
     _problem,
     _ref,
     _rel,
     gpu,
     graph_replay_equals_eager,
 )
+from tests.srt.layers.test_moe_triton_mxfp4 import _dequantised, _mxfp4_problem
 
 
 def _gemv(

@@ -16,12 +16,11 @@ from tests.srt.layers.test_moe_triton import (
     ALPHA,
     DEV,
     LIMIT,
-    _dequantised,
-    _mxfp4_problem,
     _ref,
     _rel,
     gpu,
 )
+from tests.srt.layers.test_moe_triton_mxfp4 import _dequantised, _mxfp4_problem
 
 
 def _cfg(block_n: int, block_k: int, stages: int, fp16: bool = True) -> MoeConfig:
