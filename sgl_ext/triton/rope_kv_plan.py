@@ -239,13 +239,14 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
 # .. 32768`): from 1025 tokens 16 query heads (8 key/value) a program, bf16 0.98-1.02x RoPE + KV
 # alone at T 2048..32768 against 1.04-1.06x, fp8 e4m3 1.06-1.11x against 1.13-1.18x; at 512 /
 # 1024 it lost on fp8 (1.12 against 1.08), so those keep the H100's row. At 9..64 (session 24,
-# tune_qk_norm.py, four sweeps, bf16 and fp8 e4m3 caches): 16 query heads and 4 key/value heads
-# a program, PRE_WAIT with the norm weights and the early release. Against the H100's rows, µs
-# at T = 9 / 16 / 32 / 64: Qwen3-8B bf16 0.94 / 0.98 / 1.05 / 1.49 against 1.00 / 1.06 / 1.12 /
-# 1.57, fp8 1.09 / 1.14 / 1.22 / 1.46 against ~1.18 / 1.18 / 1.22 / 1.50; Qwen3-32B bf16 0.95 /
-# 1.01 / 1.26 / 1.95 against 1.04 / 1.09 / 1.18 / 2.18, fp8 1.10 / 1.18 / 1.40 / 1.94 against ~
-# 1.2 / 1.17 / 1.30 / 2.14 (T = 32 on Qwen3-32B is the one point it loses). With 8 key/value heads
-# a program bf16 was as fast or faster, but fp8 lost 5-17%: the layout cannot follow the cache.
+# tune_qk_norm.py sweeps over bf16 and fp8 e4m3 caches, then bench_qk_norm_rope.py against the
+# H100's rows, two processes each): 16 query heads and 4 key/value heads a program, PRE_WAIT with
+# the norm weights and the early release. µs at T = 9 / 16 / 32 / 64, new against old:
+# Qwen3-8B bf16 0.94 / 1.00 / 1.05 / 1.49 against 1.00 / 1.07 / 1.11 / 1.57, fp8 1.08 / 1.13 /
+# 1.22 / 1.44 against 1.21 / 1.19 / 1.25 / 1.53; Qwen3-32B bf16 0.97 / 1.01 / 1.18 / 1.93 against
+# 1.04 / 1.10 / 1.20 / 2.18, fp8 1.11 / 1.19 / 1.40 / 1.93 against 1.17 / 1.20 / 1.32 / 2.16
+# (it loses there and at Qwen3-8B fp8 T = 48, 1.35 against 1.32). With 8 key/value heads a
+# program bf16 was as fast, but fp8 lost 5-17%: the layout cannot follow the cache dtype.
 QK_NORM_DEVICE_LAYOUTS: dict[str, tuple[tuple[int, LaunchConfig | None], ...]] = {
     "H200": (
         QK_NORM_LAYOUTS[0],
@@ -255,7 +256,7 @@ QK_NORM_DEVICE_LAYOUTS: dict[str, tuple[tuple[int, LaunchConfig | None], ...]] =
                 16, 4, ORDER_2D, early_release=True, kv_block_h=4, pre_wait=True, norm_w_pre=True
             ),
         ),
-        *QK_NORM_LAYOUTS[3:-1],
+        *(row for row in QK_NORM_LAYOUTS[:-1] if row[0] > 64),
         (1024, QK_NORM_LAYOUTS[-1][1]),
         (1 << 62, LaunchConfig(16, 4, ORDER_TOKEN, load_barrier=True)),
     ),
