@@ -58,6 +58,14 @@ def _dequantised(hf, device):
     return w13.to(device), w2.to(device)
 
 
+def _clamped_experts(x, packed, b13, b2, wts, ids, cfg):
+    """fused_experts on MXFP4 weights packed as (w13, w13 scales, w2, w2 scales), with the
+    clamped SwiGLU (ALPHA, LIMIT) and launch configuration cfg."""
+    w13_q, w13_s, w2_q, w2_s = packed
+    kw = dict(swiglu_alpha=ALPHA, swiglu_limit=LIMIT, config=cfg, w13_scale=w13_s, w2_scale=w2_s)
+    return fused_experts(x, w13_q, w2_q, wts, ids, b13, b2, **kw)
+
+
 @pytest.mark.parametrize(
     "T, E, H, inter, k, block_k, dtype, mode, scales, prefetch",
     [
@@ -80,20 +88,7 @@ def test_mxfp4_weights_match_dequantised_reference(
     w13, w2 = _dequantised(hf, DEV)
     g = GemmConfig(16, block_k, 1, 1, scale_prefetch=prefetch)
     cfg = MoeConfig(16, g, g, mode)
-    out = fused_experts(
-        x,
-        w13_q,
-        w2_q,
-        wts,
-        ids,
-        b13,
-        b2,
-        swiglu_alpha=ALPHA,
-        swiglu_limit=LIMIT,
-        config=cfg,
-        w13_scale=w13_s,
-        w2_scale=w2_s,
-    )
+    out = _clamped_experts(x, (w13_q, w13_s, w2_q, w2_s), b13, b2, wts, ids, cfg)
     assert out.dtype == dtype
     ref = _ref(x, w13, b13, w2, b2, wts, ids)
     if dtype == torch.float32:
@@ -134,20 +129,7 @@ def test_gpu_mxfp4_bf16_matches_dequantised(T, mode):
     x, b13, b2 = x.bfloat16(), b13.bfloat16(), b2.bfloat16()
     w13, w2 = _dequantised(hf, "cuda")
     cfg = dataclasses.replace(get_config(T, x.device, x.dtype, mxfp4=True), mxfp4_mode=mode)
-    out = fused_experts(
-        x,
-        w13_q,
-        w2_q,
-        wts,
-        ids,
-        b13,
-        b2,
-        swiglu_alpha=ALPHA,
-        swiglu_limit=LIMIT,
-        config=cfg,
-        w13_scale=w13_s,
-        w2_scale=w2_s,
-    )
+    out = _clamped_experts(x, (w13_q, w13_s, w2_q, w2_s), b13, b2, wts, ids, cfg)
     if mode == "dot_scaled":  # no silent fallback to split
         assert not fused_moe._DOT_SCALED_FAILED, fused_moe._DOT_SCALED_FAILED
     assert out.dtype == torch.bfloat16
