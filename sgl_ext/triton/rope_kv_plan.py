@@ -294,6 +294,11 @@ def qk_norm_launch_config(
     return cfg._replace(block_h=min(cfg.block_h, next_pow2(max_heads)))
 
 
+def tuning_string(cfg: LaunchConfig) -> str:
+    """The SGL_EXT_TRITON_CONFIG string that forces `cfg` (launch_config parses it back)."""
+    return ",".join(str(int(x)) for x in cfg)
+
+
 def _pos_last_mode(cfg: LaunchConfig, merged: bool) -> int:
     """The kernel's POS_LAST for a layout (see rope_kv_kernel)."""
     if cfg.pre_wait:
