@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext.triton.pairs import (
+    inplace_fence,
     load_pairs,
     load_scale,
     quantize,
@@ -294,11 +295,12 @@ def key_value_out(
                 KT,
                 SS_FP64,
             )
-            if BLOCK_TAIL > 0:
-                tl.store(k_row + dt, k_tail.to(KT), mask=t_mask)
         # Round to the key dtype: the cache stores exactly the key the op returns.
         ka, kb = rotate_pair(ka, kb, cos, sin)
         ka, kb = ka.to(KT).to(tl.float32), kb.to(KT).to(tl.float32)
+        inplace_fence()  # every load of the key (any layout's copy) before it is overwritten
+        if QK_NORM and BLOCK_TAIL > 0:
+            tl.store(k_row + dt, k_tail.to(KT), mask=t_mask)
         store_pairs(k_row, c, km, ka, kb, HALF, PAIR_MODE)
     if WRITE_KV:
         if not SLOT_EARLY and not SLOT_PRE:

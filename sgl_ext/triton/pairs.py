@@ -64,6 +64,19 @@ def quantize(
 
 
 @triton.jit
+def inplace_fence():
+    """A CTA barrier before a program's first store into one of its inputs (query or key, which
+    the op rotates in place). Every load a program issued before it has completed (bar.sync
+    performs the prior accesses of all its threads), so no thread can read an element another
+    warp already overwrote. Without it that happened: Triton rematerialises a small tile's load
+    in each layout that uses it (a tile of fewer elements than threads counts as cheap to load
+    again), e.g. the key's pairs once for the in-place store and once for an fp8 cache's byte
+    stores, and a warp that reached its copy of the load late read the rotated key and stored
+    it rotated twice into the cache; replicated layouts load one element in several warps too."""
+    tl.debug_barrier()
+
+
+@triton.jit
 def rotate_pair(a, b, cos, sin):
     """RoPE on fp32 pairs: (a cos - b sin, b cos + a sin), each one product then one FMA,
     spelled out so that every kernel that rotates (rope_kv's query and key programs, the qkv

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_ext.triton.pairs import load_pairs, rotate_pair, store_pairs
+from sgl_ext.triton.pairs import inplace_fence, load_pairs, rotate_pair, store_pairs
 
 
 @triton.jit
@@ -142,6 +142,7 @@ def query_norm(
     QT: tl.constexpr = q_row.dtype.element_ty
     a, b, qt = rms_norm_head(a, b, qt, wa, wb, wt, eps, HEAD_DIM, BLOCK_TAIL > 0, QT, SS_FP64)
     if BLOCK_TAIL > 0:
+        inplace_fence()
         tl.store(q_row + dqt, qt.to(QT), mask=qt_mask)
     return a, b, qt
 
@@ -176,4 +177,5 @@ def query_out(
             q_row, a, b, qt, wa, wb, wt, dqt, qt_mask, eps, HEAD_DIM, BLOCK_TAIL, SS_FP64
         )
     a, b = rotate_pair(a, b, cos, sin)
+    inplace_fence()
     store_pairs(q_row, c, q_mask, a, b, HALF, PAIR_MODE)

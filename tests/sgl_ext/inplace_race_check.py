@@ -1,0 +1,182 @@
+"""Compile the rope_kv kernel's launch plans for sm_90 (no GPU needed) and check, in the TTGIR,
+that no program can read an input it rotates in place after another warp overwrote it.
+
+    python -m tests.sgl_ext.inplace_race_check      (TRITON_INTERPRET unset: a real compile)
+
+Triton may load one element in several warps: a replicated layout, or a load it rematerialises
+in each layout that uses it (a tile of fewer elements than threads is "cheap to load again").
+The query and the key are rotated in place, so such a second load must complete before any
+warp stores: every store into the query or the key must follow a barrier with no load of that
+tensor between the barrier and the store, and no load of it may follow its first store. Prints
+"checked N plans" and exits 1 listing the plans that break the rule.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+
+import torch
+
+from sgl_ext import FusedSetKVBufferArg, rope
+from sgl_ext._common import QKNormCall
+from sgl_ext.triton import rope_kv_plan as rp
+from sgl_ext.triton.rope_kv import ROPE_KV_CALL_NAMES, rope_kv_kernel
+
+TRITON_PTR = {
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.float32: "*fp32",
+    torch.float8_e4m3fn: "*fp8e4nv",
+    torch.float8_e5m2: "*fp8e5",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+}
+WRITTEN = ("q_ptr", "k_ptr")  # rotated in place
+
+
+def compile_plan(plan, dtypes: dict[str, torch.dtype]):
+    """Compile a KernelLauncher's kernel for sm_90 as the JIT would specialise its arguments
+    (16-aligned pointers, ints equal to 1 or divisible by 16)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    values = dict(zip(ROPE_KV_CALL_NAMES[12:], plan.fixed, strict=True))
+    sig: dict[str, str] = {}
+    consts = dict(plan.constexprs)
+    attrs = {}
+    for idx, name in enumerate(rope_kv_kernel.arg_names):
+        if rope_kv_kernel.params[idx].is_constexpr:
+            sig[name] = "constexpr"
+            continue
+        if name.endswith("_ptr"):
+            sig[name] = TRITON_PTR[dtypes.get(name, torch.float32)]
+            attrs[(idx,)] = [["tt.divisibility", 16]]
+            continue
+        v = values[name]
+        if isinstance(v, float):
+            sig[name] = "fp32"
+        elif v == 1:
+            sig[name], consts[name] = "constexpr", 1
+        else:
+            sig[name] = "i32" if -(2**31) <= v < 2**31 else "i64"
+            if v % 16 == 0:
+                attrs[(idx,)] = [["tt.divisibility", 16]]
+    options = {k: v for k, v in plan.options.items() if k != "launch_pdl"}
+    src = ASTSource(rope_kv_kernel, sig, consts, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _bases(defs: dict[str, str], name: str, seen: set[str]) -> set[str]:
+    """The function arguments an SSA value is computed from."""
+    if name in seen:
+        return set()
+    seen.add(name)
+    rhs = defs.get(name)
+    if rhs is None:
+        return {name}
+    out: set[str] = set()
+    for n in re.findall(r"%[\w.]+", rhs.split(" loc(")[0].split(" : ")[0]):
+        out |= _bases(defs, n, seen)
+    return out
+
+
+def inplace_races(ttgir: str) -> list[str]:
+    """The rule's breaches in a kernel's TTGIR (text order follows the structured control
+    flow: a branch's loads and stores stay in order)."""
+    lines = ttgir.splitlines()
+    defs = {}
+    for ln in lines:
+        m = re.match(r"\s*(%[\w.]+)(?::\d+)?\s*=\s*(.*)$", ln)
+        if m:
+            defs[m.group(1)] = m.group(2)
+
+    def written(ptr: str) -> str | None:
+        b = _bases(defs, ptr, set())
+        return next((w for w in WRITTEN if any(x == f"%{w}" for x in b)), None)
+
+    problems = []
+    loads_since_barrier: dict[str, int] = {w: 0 for w in WRITTEN}
+    stored = set()
+    for i, ln in enumerate(lines):
+        if "gpu.barrier" in ln:
+            loads_since_barrier = dict.fromkeys(WRITTEN, 0)
+        m = re.search(r"tt\.load (%[\w.]+)", ln)
+        if m and (w := written(m.group(1))):
+            loads_since_barrier[w] += 1
+            if w in stored:
+                problems.append(f"line {i}: a load of {w} after a store into it")
+        m = re.search(r"tt\.store (%[\w.]+)", ln)
+        if m and (w := written(m.group(1))):
+            if loads_since_barrier[w]:
+                problems.append(f"line {i}: a store into {w} with no barrier after its loads")
+            stored.add(w)
+    return problems
+
+
+def plans():
+    """(name, plan, pointer dtypes) for every layout of the tables and launch_config's own,
+    on 16-bit and fp8 caches, neox and GPT-J, full and partial rotary, with and without the
+    q/k norm."""
+    rows = {}
+    for d in (64, 128):
+        for t in (1, 8, 9, 64, 65, 385, 417, 897, 1025):
+            for fp8 in (False, True):
+                cfg = rp.launch_config(t, 32, d, fp8)
+                rows.setdefault(rp.tuning_string(cfg), (d, False))
+    for gpu_rows in rp.DECODE_DEVICE_LAYOUTS.values():
+        for r in gpu_rows:
+            rows.setdefault(rp.tuning_string(r.config), (r.head_dims[0], False))
+    tables = [rp.QK_NORM_LAYOUTS, *rp.QK_NORM_DEVICE_LAYOUTS.values()]
+    for table in tables:
+        for _, cfg in table:
+            if cfg is not None:
+                rows[rp.tuning_string(cfg) + "|norm"] = (128, True)
+    from sgl_ext import settings
+
+    for key, (d, norm) in rows.items():
+        cfg = key.split("|")[0]
+        for kv_dtype, neox, rot in itertools.product(
+            (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2), (True, False), (d, d // 2)
+        ):
+            forced = tuple(int(x) for x in cfg.split(","))
+            with settings.override(triton_config=forced):
+                plan = _plan(d, rot, neox, kv_dtype, norm)
+            name = f"{cfg} D={d} rot={rot} {'neox' if neox else 'gptj'} {kv_dtype} norm={norm}"
+            dtypes = {n: torch.bfloat16 for n in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr")}
+            dtypes.update(kbuf_ptr=kv_dtype, vbuf_ptr=kv_dtype, pos_ptr=torch.int64)
+            dtypes.update(loc_ptr=torch.int32)
+            yield name, plan, dtypes
+
+
+def _plan(d: int, rot: int, neox: bool, kv_dtype: torch.dtype, norm: bool):
+    hq, hkv, t = 32, 8, 16
+    qkv = torch.empty(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views of one qkv row
+    kb = torch.empty(64, 16, hkv, d, dtype=kv_dtype)  # [pages, page, H, D]
+    scale = 0.5 if kv_dtype != torch.bfloat16 else None
+    loc = torch.zeros(t, dtype=torch.int32)
+    arg = FusedSetKVBufferArg(v, kb, torch.empty_like(kb), scale, scale, loc)
+    cs = torch.empty(4096, rot)
+    call = rope.check(torch.zeros(t, dtype=torch.int64), q, k, d, cs, neox, arg)
+    qn = QKNormCall(1e-6, 0, 0) if norm else None
+    return rp.plan_rope_kv(call, 0, 0, 0, True, qn)
+
+
+def main() -> int:
+    bad, n = [], 0
+    for name, plan, dtypes in plans():
+        n += 1
+        problems = inplace_races(compile_plan(plan, dtypes).asm["ttgir"])
+        if problems:
+            bad.append(f"{name}: {problems[:3]}")
+    for b in bad:
+        print("RACE", b)
+    print(f"checked {n} plans, {len(bad)} with a race")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
