@@ -69,50 +69,48 @@ def compile_plan(plan, dtypes: dict[str, torch.dtype]):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def _bases(defs: dict[str, str], name: str, seen: set[str]) -> set[str]:
-    """The function arguments an SSA value is computed from."""
-    if name in seen:
-        return set()
-    seen.add(name)
-    rhs = defs.get(name)
-    if rhs is None:
-        return {name}
-    out: set[str] = set()
-    for n in re.findall(r"%[\w.]+", rhs.split(" loc(")[0].split(" : ")[0]):
-        out |= _bases(defs, n, seen)
-    return out
-
-
 def inplace_races(ttgir: str) -> list[str]:
     """The rule's breaches in a kernel's TTGIR (text order follows the structured control
-    flow: a branch's loads and stores stay in order)."""
-    lines = ttgir.splitlines()
-    defs = {}
-    for ln in lines:
-        m = re.match(r"\s*(%[\w.]+)(?::\d+)?\s*=\s*(.*)$", ln)
-        if m:
-            defs[m.group(1)] = m.group(2)
+    flow: a branch's loads and stores stay in order). Every SSA value is traced to the kernel
+    arguments it is computed from, within the scopes of its region (sibling regions reuse
+    names)."""
+    scopes: list[dict[str, frozenset[str]]] = [{}]
 
-    def written(ptr: str) -> str | None:
-        b = _bases(defs, ptr, set())
-        return next((w for w in WRITTEN if any(x == f"%{w}" for x in b)), None)
+    def bases_of(name: str) -> frozenset[str]:
+        for scope in reversed(scopes):
+            if name in scope:
+                return scope[name]
+        return frozenset({name})  # a kernel argument
 
     problems = []
-    loads_since_barrier: dict[str, int] = {w: 0 for w in WRITTEN}
-    stored = set()
-    for i, ln in enumerate(lines):
-        if "gpu.barrier" in ln:
+    loads_since_barrier = dict.fromkeys(WRITTEN, 0)
+    stored: set[str] = set()
+    for i, ln in enumerate(ttgir.splitlines()):
+        body = ln.split(" loc(")[0]
+        if body.strip().startswith("}"):
+            scopes.pop()
+            if body.strip().startswith("} else {"):
+                scopes.append({})
+            continue
+        m = re.match(r"\s*(%[\w.]+)(?::\d+)?\s*=\s*(.*)$", body)
+        operands = re.findall(r"%[\w.]+", (m.group(2) if m else body).split(" : ")[0])
+        b = frozenset().union(*(bases_of(n) for n in operands)) if operands else frozenset()
+        ptr = bases_of(operands[0]) if operands else frozenset()  # a load's or store's address
+        w = next((w for w in WRITTEN if f"%{w}" in ptr), None)
+        if "gpu.barrier" in body:
             loads_since_barrier = dict.fromkeys(WRITTEN, 0)
-        m = re.search(r"tt\.load (%[\w.]+)", ln)
-        if m and (w := written(m.group(1))):
+        elif re.search(r"\btt\.load\b", body) and w:
             loads_since_barrier[w] += 1
             if w in stored:
                 problems.append(f"line {i}: a load of {w} after a store into it")
-        m = re.search(r"tt\.store (%[\w.]+)", ln)
-        if m and (w := written(m.group(1))):
+        elif re.search(r"\btt\.store\b", body) and w:
             if loads_since_barrier[w]:
                 problems.append(f"line {i}: a store into {w} with no barrier after its loads")
             stored.add(w)
+        if m:
+            scopes[-1][m.group(1)] = b
+        if body.rstrip().endswith("{"):
+            scopes.append({})
     return problems
 
 

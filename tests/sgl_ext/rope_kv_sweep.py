@@ -40,8 +40,8 @@ from tests.sgl_ext.sgl_ext_testutil import (
 
 EPS = 1e-6
 # What fp8 rounding allows between a dequantised cache value and the float64 key: half an ulp
-# (2^-4 of e4m3's 3 mantissa bits, 2^-3 of e5m2's 2) plus the 16-bit rounding of the key,
-# doubled for margin; atol for the subnormal range.
+# (2^-4 of e4m3's 3 mantissa bits, 2^-3 of e5m2's 2), doubled for margin; atol for the
+# subnormal range.
 FP8_TOL = {torch.float8_e4m3fn: (0.13, 0.02), torch.float8_e5m2: (0.26, 0.02)}
 
 
@@ -163,7 +163,9 @@ def run_case(c: SweepCase, device: str | torch.device = "cuda") -> str | None:
         s = ks if isinstance(ks, float) else (ks.item() if ks is not None else 1.0)
         got = _rows(kb, loc[sel]).double() * s
         ref = k_ref[sel]
-        off = (got - ref).abs() - (atol + rtol * ref.abs())
+        # plus the key's own tolerance: a rotation that cancels two large inputs leaves their
+        # 16-bit rounding as an absolute error (the q/k norm makes single dims up to sqrt(D))
+        off = (got - ref).abs() - (atol + 4 * tol + (rtol + tol) * ref.abs())
         if (off > 0).any():
             problems.append(f"dequantised K off the float64 key by up to {off.max().item():.3g}")
     return "; ".join(problems) if problems else None
