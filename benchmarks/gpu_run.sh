@@ -14,6 +14,10 @@
 #   fast       the C fast path's tests and the op tests that go through it (issue 14)
 #   layers     the decoder-layer tests only (norm / SiLU kernels, attention backends, models,
 #              graph runner), for a quick check of issue 15's work
+#   sweep      the fused write against float64 (tests/sgl_ext/rope_kv_sweep.py, 6 processes): random
+#              cases at every launch-table bound (T 1..32768; dtypes, caches, layouts, slots),
+#              issue 51's case over 400 seeds and every table row forced; then the in-place
+#              fence check of every compiled layout (inplace_race_check.py)
 #   memcheck   compute-sanitizer memcheck over the kernel sweep
 #   rope       bench_rope_kv tables: bf16 graph + eager, fp8, GPT-J, partial rotary, vs peers
 #   eager      host time per eager call: ours (RoPE, q/k-norm op) vs SGLang / FlashInfer and
@@ -110,6 +114,20 @@ t_fast() {
 t_layers() {
   timeout 400 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_norm.py \
     tests/sgl_ext/test_activation.py tests/srt/layers tests/srt/models tests/srt/model_executor
+}
+t_sweep() {
+  local i pids=()
+  for i in 0 1 2 3 4 5; do
+    timeout 400 python -m tests.sgl_ext.rope_kv_sweep --cases 8 --repro 400 --rows --shard $i/6 \
+      >"$LOGS/sweep_$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  grep -h -A8 FAIL "$LOGS"/sweep_*.txt | head -80
+  tail -qn1 "$LOGS"/sweep_*.txt
+  timeout 600 python -m tests.sgl_ext.inplace_race_check || rc=1
+  return $rc
 }
 t_memcheck() {
   # every case twice (the second call is a direct launch of the compiled kernel), NaN / inf into

@@ -1,7 +1,8 @@
 """Compile the rope_kv kernel's launch plans for sm_90 (no GPU needed) and check, in the TTGIR,
 that no program can read an input it rotates in place after another warp overwrote it.
 
-    python -m tests.sgl_ext.inplace_race_check      (TRITON_INTERPRET unset: a real compile)
+    python -m tests.sgl_ext.inplace_race_check [--quick]   (TRITON_INTERPRET unset: a real
+    compile; --quick: two combinations of each layout, as CI runs it)
 
 Triton may load one element in several warps: a replicated layout, or a load it rematerialises
 in each layout that uses it (a tile of fewer elements than threads is "cheap to load again").
@@ -97,7 +98,7 @@ def inplace_races(ttgir: str) -> list[str]:
         b = frozenset().union(*(bases_of(n) for n in operands)) if operands else frozenset()
         ptr = bases_of(operands[0]) if operands else frozenset()  # a load's or store's address
         w = next((w for w in WRITTEN if f"%{w}" in ptr), None)
-        if "gpu.barrier" in body:
+        if re.search(r"\b(gpu|ttg)\.barrier\b", body):  # Triton 3.6 / 3.9 spellings
             loads_since_barrier = dict.fromkeys(WRITTEN, 0)
         elif re.search(r"\btt\.load\b", body) and w:
             loads_since_barrier[w] += 1
@@ -114,43 +115,39 @@ def inplace_races(ttgir: str) -> list[str]:
     return problems
 
 
-def plans():
-    """(name, plan, pointer dtypes) for every layout of the tables and launch_config's own,
-    on 16-bit and fp8 caches, neox and GPT-J, full and partial rotary, with and without the
-    q/k norm."""
-    rows = {}
-    for d in (64, 128):
-        for t in (1, 8, 9, 64, 65, 385, 417, 897, 1025):
-            for fp8 in (False, True):
-                cfg = rp.launch_config(t, 32, d, fp8)
-                rows.setdefault(rp.tuning_string(cfg), (d, False))
-    for gpu_rows in rp.DECODE_DEVICE_LAYOUTS.values():
-        for r in gpu_rows:
-            rows.setdefault(rp.tuning_string(r.config), (r.head_dims[0], False))
-    tables = [rp.QK_NORM_LAYOUTS, *rp.QK_NORM_DEVICE_LAYOUTS.values()]
-    for table in tables:
-        for _, cfg in table:
-            if cfg is not None:
-                rows[rp.tuning_string(cfg) + "|norm"] = (128, True)
+def plans(quick: bool = False):
+    """(name, plan, pointer dtypes) for every layout of the launch tables and launch_config's
+    own (rope_kv_sweep.table_rows), on 16-bit and fp8 caches, neox and GPT-J, full and partial
+    rotary, 32 / 8 and 4 / 4 heads. quick: two combinations a layout, one of them the shape
+    whose fp8 cache the race corrupted (GPT-J pairs, half rotary, e5m2, 4 / 4 heads)."""
     from sgl_ext import settings
+    from tests.sgl_ext.rope_kv_sweep import table_rows
 
-    for key, (d, norm) in rows.items():
-        cfg = key.split("|")[0]
-        for kv_dtype, neox, rot in itertools.product(
-            (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2), (True, False), (d, d // 2)
-        ):
+    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    for _, cfg, _, _, dims, norm in table_rows():
+        d = dims[0]
+        combos = itertools.product(
+            (torch.bfloat16, *fp8), (True, False), (d, d // 2), ((32, 8), (4, 4))
+        )
+        if quick:
+            combos = [
+                (torch.float8_e5m2, False, d // 2, (4, 4)),
+                (torch.bfloat16, True, d, (32, 8)),
+            ]
+        for kv_dtype, neox, rot, heads in combos:
             forced = tuple(int(x) for x in cfg.split(","))
             with settings.override(triton_config=forced):
-                plan = _plan(d, rot, neox, kv_dtype, norm)
-            name = f"{cfg} D={d} rot={rot} {'neox' if neox else 'gptj'} {kv_dtype} norm={norm}"
+                plan = _plan(d, rot, neox, kv_dtype, norm, heads)
+            style = "neox" if neox else "gptj"
+            name = f"{cfg} D={d} rot={rot} {style} {kv_dtype} heads={heads} norm={norm}"
             dtypes = {n: torch.bfloat16 for n in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr")}
             dtypes.update(kbuf_ptr=kv_dtype, vbuf_ptr=kv_dtype, pos_ptr=torch.int64)
             dtypes.update(loc_ptr=torch.int32)
             yield name, plan, dtypes
 
 
-def _plan(d: int, rot: int, neox: bool, kv_dtype: torch.dtype, norm: bool):
-    hq, hkv, t = 32, 8, 16
+def _plan(d: int, rot: int, neox: bool, kv_dtype: torch.dtype, norm: bool, heads=(32, 8)):
+    (hq, hkv), t = heads, 16
     qkv = torch.empty(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16)
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views of one qkv row
     kb = torch.empty(64, 16, hkv, d, dtype=kv_dtype)  # [pages, page, H, D]
@@ -163,9 +160,10 @@ def _plan(d: int, rot: int, neox: bool, kv_dtype: torch.dtype, norm: bool):
     return rp.plan_rope_kv(call, 0, 0, 0, True, qn)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
     bad, n = [], 0
-    for name, plan, dtypes in plans():
+    for name, plan, dtypes in plans(quick):
         n += 1
         problems = inplace_races(compile_plan(plan, dtypes).asm["ttgir"])
         if problems:
