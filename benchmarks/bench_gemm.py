@@ -125,7 +125,7 @@ def phase1(m: int, sweep: str) -> list[GemmConfig]:
     out = []
     if m <= 8:  # broadcast multiply + sum: the [BM, BN, BK] product within ~128 regs/thread
         # (its loads are not pipelined: one or two long K blocks a program, few rows, avoid a
-        # round trip per block; measured best at M <= 2 on the H100 and H200, session 7)
+        # round trip per block; measured best at M <= 2 on the H100 and H200)
         for bn in (1, 2, 4, 8, 16, 32):
             for bk in (128, 256, 512, 1024, 2048, 4096, 8192):
                 quick = bk in (256, 512) or (bn <= 4 and bk in (2048, 4096))

@@ -225,7 +225,7 @@ def run(args) -> tuple[list[dict], float, float]:
             r = {"shape": shape, "T": t, "bytes": c.bytes}
             # Rounds alternate the two ops, each a fresh graph; the least of each is kept. At
             # small T a graph's time is bimodal (one capture runs ~0.13-0.2 µs slower than the
-            # next, whichever op: session 8, H100), so one capture per op can put the ratio
+            # next, whichever op, on the H100), so one capture per op can put the ratio
             # either side of the goal.
             fused, rope = [], []
             for _ in range(args.rounds):

@@ -42,7 +42,7 @@ from sgl_ext.triton.rope_kv_plan import LaunchConfig  # noqa: E402
 BIG = 1 << 62
 
 # Candidates per row bound of QK_NORM_LAYOUTS (D = 128). From the 64 row on, the first after
-# "default" is the row's layout before LOAD_BARRIER (the session 8 / 11 table).
+# "default" is the row's layout before LOAD_BARRIER (merged programs / POS_LAST).
 CANDIDATES: dict[int, tuple[str, ...]] = {
     8: (  # PRE_WAIT (the position and cos/sin before the PDL wait) layouts, then the old one
         "4,4,0,0,0,0,0,1,0,0,1,1,0",  # the row before its slot moved before the wait
@@ -63,14 +63,14 @@ CANDIDATES: dict[int, tuple[str, ...]] = {
         "4,4,1,1,1,1",  # one program per GQA group: 4 query heads and its key/value head
         "4,4,0,0,0,0,0,0,1",
         "4,4,0,0,0,1,0,1",
-        # PRE_WAIT (RoPE + KV alone's layout here since session 20), with / without the early
+        # PRE_WAIT (RoPE + KV alone's layout here), with / without the early
         # release, as the 8 row
         "4,4,0,0,0,0,0,0,0,0,1",
         "4,4,0,0,0,0,0,1,0,0,1",
         "2,2,0,0,0,0,0,1,0,0,1",
         "4,2,0,0,0,0,0,1,0,0,1",
         "1,1,0,0,0,0,0,1,0,0,1",
-        # PRE_WAIT with the norm weights before the wait too (NORM_W_PRE, session 22)
+        # PRE_WAIT with the norm weights before the wait too (NORM_W_PRE)
         "4,4,0,0,0,0,0,0,0,0,1,1",
         "4,4,0,0,0,0,0,1,0,0,1,1",
         "8,4,0,0,0,0,0,0,0,0,1,1",
@@ -115,7 +115,7 @@ CANDIDATES: dict[int, tuple[str, ...]] = {
         "16,4,1,1,0,0,0,0,1",
         "8,2,1,0,0,0,0,0,1",
         # the table's row (8 query / 4 key-value heads, LOAD_BARRIER) with other warps and
-        # key/value blocks (session 23: H200 rows)
+        # key/value blocks (the H200 rows were chosen among these)
         "8,8,1,0,0,0,0,0,1,4",
         "8,4,1,0,0,0,0,0,1,8",
         "8,4,1,0,0,0,0,0,1,2",

@@ -188,7 +188,7 @@ def rope_kv_kernel(
     # Wait, then release the next launch (unless EARLY_RELEASE): with the early release (every
     # other kernel's order) a CUDA graph of back-to-back calls ran the q/k-norm variant
     # 1.10-1.35x RoPE + KV alone at T = 32..256 against 1.02-1.16x, and RoPE + KV alone was no
-    # faster (H100, 2026-11-27; decode end to end the same either way: docs/performance.md).
+    # faster (H100; decode end to end the same either way: benchmarks/RESULTS.md 9).
     if ROTATE and POS_LAST == 4:
         # PRE_WAIT: the position and its cos/sin row before the wait. No kernel that may still
         # run writes them (positions come from the host or from kernels that have completed;

@@ -76,18 +76,10 @@ class DecodeRow(NamedTuple):
 
 # A GPU's own RoPE + KV layouts at decode sizes (T <= 64) with a 16-bit cache (plan_rope_kv
 # passes the device only for KV writes into one), by a substring of its name (device_tables);
-# elsewhere launch_config's H100 layouts. H200:
-# - T <= 8, D = 128 (session 23, SGL_EXT_TRITON_CONFIG on both Qwen3 shapes of
-#   bench_qk_norm_rope's rope_kv column): 4 heads x 4 warps took 0.84 / 0.86 / 0.87 / 0.91 µs at
-#   T = 1 / 2 / 4 / 8 against 0.89 / 0.93 / 0.93 / 1.03 (32 query heads), 0.86 / 0.87 / 0.90 /
-#   0.83 against 0.92 / 0.93 / 0.99 / 1.18 (64). With an fp8 e4m3 cache it lost 0.02-0.04 µs at
-#   T 1..4 on 32 heads: fp8 keeps one head a program.
-# - 25 <= T <= 64 at D = 128, 32 <= T <= 64 at D = 64 (session 24, `bench_rope_kv.py
-#   --only-fused` under SGL_EXT_TRITON_CONFIG, best of 3 processes each): 16 heads x 4 warps that
-#   release the next launch early took 0.93-0.99x the H100 row (4 heads, PRE_WAIT) on 32 query
-#   heads (Llama-3-8B / Qwen3-8B), 0.86-0.94x on 64 (Qwen3-32B), 0.91-0.97x at D = 64
-#   (gpt-oss-20b); at T 9..16 it lost up to 5%, at D = 64 T 24..25 2-3%. fp8 e4m3 caches lost
-#   7-26% (Llama-3-8B).
+# elsewhere launch_config's H100 layouts. The measurements: benchmarks/RESULTS.md 1.4. H200:
+# - T <= 8, D = 128: 4 heads x 4 warps beat one head a program (fp8 caches lost with it).
+# - 25..64 at D = 128, 32..64 at D = 64: 16 heads x 4 warps with the early release beat the
+#   H100's 4-head PRE_WAIT row (it lost below those bounds and on fp8 caches).
 DECODE_DEVICE_LAYOUTS: dict[str, tuple[DecodeRow, ...]] = {
     "H200": (
         DecodeRow(1, 8, (128,), LaunchConfig(4, 4, ORDER_2D, pre_wait=True)),
@@ -128,18 +120,17 @@ def launch_config(
         args: list[Any] = [*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6]]
         args += [*(bool(x) for x in vals[6:10]), *vals[10:11], *(bool(x) for x in vals[11:])]
         return LaunchConfig(*args)
-    # Measured on the H100 (docs/performance.md, benchmarks/RESULTS.md; sweeps of 2026-11-22).
+    # The H100's rules (measurements: benchmarks/RESULTS.md 8; why: docs/performance.md).
     # Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
     # program is the long one, and fp8 scales make it longer), 512 elements each up to 64.
     # More tokens: merged programs (a query block and a key/value block share the program, its
     # position and its cos/sin row), ~1K (D=128) or ~2K (D=64) elements per program, about 4
     # elements of each half tile per thread.
-    # The 2-D grid (no index division) measured 0.1-0.2 µs faster than the 1-D grid at T <= 8.
+    # The 2-D grid (no index division) is faster than the 1-D grid at T <= 8.
     # LOAD_BARRIER (load_barrier): every load, then a barrier, then the cos/sin row (two round
     # trips; ptxas otherwise issues V's load after the slot's or the position's has come back),
-    # with bf16 / fp16 caches where it measured faster (H100, 2026-11-27, benchmarks/RESULTS.md
-    # "Session 12"): D = 64 at 65 <= T <= 1024 (0.91-0.99x, gpt-oss-20b shape).
+    # with bf16 / fp16 caches where it measured faster: D = 64 at T <= 8 and 65 <= T <= 1024.
     # PRE_WAIT (pre_wait) up to 64 tokens: the position and its cos/sin row are loaded while the
     # previous kernel still runs, one round trip less after the wait (docs/performance.md).
     d64 = head_dim == 64 and not fp8_cache
@@ -152,9 +143,8 @@ def launch_config(
             return LaunchConfig(bh, 4, ORDER_2D, kv_block_h=2, pre_wait=True)
         return LaunchConfig(1, 4, ORDER_2D, pre_wait=True)
     if num_tokens <= 64:
-        # PRE_WAIT here too (session 20, H100, CUDA graphs; against the LOAD_BARRIER / plain
-        # layouts it replaced at T 9..64): D = 128 bf16 0.81-0.94x (Qwen3-8B heads), 0.82-1.01x
-        # (Qwen3-32B), fp8 e4m3 0.73-0.91x (Llama-3-8B); D = 64 bf16 0.88-0.97x (gpt-oss-20b)
+        # PRE_WAIT here too: faster than the LOAD_BARRIER / plain layouts it replaced, at both
+        # head sizes and cache dtypes measured
         bh = min(_pow2_floor(512 // head_dim), 32, next_pow2(max_heads))
         return LaunchConfig(bh, 4, ORDER_2D, pre_wait=True)
     if d64 and num_tokens <= 384:  # separate programs of 16 heads (merged: 1.02-1.04x)
@@ -173,8 +163,8 @@ def launch_config(
     # At D = 128 the program with the key/value block moves ~3.5x the bytes of a query-only
     # one. Where the grid is a little over one wave, starting those first shortens the tail:
     # measured -1 to -3% (bf16 cache, T 448..640) and -2 to -5% (fp8, T 384..896 with 8
-    # heads), +1 to +7% outside those windows (Llama-3-8B shape, H100, docs/performance.md). D = 64
-    # (gpt-oss): no gain.
+    # heads), +1 to +7% outside those windows (Llama-3-8B shape, H100, benchmarks/RESULTS.md 8).
+    # D = 64 (gpt-oss): no gain.
     lo, hi = (352, 896) if fp8_cache else (416, 704)
     order = ORDER_KV_FIRST if head_dim == 128 and lo < num_tokens <= hi else ORDER_TOKEN
     lb = d64 and num_tokens <= 1024
@@ -193,28 +183,17 @@ QK_NORM_SUM_FP64 = False
 # 8 query heads (2 key/value heads up to 160 tokens, 8 up to 256, then 4). POS_LAST (see
 # rope_kv_kernel) up to 32 tokens, where a program's latency is the time: the norm overlaps the
 # position -> cos/sin round trips instead of following them; EARLY_RELEASE (the PDL order of
-# the other kernels; this kernel waits first by default) up to 8. From 33 tokens LOAD_BARRIER
-# (POS_LAST 3): every load, a barrier, then the cos/sin row, the norm under its round trip;
-# without it ptxas issued V's (or the slot's) load after the key's norm, three round trips in a
-# key/value program. (Merged programs, HOIST: the session 4 / 11 tables, 1.07-1.22x at T
-# 65..447.)
+# the other kernels; this kernel waits first by default) up to 8; PRE_WAIT up to 8 and at
+# 33..64. From 65 tokens LOAD_BARRIER (POS_LAST 3): every load, a barrier, then the cos/sin
+# row, the norm under its round trip; without it ptxas issued V's (or the slot's) load after the
+# key's norm, three round trips in a key/value program. (Merged programs, HOIST included, were
+# slower there: 1.07-1.24x.)
 QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
-    # Worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the row's swept T (H100). Rows to
-    # 32: 2026-11-27 and session 8; from 33: LOAD_BARRIER layouts (2026-11-27, .scratch A/B of
-    # 12 candidates at T 16..8192, 3 rounds; benchmarks/RESULTS.md "Session 12").
-    # Up to 8: PRE_WAIT (2026-11-27, tune_qk_norm.py row 8, 2 rounds): 0.97-1.08 µs against
-    # 0.98-1.15 with POS_LAST 1 (the old row); ratio 1.229 / 1.063 at T = 1 (8B / 32B), where
-    # RoPE + KV alone with PRE_WAIT takes 0.80 / 0.91 µs, 1.04 / 1.00 at 4, 1.04 / 0.87 at 8.
-    # NORM_W_PRE here (session 22): at decode the norm weights come from DRAM (a step streams
-    # the model through L2), and loaded after the wait they were a round trip of their own, as
-    # the biases and norm weights were elsewhere (session 18). The benchmark (weights L2-hot)
-    # cannot show it: T = 1 / 8 the same with and without (H200, two processes each). Not in the
-    # 64 row, where it measured Qwen3-32B T = 64 2.26 against 2.17-2.18 µs.
-    # SLOT_PRE here too (session 23, H200, against the row without it, two processes each):
-    # the slot's paged-cache arithmetic sat behind the key's norm; Qwen3-8B T = 1 / 8 0.89-0.91
-    # / 0.95-0.96 µs against 0.93 / 0.99-1.00. RoPE + KV alone lost 3-8% with it at every T <=
-    # 64 (its pre-wait part grows while its post-wait part has no norm to hide), and the q/k-norm
-    # op at T 16..64 gained nothing: this row only.
+    # Comments: the worst ratio to RoPE + KV alone over Qwen3-8B / -32B at the row's swept T
+    # (H100), and what the row beat; the measurements are benchmarks/RESULTS.md 8.
+    # Up to 8: PRE_WAIT, plus the norm weights (from DRAM at decode) and the slot's cache rows
+    # (its arithmetic sat behind the key's norm) before the wait, in this row only: elsewhere
+    # they measured slower.
     (
         8,
         LaunchConfig(
@@ -222,8 +201,7 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
         ),
     ),
     (32, LaunchConfig(4, 4, ORDER_2D, pos_last=True)),  # 1.017 (1 x 1 with POS_LAST: 1.094)
-    # 33..64: PRE_WAIT (session 20, tune_qk_norm.py, 2 rounds): 0.98-1.02x the old RoPE + KV
-    # layout where LOAD_BARRIER took 1.03-1.08x; RoPE + KV alone now has PRE_WAIT here as well
+    # 33..64: PRE_WAIT (LOAD_BARRIER was slower); RoPE + KV alone has PRE_WAIT here as well
     (64, LaunchConfig(4, 4, ORDER_2D, pre_wait=True)),
     # separate programs of 8 query heads or 2 key/value heads up to 160 tokens: 1.052-1.065
     # (8 key/value heads: 1.064; merged 4 x 4 programs: 1.08-1.24); from 161 of 8 (2: 1.079
@@ -235,18 +213,10 @@ QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (
     (1 << 62, LaunchConfig(8, 4, ORDER_TOKEN, load_barrier=True, kv_block_h=4)),
 )
 # A GPU's own table, by a substring of its name (device_tables), where its sweep measured the
-# H100's rows worse. H200 (session 23, `tune_qk_norm.py --kv-dtype bf16 / fp8_e4m3 --tokens 128
-# .. 32768`): from 1025 tokens 16 query heads (8 key/value) a program, bf16 0.98-1.02x RoPE + KV
-# alone at T 2048..32768 against 1.04-1.06x, fp8 e4m3 1.06-1.11x against 1.13-1.18x; at 512 /
-# 1024 it lost on fp8 (1.12 against 1.08), so those keep the H100's row. At 9..64 (session 24,
-# tune_qk_norm.py sweeps over bf16 and fp8 e4m3 caches, then bench_qk_norm_rope.py against the
-# H100's rows, two processes each): 16 query heads and 4 key/value heads a program, PRE_WAIT with
-# the norm weights and the early release. µs at T = 9 / 16 / 32 / 64, new against old:
-# Qwen3-8B bf16 0.94 / 1.00 / 1.05 / 1.49 against 1.00 / 1.07 / 1.11 / 1.57, fp8 1.08 / 1.13 /
-# 1.22 / 1.44 against 1.21 / 1.19 / 1.25 / 1.53; Qwen3-32B bf16 0.97 / 1.01 / 1.18 / 1.93 against
-# 1.04 / 1.10 / 1.20 / 2.18, fp8 1.11 / 1.19 / 1.40 / 1.93 against 1.17 / 1.20 / 1.32 / 2.16
-# (it loses there and at Qwen3-8B fp8 T = 48, 1.35 against 1.32). With 8 key/value heads a
-# program bf16 was as fast, but fp8 lost 5-17%: the layout cannot follow the cache dtype.
+# H100's rows worse (benchmarks/RESULTS.md 8). The layout cannot follow the cache dtype, so a
+# row is judged on bf16 and fp8 caches together. H200: at 9..64 tokens 16 query and 4 key/value
+# heads a program (PRE_WAIT, norm weights before the wait, early release; 8 key/value heads lost
+# on fp8); from 1025 tokens 16 heads x 4 warps (at 512 / 1024 it lost on fp8).
 QK_NORM_DEVICE_LAYOUTS: dict[str, tuple[tuple[int, LaunchConfig | None], ...]] = {
     "H200": (
         QK_NORM_LAYOUTS[0],

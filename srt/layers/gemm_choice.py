@@ -37,90 +37,87 @@ def _dot(block_n: int, block_k: int, num_warps: int, num_stages: int) -> GemmCon
     return GemmConfig(block_n, block_k, num_warps, num_stages, split_k=1, dot=True)
 
 
-# (N, K, M bucket) -> GemmConfig, from bench_gemm.py's "GEMM_CHOICES" lines (H100, bf16;
-# session of 2026-11-24, commit 1a1d00e + the select_backend fix; M <= 2 re-swept in session 7
-# of 2026-11-26 with long K blocks: the broadcast path's loads are not pipelined, so one or two
-# K blocks of 2-4K elements on 1-4 rows per program beat 1K blocks). Comments: the linear, then
-# µs per call in a CUDA graph, Triton vs F.linear (M <= 2: H100, mean of two runs).
+# (N, K, M bucket) -> GemmConfig, from bench_gemm.py's "GEMM_CHOICES" lines (H100, bf16): each
+# row beat F.linear on its linear (the comment) in CUDA graphs over L2-cold weights; the µs per
+# row are benchmarks/RESULTS.md 6.2. At M <= 2 one or two K blocks of 2-4K elements on 1-4 rows
+# a program: the broadcast path's loads are not pipelined, so each K block is a round trip.
 GEMM_CHOICES: dict[tuple[int, int, int], GemmConfig] = {
-    (4096, 4096, 1): _fma(1, 4096, 4, 1),  # o_proj 12.6 vs 16.6 (was 15.1)
-    (6144, 4096, 1): _fma(2, 2048, 4, 1),  # qkv 17.9 vs 21.0 (was 21.1)
-    (4096, 14336, 1): _fma(2, 2048, 4, 1),  # down 40.6 vs 44.5 (was 45.4)
-    (28672, 4096, 1): _fma(1, 4096, 4, 1),  # gate_up 75.9 vs 82.3 (was 79.0)
-    (4096, 12288, 1): _fma(1, 4096, 4, 1),  # down 34.4 vs 39.6 (was 39.6)
-    (24576, 4096, 1): _fma(1, 4096, 4, 1),  # gate_up 65.4 vs 72.6 (was 67.3)
-    (2880, 4096, 1): _fma(4, 2048, 4, 1),  # o_proj 10.1 vs 13.7 (was 12.1)
-    (5120, 2880, 1): _fma(4, 1024, 2, 3),  # qkv 12.3 vs 13.2 (one run; was 13.7)
-    (32, 2880, 1): _fma(1, 4096, 4, 1),  # gpt-oss router 1.9 vs 6.9 (was 3.7)
-    (4096, 4096, 2): _dot(64, 256, 4, 4),  # o_proj 13.2 vs 16.3 (was 16.0)
-    (6144, 4096, 2): _dot(64, 256, 4, 3),  # qkv 19.1 vs 21.2
-    (4096, 14336, 2): _fma(4, 2048, 2, 1),  # down 42.4 vs 44.6 (was F.linear)
-    (4096, 12288, 2): _fma(2, 4096, 4, 1),  # down 37.6 vs 40.0 (was 44.1)
-    (24576, 4096, 2): _dot(64, 128, 4, 3),  # gate_up 68.6 vs 72.7
-    (2880, 4096, 2): _fma(2, 2048, 4, 1),  # o_proj 11.0 vs 14.3 (was 15.3)
-    (32, 2880, 2): _fma(1, 4096, 8, 1),  # gpt-oss router 2.0 vs 6.9 (was F.linear)
-    (4096, 4096, 4): _dot(64, 256, 4, 5),  # o_proj 14.0 vs 16.5
-    (6144, 4096, 4): _dot(64, 256, 4, 3),  # qkv 19.1 vs 21.1 (session 7; was s4 20.0)
-    (4096, 14336, 4): _dot(64, 256, 4, 5),  # down 42.6 vs 44.5
-    (28672, 4096, 4): _dot(64, 256, 4, 4),  # gate_up 80.5 vs 86.5
-    (4096, 12288, 4): _dot(64, 256, 4, 5),  # down 37.1 vs 39.8
-    (24576, 4096, 4): _dot(64, 128, 4, 5),  # gate_up 69.5 vs 73.4
-    (2880, 4096, 4): _dot(64, 256, 4, 5),  # o_proj 11.4 vs 14.3
-    (5120, 2880, 4): _dot(64, 256, 4, 4),  # qkv 13.0 vs 13.5
-    (4096, 4096, 8): _dot(64, 256, 4, 4),  # o_proj 14.0 vs 16.4
-    (6144, 4096, 8): _dot(64, 256, 4, 3),  # qkv 19.2 vs 21.2 (session 7; was s4 20.4)
-    (4096, 14336, 8): _dot(64, 256, 4, 5),  # down 43.0 vs 44.9
-    (4096, 12288, 8): _dot(64, 256, 4, 5),  # down 37.5 vs 40.2
-    (24576, 4096, 8): _dot(64, 128, 4, 3),  # gate_up 69.0 vs 73.2 (session 7; was n32 77.8)
-    (28672, 4096, 8): _dot(64, 256, 4, 4),  # gate_up 80.4 vs 86.5 (session 7)
-    (32, 2880, 4): _fma(1, 4096, 8, 1),  # gpt-oss router 2.4 vs 6.9 (session 7)
-    (32, 2880, 8): GemmConfig(1, 2048, 4, 1, split_k=2, dot=False),  # gpt-oss router 3.3 vs 6.9
-    (2880, 4096, 8): _dot(64, 256, 4, 4),  # o_proj 11.5 vs 14.2
-    (4096, 4096, 16): _dot(64, 256, 4, 4),  # o_proj 14.0 vs 16.6
-    (6144, 4096, 16): _dot(64, 256, 4, 3),  # qkv 19.9 vs 21.1
-    (4096, 14336, 16): _dot(64, 256, 4, 5),  # down 43.0 vs 45.4
-    (28672, 4096, 16): _dot(64, 256, 4, 4),  # gate_up 81.9 vs 86.7
-    (4096, 12288, 16): _dot(64, 256, 4, 5),  # down 38.1 vs 40.5
-    (24576, 4096, 16): _dot(64, 128, 4, 3),  # gate_up 70.1 vs 74.2
-    (2880, 4096, 16): _dot(64, 256, 4, 4),  # o_proj 11.4 vs 14.7
-    (6144, 4096, 32): _dot(64, 256, 4, 4),  # qkv 20.7 vs 21.7
-    (28672, 4096, 32): _dot(128, 128, 4, 4),  # gate_up 82.4 vs 85.1
-    (4096, 12288, 32): _dot(16, 256, 4, 5),  # down 39.5 vs 41.0
-    (24576, 4096, 32): _dot(64, 128, 4, 3),  # gate_up 71.1 vs 74.7
-    (2880, 4096, 32): _dot(64, 256, 4, 4),  # o_proj 12.8 vs 15.1
-    (28672, 4096, 64): _dot(64, 128, 4, 3),  # gate_up 84.9 vs 87.6
-    # LM heads (once a step; `bench_gemm.py --lm-head --m 1 2 4 8 --sweep quick`, then --m 16 32
-    # 64, H100, session 14): µs per call, Triton vs F.linear (floor: the weight over the copy
-    # bandwidth; the Triton kernel streams at 0.94-1.01x it)
-    (128256, 4096, 1): _fma(2, 4096, 8, 1),  # llama3-8b 330.6 vs 395.0 (floor 352.4)
-    (151936, 4096, 1): _fma(2, 4096, 4, 1),  # qwen3-8b 392.6 vs 438.4 (floor 417.5)
-    (201088, 2880, 1): _fma(4, 4096, 4, 1),  # gpt-oss-20b 375.9 vs 411.5 (floor 388.5)
-    (128256, 4096, 2): _dot(64, 256, 4, 5),  # llama3-8b 341.2 vs 372.1
-    (151936, 4096, 2): _dot(64, 256, 4, 5),  # qwen3-8b 401.5 vs 435.2
-    (201088, 2880, 2): _dot(64, 256, 4, 4),  # gpt-oss-20b 379.6 vs 410.0
-    (128256, 4096, 4): _dot(64, 256, 4, 4),  # llama3-8b 343.2 vs 375.4
-    (151936, 4096, 4): _dot(64, 256, 4, 4),  # qwen3-8b 405.0 vs 439.4
-    (201088, 2880, 4): _dot(64, 256, 4, 4),  # gpt-oss-20b 379.0 vs 414.2
-    (128256, 4096, 8): _dot(64, 256, 4, 3),  # llama3-8b 346.7 vs 382.8
-    (151936, 4096, 8): _dot(64, 256, 4, 4),  # qwen3-8b 405.7 vs 442.5
-    (201088, 2880, 8): _dot(64, 256, 4, 5),  # gpt-oss-20b 383.1 vs 414.9
-    (128256, 4096, 16): _dot(64, 256, 4, 4),  # llama3-8b 348.1 vs 379.6
-    (151936, 4096, 16): _dot(64, 256, 4, 4),  # qwen3-8b 411.0 vs 441.2
-    (201088, 2880, 16): _dot(64, 256, 4, 4),  # gpt-oss-20b 390.1 vs 417.3
-    (128256, 4096, 32): _dot(128, 128, 4, 3),  # llama3-8b 352.8 vs 383.6
-    (151936, 4096, 32): _dot(128, 128, 4, 3),  # qwen3-8b 417.0 vs 445.1
-    (201088, 2880, 32): _dot(128, 128, 4, 4),  # gpt-oss-20b 402.2 vs 423.2
-    (128256, 4096, 64): _dot(128, 128, 8, 3),  # llama3-8b 359.1 vs 390.9
-    (151936, 4096, 64): _dot(128, 128, 8, 3),  # qwen3-8b 423.8 vs 455.5
-    (201088, 2880, 64): _dot(64, 128, 4, 5),  # gpt-oss-20b 416.4 vs 440.9
+    (4096, 4096, 1): _fma(1, 4096, 4, 1),  # Llama-3-8B / Qwen3-8B o_proj
+    (6144, 4096, 1): _fma(2, 2048, 4, 1),  # Llama-3-8B / Qwen3-8B qkv
+    (4096, 14336, 1): _fma(2, 2048, 4, 1),  # Llama-3-8B down
+    (28672, 4096, 1): _fma(1, 4096, 4, 1),  # Llama-3-8B gate_up
+    (4096, 12288, 1): _fma(1, 4096, 4, 1),  # Qwen3-8B down
+    (24576, 4096, 1): _fma(1, 4096, 4, 1),  # Qwen3-8B gate_up
+    (2880, 4096, 1): _fma(4, 2048, 4, 1),  # gpt-oss-20b o_proj
+    (5120, 2880, 1): _fma(4, 1024, 2, 3),  # gpt-oss-20b qkv
+    (32, 2880, 1): _fma(1, 4096, 4, 1),  # gpt-oss-20b router
+    (4096, 4096, 2): _dot(64, 256, 4, 4),  # Llama-3-8B / Qwen3-8B o_proj
+    (6144, 4096, 2): _dot(64, 256, 4, 3),  # Llama-3-8B / Qwen3-8B qkv
+    (4096, 14336, 2): _fma(4, 2048, 2, 1),  # Llama-3-8B down
+    (4096, 12288, 2): _fma(2, 4096, 4, 1),  # Qwen3-8B down
+    (24576, 4096, 2): _dot(64, 128, 4, 3),  # Qwen3-8B gate_up
+    (2880, 4096, 2): _fma(2, 2048, 4, 1),  # gpt-oss-20b o_proj
+    (32, 2880, 2): _fma(1, 4096, 8, 1),  # gpt-oss-20b router
+    (4096, 4096, 4): _dot(64, 256, 4, 5),  # Llama-3-8B / Qwen3-8B o_proj
+    (6144, 4096, 4): _dot(64, 256, 4, 3),  # Llama-3-8B / Qwen3-8B qkv
+    (4096, 14336, 4): _dot(64, 256, 4, 5),  # Llama-3-8B down
+    (28672, 4096, 4): _dot(64, 256, 4, 4),  # Llama-3-8B gate_up
+    (4096, 12288, 4): _dot(64, 256, 4, 5),  # Qwen3-8B down
+    (24576, 4096, 4): _dot(64, 128, 4, 5),  # Qwen3-8B gate_up
+    (2880, 4096, 4): _dot(64, 256, 4, 5),  # gpt-oss-20b o_proj
+    (5120, 2880, 4): _dot(64, 256, 4, 4),  # gpt-oss-20b qkv
+    (4096, 4096, 8): _dot(64, 256, 4, 4),  # Llama-3-8B / Qwen3-8B o_proj
+    (6144, 4096, 8): _dot(64, 256, 4, 3),  # Llama-3-8B / Qwen3-8B qkv
+    (4096, 14336, 8): _dot(64, 256, 4, 5),  # Llama-3-8B down
+    (4096, 12288, 8): _dot(64, 256, 4, 5),  # Qwen3-8B down
+    (24576, 4096, 8): _dot(64, 128, 4, 3),  # Qwen3-8B gate_up
+    (28672, 4096, 8): _dot(64, 256, 4, 4),  # Llama-3-8B gate_up
+    (32, 2880, 4): _fma(1, 4096, 8, 1),  # gpt-oss-20b router
+    (32, 2880, 8): GemmConfig(1, 2048, 4, 1, split_k=2, dot=False),  # gpt-oss-20b router
+    (2880, 4096, 8): _dot(64, 256, 4, 4),  # gpt-oss-20b o_proj
+    (4096, 4096, 16): _dot(64, 256, 4, 4),  # Llama-3-8B / Qwen3-8B o_proj
+    (6144, 4096, 16): _dot(64, 256, 4, 3),  # Llama-3-8B / Qwen3-8B qkv
+    (4096, 14336, 16): _dot(64, 256, 4, 5),  # Llama-3-8B down
+    (28672, 4096, 16): _dot(64, 256, 4, 4),  # Llama-3-8B gate_up
+    (4096, 12288, 16): _dot(64, 256, 4, 5),  # Qwen3-8B down
+    (24576, 4096, 16): _dot(64, 128, 4, 3),  # Qwen3-8B gate_up
+    (2880, 4096, 16): _dot(64, 256, 4, 4),  # gpt-oss-20b o_proj
+    (6144, 4096, 32): _dot(64, 256, 4, 4),  # Llama-3-8B / Qwen3-8B qkv
+    (28672, 4096, 32): _dot(128, 128, 4, 4),  # Llama-3-8B gate_up
+    (4096, 12288, 32): _dot(16, 256, 4, 5),  # Qwen3-8B down
+    (24576, 4096, 32): _dot(64, 128, 4, 3),  # Qwen3-8B gate_up
+    (2880, 4096, 32): _dot(64, 256, 4, 4),  # gpt-oss-20b o_proj
+    (28672, 4096, 64): _dot(64, 128, 4, 3),  # Llama-3-8B gate_up
+    # LM heads, the largest GEMM of a decode step (`bench_gemm.py --lm-head`)
+    (128256, 4096, 1): _fma(2, 4096, 8, 1),  # Llama-3-8B LM head
+    (151936, 4096, 1): _fma(2, 4096, 4, 1),  # Qwen3-8B LM head
+    (201088, 2880, 1): _fma(4, 4096, 4, 1),  # gpt-oss-20b LM head
+    (128256, 4096, 2): _dot(64, 256, 4, 5),  # Llama-3-8B LM head
+    (151936, 4096, 2): _dot(64, 256, 4, 5),  # Qwen3-8B LM head
+    (201088, 2880, 2): _dot(64, 256, 4, 4),  # gpt-oss-20b LM head
+    (128256, 4096, 4): _dot(64, 256, 4, 4),  # Llama-3-8B LM head
+    (151936, 4096, 4): _dot(64, 256, 4, 4),  # Qwen3-8B LM head
+    (201088, 2880, 4): _dot(64, 256, 4, 4),  # gpt-oss-20b LM head
+    (128256, 4096, 8): _dot(64, 256, 4, 3),  # Llama-3-8B LM head
+    (151936, 4096, 8): _dot(64, 256, 4, 4),  # Qwen3-8B LM head
+    (201088, 2880, 8): _dot(64, 256, 4, 5),  # gpt-oss-20b LM head
+    (128256, 4096, 16): _dot(64, 256, 4, 4),  # Llama-3-8B LM head
+    (151936, 4096, 16): _dot(64, 256, 4, 4),  # Qwen3-8B LM head
+    (201088, 2880, 16): _dot(64, 256, 4, 4),  # gpt-oss-20b LM head
+    (128256, 4096, 32): _dot(128, 128, 4, 3),  # Llama-3-8B LM head
+    (151936, 4096, 32): _dot(128, 128, 4, 3),  # Qwen3-8B LM head
+    (201088, 2880, 32): _dot(128, 128, 4, 4),  # gpt-oss-20b LM head
+    (128256, 4096, 64): _dot(128, 128, 8, 3),  # Llama-3-8B LM head
+    (151936, 4096, 64): _dot(128, 128, 8, 3),  # Qwen3-8B LM head
+    (201088, 2880, 64): _dot(64, 128, 4, 5),  # gpt-oss-20b LM head
 }
 
 # Rows another GPU measured better with a different choice, keyed by a substring of its name
 # (torch.cuda.get_device_name): applied over GEMM_CHOICES on such a device (None: F.linear).
 DEVICE_OVERRIDES: dict[str, dict[tuple[int, int, int], GemmConfig | None]] = {
-    # H200 (session 7): with the M = 1 Llama / Qwen rows above, bs-1 decode went from 5.58 to
-    # 5.97-6.09 ms (Llama-3-8B) and 5.93 to 6.23-6.33 ms (Qwen3-8B) against the rows before
-    # the re-sweep, kept here for it; gpt-oss's new rows gained there too.
+    # H200 (benchmarks/RESULTS.md 6.2): the Llama-3-8B / Qwen3-8B decoder linears at M = 1 keep
+    # the rows from before the long-K re-sweep, whose rows were faster alone but made its decode
+    # step slower.
     "H200": {
         (4096, 4096, 1): _fma(4, 1024, 2, 3),
         (6144, 4096, 1): _fma(8, 1024, 4, 3),
@@ -128,12 +125,11 @@ DEVICE_OVERRIDES: dict[str, dict[tuple[int, int, int], GemmConfig | None]] = {
         (28672, 4096, 1): _fma(4, 1024, 2, 3),
         (4096, 12288, 1): _fma(4, 1024, 2, 3),
         (24576, 4096, 1): _fma(4, 1024, 4, 3),
-        # LM heads at M = 1 (session 22, `bench_gemm.py --lm-head --m 1 --sweep quick`, H200):
-        # the H100's one-K-block FMA rows stream at 0.96-1.24x the floor there; µs, the new row
-        # vs the H100 row (gpt-oss-20b bs-1 decode graph 1.711 -> 1.626 ms)
-        (201088, 2880, 1): _dot(64, 128, 4, 5),  # gpt-oss-20b 260.3 vs 342.3 (floor 275.6)
-        (128256, 4096, 1): _dot(64, 128, 4, 3),  # llama3-8b 235.6 vs 274.5 (floor 249.7)
-        (151936, 4096, 1): _dot(64, 128, 8, 3),  # qwen3-8b 278.3 vs 284.9 (floor 295.8)
+        # LM heads at M = 1: pipelined tensor-core tiles; the H100's one-K-block rows keep too
+        # few bytes in flight for the H200's bandwidth
+        (201088, 2880, 1): _dot(64, 128, 4, 5),  # gpt-oss-20b LM head
+        (128256, 4096, 1): _dot(64, 128, 4, 3),  # Llama-3-8B LM head
+        (151936, 4096, 1): _dot(64, 128, 8, 3),  # Qwen3-8B LM head
     },
 }
 

@@ -57,54 +57,55 @@ class MoeConfig:
 
 
 # Upper bound on T -> config, measured on the H100 (bf16 activations and experts, gpt-oss-20b
-# shape, CUDA graph; benchmarks/bench_moe.py --sweep). Decode (few pairs per expert) is weight-read
-# bound: BLOCK_M 16, narrow N tiles so enough programs stream weights, long K blocks; prefill
-# grows BLOCK_M and the N tiles.
+# shape, CUDA graph; benchmarks/bench_moe.py --sweep; the µs per row: benchmarks/RESULTS.md 8).
+# Decode (few pairs per expert) is weight-read bound: BLOCK_M 16, narrow N tiles so enough
+# programs stream weights, long K blocks; prefill grows BLOCK_M and the N tiles.
 MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    # T <= 4: the per-pair GEMV kernels (bench_moe --sweep-gemv, session 6: 76.5 / 130.2 / 233.9
-    # µs, floors 66.1 / 115.6 / 214.7; the grouped kernels 83.7 / 136.5 / 238.6 in that run)
+    # T <= 4: the per-pair GEMV kernels (each pair reads its own expert; no 16-row tile, no
+    # alignment), faster than the grouped kernels there (bench_moe --sweep-gemv)
     (1, MoeConfig(16, GemmConfig(8, 256, 2, 2), GemmConfig(8, 512, 4, 1), gemv=True)),
     (2, MoeConfig(16, GemmConfig(8, 256, 2, 2), GemmConfig(8, 512, 4, 1), gemv=True)),
     (4, MoeConfig(16, GemmConfig(16, 512, 4, 1), GemmConfig(8, 512, 4, 1), gemv=True)),
-    (8, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 128, 4, 4, 1))),  # 325.0 µs
-    (32, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),  # 535.7 µs
-    (64, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),  # 551.8 µs
-    (512, MoeConfig(64, GemmConfig(64, 64, 4, 4, 8), GemmConfig(128, 64, 4, 4, 8))),  # 664.0 µs
-    (1 << 62, MoeConfig(128, GemmConfig(128, 64, 8, 3, 8), GemmConfig(256, 64, 8, 3, 8))),  # 2060
+    # grouped kernels from 5 tokens
+    (8, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 128, 4, 4, 1))),
+    (32, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),
+    (64, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),
+    (512, MoeConfig(64, GemmConfig(64, 64, 4, 4, 8), GemmConfig(128, 64, 4, 4, 8))),
+    (1 << 62, MoeConfig(128, GemmConfig(128, 64, 8, 3, 8), GemmConfig(256, 64, 8, 3, 8))),
 )
-# MXFP4 experts (starting points, not yet measured: `bench_moe.py --mxfp4 --sweep` times both
-# modes). A weight tile is BLOCK_K / 2 bytes a row, so decode takes long K blocks (128-byte
-# row segments per load) and deep pipelines to keep enough bytes in flight.
+# MXFP4 experts (H100; `bench_moe.py --mxfp4 --sweep` / `--sweep-gemv`; the µs per row:
+# benchmarks/RESULTS.md 8). A weight tile is BLOCK_K / 2 bytes a row, so decode takes long K
+# blocks (128-byte row segments per load) and deep pipelines to keep enough bytes in flight.
 MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    # T <= 8: the per-pair GEMV kernels with fp16 products (moe_gemv_f16.py; bench_moe --mxfp4
-    # --sweep-gemv, H100, session 9; µs per layer call, the read floor in brackets; the float32
-    # GEMV's best took 38.3 / 63.1 / 106.8, the grouped kernels 65.5 / 92.6 / 141.8).
+    # T <= 8: the per-pair GEMV kernels with fp16 products (moe_gemv_f16.py), faster than the
+    # float32 GEMV and the grouped kernels up to 8 tokens (not at 16); one-warp programs of 2-4
+    # rows keep more programs in flight
     (
         1,
         MoeConfig(16, GemmConfig(2, 1024, 1, 2), GemmConfig(4, 1024, 2, 2), gemv=True),
-    ),  # 32.2-32.9 (17.6)
+    ),
     (
         2,
         MoeConfig(16, GemmConfig(2, 1024, 1, 2), GemmConfig(16, 256, 4, 2), gemv=True),
-    ),  # 50.2 (30.8)
+    ),
     (
         4,
         MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True),
-    ),  # 82.4-83.3 (57.2)
+    ),
     (
         8,
         MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True),
-    ),  # 134.3 (79.5); the grouped kernels 183.8 (T = 16: GEMV 257.9, grouped 237.3)
-    # 8 < T <= 64: the H100 sweep of session 4, 2026-11-24 (bench_moe --mxfp4 --sweep, scales
-    # loaded one K step ahead; µs per layer call, the read floor in brackets).
+    ),
+    # 8 < T <= 64: grouped kernels, the E8M0 scales loaded one K step ahead (the pipeliner
+    # cannot copy rows that narrow asynchronously)
     (
         32,
         MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 4, 1, 1)),
-    ),  # 284 (136)
+    ),
     (
         64,
         MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 4, 1, 1)),
-    ),  # 286 (141)
+    ),
     (512, MoeConfig(64, GemmConfig(64, 128, 4, 4, 8), GemmConfig(128, 128, 4, 3, 8))),
     (1 << 62, MoeConfig(128, GemmConfig(64, 128, 8, 3, 8), GemmConfig(128, 128, 8, 3, 8))),
 )
@@ -112,9 +113,8 @@ MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 # get_device_name): on such a GPU a row here takes the token counts up to its bound before
 # MXFP4_CONFIGS does.
 MXFP4_DEVICE_OVERRIDES: dict[str, tuple[tuple[int, MoeConfig], ...]] = {
-    # H200 (session 22, bench_moe --mxfp4 --sweep-gemv --tokens 1): 28.5 µs a layer call against
-    # the H100 row's 29.4 (floor 12.5 at 4.2 TB/s): 4 rows a one-warp program, 512-element K
-    # blocks in both GEMVs
+    # H200 at T = 1: 4 rows a one-warp program and 512-element K blocks in both GEMVs (more
+    # bytes in flight for its bandwidth than the H100 row)
     "H200": ((1, MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True)),),
 }
 # Shared memory the pipelined operand tiles of one GEMM may take (H100: 227 KiB per block).
