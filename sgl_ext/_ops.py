@@ -2,96 +2,46 @@
 
 Eager calls go straight to the implementation (no dispatcher overhead); when
 `torch.compiler.is_compiling()` the public functions call these ops instead, so dynamo sees one
-opaque mutating op (no graph break) and inductor keeps the in-place semantics.
+opaque mutating op (no graph break) and inductor keeps the in-place semantics. Each op's schema
+and written arguments come from its declaration in `rope_kv_schema.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from sgl_ext import kv_cache, qk_norm_rope, rope
+from sgl_ext.rope_kv_schema import QK_NORM_OP, ROPE_OP, SET_KV_OP, OpSpec
 
-_ROPE_MUTATES = ("query", "key", "k_buffer", "v_buffer")
 
-
-@torch.library.custom_op("sgl_ext::rope_kv", mutates_args=_ROPE_MUTATES)
-def rope_kv_op(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool,
-    value: torch.Tensor | None,
-    k_buffer: torch.Tensor | None,
-    v_buffer: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    cache_loc: torch.Tensor | None,
-) -> None:
-    arg = rope.fused_arg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
-    rope.apply_rope_with_cos_sin_cache_inplace(
-        positions, query, key, head_size, cos_sin_cache, is_neox, arg
+def _register(spec: OpSpec, impl: Callable[..., None]) -> object:
+    op = torch.library.custom_op(
+        f"sgl_ext::{spec.name}", impl, mutates_args=spec.mutates, schema=spec.schema
     )
+    op.register_fake(_fake)
+    return op
 
 
-@rope_kv_op.register_fake
-def _rope_kv_fake(*args: object) -> None:
+def _fake(*args: object) -> None:
     return None
 
 
-@torch.library.custom_op("sgl_ext::qk_norm_rope_kv", mutates_args=_ROPE_MUTATES)
-def qk_norm_rope_kv_op(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    q_norm_weight: torch.Tensor,
-    k_norm_weight: torch.Tensor,
-    eps: float,
-    is_neox: bool,
-    value: torch.Tensor | None,
-    k_buffer: torch.Tensor | None,
-    v_buffer: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    cache_loc: torch.Tensor | None,
-) -> None:
-    arg = rope.fused_arg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
-    qk_norm_rope.apply_qk_norm_rope_with_cos_sin_cache_inplace(
-        positions,
-        query,
-        key,
-        head_size,
-        cos_sin_cache,
-        q_norm_weight,
-        k_norm_weight,
-        eps,
-        is_neox,
-        arg,
-    )
+def _rope_kv(*args: object) -> None:
+    """ROPE_OP.registered: the RoPE op's arguments, then the write's (rope.op_kv_args)."""
+    n = len(ROPE_OP.registered) - 6
+    arg = rope.fused_arg(*args[n:])  # type: ignore[arg-type]
+    rope.apply_rope_with_cos_sin_cache_inplace(*args[:n], arg)  # type: ignore[arg-type, call-arg]
 
 
-@qk_norm_rope_kv_op.register_fake
-def _qk_norm_rope_kv_fake(*args: object) -> None:
-    return None
+def _qk_norm_rope_kv(*args: object) -> None:
+    """QK_NORM_OP.registered: the q/k-norm op's arguments, then the write's."""
+    n = len(QK_NORM_OP.registered) - 6
+    arg = rope.fused_arg(*args[n:])  # type: ignore[arg-type]
+    qk_norm_rope.apply_qk_norm_rope_with_cos_sin_cache_inplace(*args[:n], arg)  # type: ignore
 
 
-@torch.library.custom_op("sgl_ext::set_kv", mutates_args=("k_buffer", "v_buffer"))
-def set_kv_op(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    cache_loc: torch.Tensor,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    head_size: int,
-) -> None:
-    kv_cache.set_kv_buffer(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
-
-
-@set_kv_op.register_fake
-def _set_kv_fake(*args: object) -> None:
-    return None
+rope_kv_op = _register(ROPE_OP, _rope_kv)
+qk_norm_rope_kv_op = _register(QK_NORM_OP, _qk_norm_rope_kv)
+set_kv_op = _register(SET_KV_OP, kv_cache.set_kv_buffer)

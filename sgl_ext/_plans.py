@@ -130,16 +130,16 @@ def kv_key(
     return key, (vp, kbp, vbp, lp, ksp, vsp)
 
 
-def kv_ptr_leaves(first: int, unused: int, write: bool, k_scale: object, v_scale: object) -> tuple:
-    """Where the C fast path (`fast_launch.py`) finds the KV-write pointers of a call: the leaf
-    indexes of (value, k_buffer, v_buffer, cache_loc, k_scale, v_scale), which are the leaves
-    first .. first + 5; `unused` (the key's leaf) for a scale that is not a tensor, and for all
-    six without a write (the pointers `kv_key` gives)."""
+def kv_present(write: bool, k_scale: object, v_scale: object) -> set[str]:
+    """The KV-write tensors a call passes (the C fast path's `OpSpec.leaves` takes them): none
+    without a write; the scales only where they are tensors."""
     if not write:
-        return (unused,) * 6
-    ks = first + 4 if isinstance(k_scale, torch.Tensor) else unused
-    vs = first + 5 if isinstance(v_scale, torch.Tensor) else unused
-    return (first, first + 1, first + 2, first + 3, ks, vs)
+        return set()
+    names = {"value", "k_buffer", "v_buffer", "cache_loc"}
+    names |= {
+        n for n, s in (("k_scale", k_scale), ("v_scale", v_scale)) if isinstance(s, torch.Tensor)
+    }
+    return names
 
 
 def rope_kv_launcher(

@@ -13,16 +13,16 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
-from sgl_ext._plans import PlanCache, kv_key, kv_ptr_leaves, rope_kv_launcher, scale_tensor
+from sgl_ext._plans import PlanCache, kv_key, kv_present, rope_kv_launcher, scale_tensor
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import kv_write_native
 from sgl_ext.rope import RopeKVPlan
+from sgl_ext.rope_kv_schema import SET_KV_OP
 
 _is_compiling = torch.compiler.is_compiling
 _PLANS = PlanCache()
-# The C fast path's table (see rope.py): the arguments in order are the leaves; requires_grad
-# is keyed for both buffers.
-_FAST = OpTable(grad=(2, 3))
+# The C fast path's table: leaves and written ones from SET_KV_OP's declaration.
+_FAST = OpTable(expand=SET_KV_OP.expand(), grad=SET_KV_OP.grad())
 
 
 def check(
@@ -127,7 +127,7 @@ def set_kv_buffer(
     if launcher is not None and launcher.compiled is not None and not plan.debug:
         launcher.run_ptrs((kp, kp, kp, kp, *kv_ptrs, kp, kp))
         if fast == 0:  # this metadata has no C plan yet: the next call launches from C
-            leaves = (0, 0, 0, 0, *kv_ptr_leaves(1, 0, True, k_scale, v_scale), 0, 0)
+            leaves = SET_KV_OP.leaves({"key"} | kv_present(True, k_scale, v_scale))
             _FAST.register(launcher, leaves, *args)
         return
     _run(plan, *args[:7])

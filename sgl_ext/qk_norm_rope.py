@@ -26,11 +26,10 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall
-from sgl_ext._plans import PlanCache, kv_ptr_leaves, rope_kv_launcher
+from sgl_ext._plans import PlanCache, kv_present, rope_kv_launcher
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import rms_norm_heads_native, rotate_native
 from sgl_ext.rope import (
-    KV_FIELDS,
     FusedSetKVBufferArg,
     RopeKVPlan,
     _check_kv,
@@ -40,13 +39,13 @@ from sgl_ext.rope import (
     debug_checks,
     op_kv_args,
 )
+from sgl_ext.rope_kv_schema import QK_NORM_OP
 
 _is_compiling = torch.compiler.is_compiling
 _PLANS = PlanCache()
-# The C fast path's table (see rope.py). Arguments: positions, query, key, head_size,
-# cos_sin_cache, q_norm_weight, k_norm_weight, eps, is_neox, enable_pdl,
-# fused_set_kv_buffer_arg; leaves 0-10 are those, 11-16 the argument's fields.
-_FAST = OpTable(expand=((10, KV_FIELDS),), grad=(1, 2, 12, 13))
+# The C fast path's table: leaves and written ones from QK_NORM_OP's declaration.
+_FAST = OpTable(expand=QK_NORM_OP.expand(), grad=QK_NORM_OP.grad())
+_NORM_TENSORS = {"positions", "query", "key", "cos_sin_cache", "q_norm_weight", "k_norm_weight"}
 
 
 def _check_norm(
@@ -270,7 +269,7 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
         launcher.run_ptrs((*ptrs, qwp, kwp))
         if fast == 0:  # this metadata has no C plan yet: the next call launches from C
             ks, vs = (a.k_scale, a.v_scale) if a is not None else (None, None)
-            leaves = (0, 4, 1, 2, *kv_ptr_leaves(11, 2, a is not None, ks, vs), 5, 6)
+            leaves = QK_NORM_OP.leaves(_NORM_TENSORS | kv_present(a is not None, ks, vs))
             _FAST.register(launcher, leaves, *fast_args, enable_pdl, a)
         return
     _run(plan, positions, query, key, cos_sin_cache, qw, kw, a)

@@ -24,9 +24,10 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall, Scale
-from sgl_ext._plans import PlanCache, kv_key, kv_ptr_leaves, rope_kv_launcher, scale_tensor
+from sgl_ext._plans import PlanCache, kv_key, kv_present, rope_kv_launcher, scale_tensor
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import kv_write_native, rotate_native
+from sgl_ext.rope_kv_schema import ROPE_OP
 
 if TYPE_CHECKING:
     from sgl_ext.triton.launcher import KernelLauncher
@@ -70,11 +71,11 @@ class RopeKVPlan:
 
 
 _PLANS = PlanCache()
-# The C fast path's table. Its arguments: positions, query, key, head_size, cos_sin_cache,
-# is_neox, enable_pdl, fused_set_kv_buffer_arg; leaves 0-7 are those, 8-13 the argument's
-# fields; requires_grad is keyed for the written tensors (query, key, both buffers).
-KV_FIELDS = ("value", "k_buffer", "v_buffer", "cache_loc", "k_scale", "v_scale")
-_FAST = OpTable(expand=((7, KV_FIELDS),), grad=(1, 2, 9, 10))
+# The C fast path's table: its leaves and the written ones come from ROPE_OP's declaration
+# (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl, the argument, then the
+# argument's fields).
+_FAST = OpTable(expand=ROPE_OP.expand(), grad=ROPE_OP.grad())
+_ROPE_TENSORS = {"positions", "query", "key", "cos_sin_cache"}
 
 
 def _check_kv(key: torch.Tensor, arg: object, head_size: int) -> C.KVWrite:
@@ -262,7 +263,7 @@ def apply_rope_with_cos_sin_cache_inplace(
         launcher.run_ptrs((*ptrs, kp, kp))  # no norm weights
         if fast == 0:  # this metadata has no C plan yet: the next call launches from C
             ks, vs = (a.k_scale, a.v_scale) if a is not None else (None, None)
-            leaves = (0, 4, 1, 2, *kv_ptr_leaves(8, 2, a is not None, ks, vs), 2, 2)
+            leaves = ROPE_OP.leaves(_ROPE_TENSORS | kv_present(a is not None, ks, vs))
             fast_args = (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl, a)
             _FAST.register(launcher, leaves, *fast_args)
         return

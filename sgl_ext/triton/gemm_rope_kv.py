@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from sgl_ext import settings
-from sgl_ext._common import RopeCall, fp8_max
+from sgl_ext import rope_kv_schema, settings
+from sgl_ext._common import RopeCall
 from sgl_ext.gemm import GemmConfig
 from sgl_ext.triton.key_value import _slot_rows, clamp_position
-from sgl_ext.triton.launcher import KernelLauncher, make_launcher
+from sgl_ext.triton.launcher import KernelLauncher, make_launcher, runtime_param_names
 from sgl_ext.triton.pairs import load_scale, quantize, reciprocal, rotate_pair
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne
@@ -210,6 +210,11 @@ def fold_supported(call: RopeCall, n: int, config: GemmConfig) -> bool:
     )
 
 
+# The kernel's fixed arguments: its runtime parameters after the per-call pointers (x, weight,
+# bias, out, positions, cos_sin_cache, both buffers, slots, both scales).
+_FIXED_NAMES = runtime_param_names(gemm_rope_kv_kernel)[11:]
+
+
 def plan_gemm_rope_kv(
     call: RopeCall, k: int, stride_xm: int, stride_wn: int, has_bias: bool, config: GemmConfig
 ) -> GemmRopeKVLaunch:
@@ -219,16 +224,7 @@ def plan_gemm_rope_kv(
     m, d = call.num_tokens, call.head_size
     hq, hkv = call.query.num_heads, call.key.num_heads
     n = (hq + 2 * hkv) * d
-    kv = call.kv
-    k_strides = v_strides = (0, 0, 0)
-    num_slots, page, ks_mode, vs_mode = 0, 1, 0, 0
-    k_inv = v_inv = 1.0
-    k_max = v_max = 0.0
-    if kv is not None:
-        k_strides, v_strides = kv.k_layout.strides, kv.v_layout.strides
-        num_slots, page = kv.k_layout.num_slots, kv.k_layout.page_size
-        k_inv, v_inv, ks_mode, vs_mode = kv.k_inv, kv.v_inv, kv.k_scale_mode, kv.v_scale_mode
-        k_max, v_max = fp8_max(kv.k_dtype), fp8_max(kv.v_dtype)
+    kv_fixed, kv_consts = rope_kv_schema.kv_write_values(call.kv)  # the rope_kv kernel's names
     constexprs = dict(
         NUM_Q_HEADS=hq,
         NUM_KV_HEADS=hkv,
@@ -239,19 +235,14 @@ def plan_gemm_rope_kv(
         BLOCK_K=config.block_k,
         HAS_BIAS=has_bias,
         EVEN_K=k % config.block_k == 0,
-        WRITE_KV=kv is not None,
-        PAGE_SIZE=page,
-        K_SCALE_MODE=ks_mode,
-        V_SCALE_MODE=vs_mode,
-        K_FP8_MAX=k_max,
-        V_FP8_MAX=v_max,
+        WRITE_KV=call.kv is not None,
         EMULATE=settings.get().interpret,
+        **kv_consts,
     )
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     grid = (n // config.block_n,)
-    fixed = (
-        m, k, stride_xm, stride_wn, n, call.cs_stride, call.max_pos, *k_strides, *v_strides,
-        num_slots, k_inv, v_inv,
-    )  # fmt: skip
+    values: dict[str, int | float] = dict(M=m, K=k, stride_xm=stride_xm, stride_wn=stride_wn)
+    values.update(stride_om=n, cs_stride=call.cs_stride, max_pos=call.max_pos, **kv_fixed)
+    fixed = rope_kv_schema.ordered(_FIXED_NAMES, values, "gemm_rope_kv fixed arguments")
     launcher = make_launcher(gemm_rope_kv_kernel, grid, fixed, constexprs, options, call.device)
     return GemmRopeKVLaunch(m, launcher)

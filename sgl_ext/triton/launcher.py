@@ -207,6 +207,14 @@ class KernelLauncher:
         return (*self._pick((*ptrs, *self.fixed)), *self.tail)
 
 
+def runtime_param_names(fn: Any) -> tuple[str, ...]:
+    """A Triton kernel's non-constexpr parameters in order (the JIT's or the interpreter's)."""
+    import inspect
+
+    params = inspect.signature(getattr(fn, "fn", fn)).parameters.values()
+    return tuple(p.name for p in params if "constexpr" not in str(p.annotation))
+
+
 def make_launcher(
     fn: Any,
     grid: tuple[int, ...],

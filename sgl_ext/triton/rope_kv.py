@@ -32,49 +32,13 @@ from sgl_ext.triton.key_value import (
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.qk_norm import load_norm_weights, query_in, query_norm, query_out
 
-# rope_kv_kernel's runtime parameters in the order a launch plan passes them (KernelLauncher's
-# call_names): the per-call pointers, then the plan's fixed arguments.
-ROPE_KV_CALL_NAMES = (
-    "pos_ptr",
-    "cos_sin_ptr",
-    "q_ptr",
-    "k_ptr",
-    "v_ptr",
-    "kbuf_ptr",
-    "vbuf_ptr",
-    "loc_ptr",
-    "k_scale_ptr",
-    "v_scale_ptr",
-    "qw_ptr",
-    "kw_ptr",
-    "k_scale_f",
-    "v_scale_f",
-    "cs_stride",
-    "q_tok_stride",
-    "q_head_stride",
-    "k_tok_stride",
-    "k_head_stride",
-    "v_tok_stride",
-    "v_head_stride",
-    "kb_page_stride",
-    "kb_off_stride",
-    "kb_head_stride",
-    "vb_page_stride",
-    "vb_off_stride",
-    "vb_head_stride",
-    "num_slots",
-    "num_q_heads",
-    "num_kv_heads",
-    "max_pos",
-    "eps",
-)
-
 
 @triton.jit
 def rope_kv_kernel(
-    # Each pointer beside its strides (ROPE_KV_CALL_NAMES is the order the plan passes them in:
-    # per-call pointers first). Measured on the H100: 1-5% less time per call at T <= 512 than
-    # with the pointers first (ptxas schedules the two orders differently).
+    # The arguments of rope_kv_schema.KERNEL_ARGS (names and roles; a plan passes them in
+    # CALL_NAMES' order, per-call pointers first), each pointer beside its strides here:
+    # measured on the H100, 1-5% less time per call at T <= 512 than with the pointers first
+    # (ptxas schedules the two orders differently).
     pos_ptr,
     cos_sin_ptr,
     cs_stride,

@@ -5,15 +5,15 @@ argument tuple (`rope_kv_args`). The kernel itself is rope_kv.py.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from sgl_ext import settings
-from sgl_ext._common import KVLayout, QKNormCall, RopeCall, fp8_max, next_pow2
+from sgl_ext import rope_kv_schema, settings
+from sgl_ext._common import QKNormCall, RopeCall, fp8_max, next_pow2
 from sgl_ext.device_tables import device_tables
 from sgl_ext.triton.launcher import KernelLauncher, make_launcher, pdl_on
-from sgl_ext.triton.rope_kv import ROPE_KV_CALL_NAMES, rope_kv_kernel
+from sgl_ext.triton.rope_kv import rope_kv_kernel
 
 
 def _pow2_floor(n: int) -> int:
@@ -110,16 +110,9 @@ def launch_config(
 ) -> LaunchConfig:
     """Heads per program and warps: small batches split heads finer for parallelism. device:
     the GPU whose own rows apply (DECODE_DEVICE_LAYOUTS; None: the H100's)."""
-    # "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last[,hoist[,early_release
-    # [,load_barrier[,kv_block_h[,pre_wait[,norm_w_pre[,slot_pre]]]]]]]]]]]]]", for tuning only
     override = settings.get().triton_config
-    if override:
-        vals = list(override)
-        # ints, two flags as bools, maxnreg, four more flags, an int, flags; LaunchConfig
-        # rejects a bad length
-        args: list[Any] = [*vals[:3], *(bool(x) for x in vals[3:5]), *vals[5:6]]
-        args += [*(bool(x) for x in vals[6:10]), *vals[10:11], *(bool(x) for x in vals[11:])]
-        return LaunchConfig(*args)
+    if override:  # SGL_EXT_TRITON_CONFIG, for tuning
+        return parse_tuning(override)
     # The H100's rules (measurements: benchmarks/RESULTS.md 8; why: docs/performance.md).
     # Up to 64 tokens:
     # separate query and key/value programs, one head each up to 8 tokens (latency: the K/V
@@ -265,8 +258,21 @@ def qk_norm_launch_config(
 
 
 def tuning_string(cfg: LaunchConfig) -> str:
-    """The SGL_EXT_TRITON_CONFIG string that forces `cfg` (launch_config parses it back)."""
+    """The SGL_EXT_TRITON_CONFIG string that forces `cfg` (parse_tuning reads it back)."""
     return ",".join(str(int(x)) for x in cfg)
+
+
+def parse_tuning(values: tuple[int, ...]) -> LaunchConfig:
+    """The LaunchConfig an SGL_EXT_TRITON_CONFIG string gives: LaunchConfig's fields in order
+    (the first two required, the rest defaulting), each bool field from 0 / 1."""
+    fields = LaunchConfig._fields
+    if not 2 <= len(values) <= len(fields):
+        raise ValueError(
+            f"SGL_EXT_TRITON_CONFIG takes 2 to {len(fields)} integers ({', '.join(fields)}), "
+            f"got {len(values)}"
+        )
+    kinds = [type(LaunchConfig._field_defaults.get(f, 0)) for f in fields]  # bool or int
+    return LaunchConfig(*(kind(v) for kind, v in zip(kinds, values, strict=False)))
 
 
 def _pos_last_mode(cfg: LaunchConfig, merged: bool) -> int:
@@ -306,16 +312,13 @@ def plan_rope_kv(
     num_q_heads, q_tok, q_head = (q.num_heads, q.token_stride, q.head_stride) if q else (0, 0, 0)
     k = call.key
     kv = call.kv
+    kv_fixed, kv_consts = rope_kv_schema.kv_write_values(kv)
     if kv is not None:
         v_tok, v_head, v_head_dim = kv.value.token_stride, kv.value.head_stride, kv.v_head_dim
-        k_lay, v_lay, k_dtype, v_dtype = kv.k_layout, kv.v_layout, kv.k_dtype, kv.v_dtype
-        k_mode, v_mode, k_inv, v_inv = kv.k_scale_mode, kv.v_scale_mode, kv.k_inv, kv.v_inv
+        k_dtype, kb_strides = kv.k_dtype, kv.k_layout.strides
     else:
         v_tok, v_head, v_head_dim = 0, 0, 1
-        k_lay = v_lay = KVLayout(1, 1, 0, 0, 0, 1, 1)
-        k_dtype = v_dtype = call.dtype
-        k_mode = v_mode = 0
-        k_inv = v_inv = 1.0
+        k_dtype, kb_strides = call.dtype, (0, 0, 0)
     k_fp8_max = fp8_max(k_dtype)
     max_heads = max(num_q_heads, k.num_heads)
     if norm is not None:  # one layout with and without the KV write (q/k bits)
@@ -350,37 +353,33 @@ def plan_rope_kv(
             rows += [(norm.q_weight_align, 0, 0), (norm.k_weight_align, 0, 0)]
         pair_mode = _gptj_mode(call.dtype, rows)
     kbuf_mode = pair_mode
-    if pair_mode == 2 and (k_dtype != call.dtype or not _word_aligned(kb_align, *k_lay.strides)):
+    if pair_mode == 2 and (k_dtype != call.dtype or not _word_aligned(kb_align, *kb_strides)):
         kbuf_mode = 1
     options: dict[str, object] = {"num_warps": cfg.num_warps}
     if use_pdl:
         options["launch_pdl"] = True
     if cfg.maxnreg and not s.interpret:
         options["maxnreg"] = cfg.maxnreg
-    fixed = (
-        k_inv,
-        v_inv,
-        call.cs_stride if rotate else 0,
-        q_tok,
-        q_head,
-        k.token_stride,
-        k.head_stride,
-        v_tok,
-        v_head,
-        *k_lay.strides,
-        *v_lay.strides,
-        k_lay.num_slots,
-        num_q_heads,
-        k.num_heads,
-        call.max_pos if rotate else 1,
-        norm.eps if norm is not None else 0.0,
+    fixed = rope_kv_schema.fixed(
+        **kv_fixed,
+        cs_stride=call.cs_stride if rotate else 0,
+        q_tok_stride=q_tok,
+        q_head_stride=q_head,
+        k_tok_stride=k.token_stride,
+        k_head_stride=k.head_stride,
+        v_tok_stride=v_tok,
+        v_head_stride=v_head,
+        num_q_heads=num_q_heads,
+        num_kv_heads=k.num_heads,
+        max_pos=call.max_pos if rotate else 1,
+        eps=norm.eps if norm is not None else 0.0,
     )
-    constexprs = dict(
+    constexprs = rope_kv_schema.constexprs(
+        **kv_consts,
         NUM_Q_BLOCKS=num_q_blocks,
         NUM_KV_BLOCKS=num_kv_blocks,
         MERGED=merged,
         GRID_ORDER=order,
-        PAGE_SIZE=k_lay.page_size,
         HEAD_DIM=head_size,
         V_HEAD_DIM=v_head_dim,
         ROT_DIM=rot,
@@ -394,10 +393,6 @@ def plan_rope_kv(
         IS_BF16=call.dtype == torch.bfloat16,
         ROTATE=rotate,
         WRITE_KV=kv is not None,
-        K_SCALE_MODE=k_mode,
-        V_SCALE_MODE=v_mode,
-        K_FP8_MAX=k_fp8_max,
-        V_FP8_MAX=fp8_max(v_dtype),
         EMULATE_FP8=s.interpret,
         USE_PDL=use_pdl,
         QK_NORM=norm is not None,
@@ -409,7 +404,7 @@ def plan_rope_kv(
         SLOT_PRE=kv is not None and rotate and cfg.pre_wait and cfg.slot_pre,
     )
     return make_launcher(
-        rope_kv_kernel, grid, fixed, constexprs, options, call.device, ROPE_KV_CALL_NAMES
+        rope_kv_kernel, grid, fixed, constexprs, options, call.device, rope_kv_schema.CALL_NAMES
     )
 
 
@@ -431,11 +426,19 @@ def rope_kv_args(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """The kernel's per-call tensors in parameter order; key stands in for the unused ones."""
-    t = (positions, cos_sin_cache, query, value, k_buffer, v_buffer, cache_loc)
-    pos, cs, q, v, kb, vb, loc = (x if x is not None else key for x in t)
-    ks = k_scale if isinstance(k_scale, torch.Tensor) else key
-    vs = v_scale if isinstance(v_scale, torch.Tensor) else key
-    qw = q_norm_weight if q_norm_weight is not None else key
-    kw = k_norm_weight if k_norm_weight is not None else key
-    return pos, cs, q, key, v, kb, vb, loc, ks, vs, qw, kw
+    """The kernel's per-call tensors in pointer order (rope_kv_schema.pointer_tensors); key
+    stands in for the ones a call does not have."""
+    return rope_kv_schema.pointer_tensors(
+        key,
+        positions=positions,
+        cos_sin_cache=cos_sin_cache,
+        query=query,
+        value=value,
+        k_buffer=k_buffer,
+        v_buffer=v_buffer,
+        cache_loc=cache_loc,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        q_norm_weight=q_norm_weight,
+        k_norm_weight=k_norm_weight,
+    )

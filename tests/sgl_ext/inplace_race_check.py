@@ -22,8 +22,9 @@ import torch
 
 from sgl_ext import FusedSetKVBufferArg, rope
 from sgl_ext._common import QKNormCall
+from sgl_ext.rope_kv_schema import CALL_NAMES
 from sgl_ext.triton import rope_kv_plan as rp
-from sgl_ext.triton.rope_kv import ROPE_KV_CALL_NAMES, rope_kv_kernel
+from sgl_ext.triton.rope_kv import rope_kv_kernel
 
 TRITON_PTR = {
     torch.bfloat16: "*bf16",
@@ -44,7 +45,7 @@ def compile_plan(plan, dtypes: dict[str, torch.dtype]):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    values = dict(zip(ROPE_KV_CALL_NAMES[12:], plan.fixed, strict=True))
+    values = dict(zip(CALL_NAMES[12:], plan.fixed, strict=True))
     sig: dict[str, str] = {}
     consts = dict(plan.constexprs)
     attrs = {}

@@ -18,7 +18,8 @@ import torch
 
 import sgl_ext
 from sgl_ext import fast_launch, kv_cache, qk_norm_rope, rope, settings
-from sgl_ext.rope import KV_FIELDS, FusedSetKVBufferArg
+from sgl_ext.rope import FusedSetKVBufferArg
+from sgl_ext.rope_kv_schema import ROPE_OP
 from tests.sgl_ext.sgl_ext_testutil import bits
 from tests.sgl_ext.test_validation import make_args
 
@@ -39,7 +40,7 @@ def mod():
 
 
 def _rope_table(mod):
-    return mod.Table(expand=((7, KV_FIELDS),), grad=(1, 2, 9, 10))
+    return mod.Table(expand=ROPE_OP.expand(), grad=ROPE_OP.grad())
 
 
 def _rope_args(a, arg=True, enable_pdl=None):
