@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import gc
 import logging
 import os
@@ -199,10 +198,8 @@ class Engine:
     def _new_reqs(
         self, raw: Any, sampling_params: Any, logprob_args: dict[str, Any]
     ) -> list[Req | RequestError]:
-        """The `n` requests of one prompt (str) or token list, or their errors.
-
-        logprob_args: this prompt's return_logprob, logprob_start_len, top_logprobs_num,
-        return_text_in_logprobs (srt/entrypoints/logprob_io.py)."""
+        """The `n` requests of one prompt (str) or token list, or their errors (logprob_args:
+        this prompt's, see srt/entrypoints/logprob_io.py)."""
         now = time.perf_counter()
         rids = [uuid.uuid4().hex]
         try:
@@ -217,8 +214,7 @@ class Engine:
             ids, params, meta = fit_context(
                 ids, params, self.model_runner.context_len, self.server_args.allow_auto_truncate
             )
-            vocab = int(self.model_runner.model_config.vocab_size)
-            check_logit_bias_vocab(params.logit_bias, vocab)
+            check_logit_bias_vocab(params.logit_bias, self.model_runner.model_config.vocab_size)
             logprob_fields = logprob_req_fields(logprob_args, len(ids))
             reqs: list[Req | RequestError] = []
             for j, rid in enumerate(rids):
@@ -344,17 +340,12 @@ class Engine:
             stop_token_ids, ignore_eos, skip_special_tokens, no_stop_trim, n, sampling_seed
             (alias seed).
         input_ids : token ids instead of prompt: a list of ints or a list of lists.
-        return_logprob : also return log-probabilities (meta_info `output_token_logprobs`,
-            `input_token_logprobs`, ...: srt/entrypoints/logprob_io.py). A token's is that of
-            the distribution it was drawn from: logits after penalties and logit_bias, divided
-            by the temperature of a sampled request, before top_k / top_p / min_p (SGLang's).
+        return_logprob : also return log-probabilities, SGLang's meta_info fields
+            (srt/entrypoints/logprob_io.py); those of the distribution a token is drawn from.
         progress_bar : show a tqdm bar (default: for 32 or more requests; not when streaming).
         stream : return an iterator of incremental dicts instead (see below).
-        logprob_start_len : with return_logprob, the first prompt position whose token gets an
-            input logprob (-1 / None: none; its own logprob is None, as SGLang's).
-        top_logprobs_num : with return_logprob, the most likely tokens listed per position.
-        return_text_in_logprobs : the logprob tuples carry each token's text (else None).
-        (These three, like return_logprob, take one value or a list with one per prompt.)
+        logprob_start_len, top_logprobs_num, return_text_in_logprobs : SGLang's, see
+            logprob_io.py (like return_logprob, one value or a list with one per prompt).
 
         Returns
         -------
@@ -373,6 +364,11 @@ class Engine:
         """
         if self._closed:
             raise RuntimeError("generate() after shutdown()")
+        lp_args: dict[str, Any] = dict(
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
         if self._tp_workers is not None:
             if stream:
                 raise ValueError("stream=True needs tp_size=1 or ranks launched by torchrun")
@@ -383,19 +379,9 @@ class Engine:
                 input_ids=input_ids,
                 return_logprob=return_logprob,
                 progress_bar=progress_bar,
-                logprob_start_len=logprob_start_len,
-                top_logprobs_num=top_logprobs_num,
-                return_text_in_logprobs=return_text_in_logprobs,
+                **lp_args,
             )
-        batch = self.make_requests(
-            prompt,
-            sampling_params,
-            input_ids,
-            return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs,
-        )
+        batch = self.make_requests(prompt, sampling_params, input_ids, return_logprob, **lp_args)
         if stream:
             return self._stream(batch)
         reqs = [r for r in batch.items if isinstance(r, Req)]
@@ -464,12 +450,13 @@ class Engine:
         """
         if not stream:
             out = await asyncio.to_thread(
-                functools.partial(self.generate, **logprob_args),
+                self.generate,
                 prompt,
                 sampling_params,
                 input_ids,
                 return_logprob,
                 False,
+                **logprob_args,
             )
             assert not isinstance(out, Iterator)  # stream=False
             return out

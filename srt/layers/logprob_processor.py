@@ -3,9 +3,10 @@
 One definition serves the prompt positions (computed by the LogitsProcessor during a prefill,
 chunk by chunk so a long prompt never holds all its [T, V] logits at once) and the sampled
 tokens (computed by the scheduler from the logits the sampler drew from): logprob = logit -
-logsumexp(row), in float32. The chosen token's value and the top-k values come from the same
-row and the same normaliser, so a greedy token's logprob equals its row's top-1 exactly (clients
-such as lm-eval compare them to decide "is greedy").
+logsumexp(row), in float32 (-inf clamped to float32's lowest value). The chosen token's value
+and the top-k values come from the same row and the same normaliser, so a greedy token's
+logprob equals its row's top-1 exactly (clients such as lm-eval compare them to decide "is
+greedy").
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_k: int = 0
         raise ValueError(f"top_k must be >= 0, got {top_k}")
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1)  # [N]
-    chosen = x.gather(1, token_ids.long()[:, None]).squeeze(1) - lse  # [N]
+    # a masked token (-inf logit) gets float32's lowest value, as SGLang clamps: JSON has no -inf
+    low = torch.finfo(torch.float32).min
+    chosen = (x.gather(1, token_ids.long()[:, None]).squeeze(1) - lse).clamp_(min=low)  # [N]
     k = min(top_k, x.shape[1])
     if k == 0:
         return TokenLogprobs(chosen)
     vals, idx = x.topk(k, dim=-1)  # [N, k] descending
-    return TokenLogprobs(chosen, vals - lse[:, None], idx)
+    return TokenLogprobs(chosen, (vals - lse[:, None]).clamp_(min=low), idx)
 
 
 def input_logprob_rows(
