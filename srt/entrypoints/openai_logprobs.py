@@ -49,7 +49,7 @@ def generate_logprob_args(body: dict[str, Any], chat: bool) -> dict[str, Any]:
             return {}
         return {"return_logprob": True, "top_logprobs_num": top, "return_text_in_logprobs": True}
     echo = _flag(body, "echo")
-    if body.get("logprobs") in (None, False):
+    if body.get("logprobs") is None or body.get("logprobs") is False:  # (0 asks: no top lists)
         return {}
     return {
         "return_logprob": True,
