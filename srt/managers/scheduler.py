@@ -20,8 +20,8 @@ eviction, finish checks) then hides under the GPU's. Every device effect of that
 memory step N still reads is safe. A request known to finish by length at step N is left out
 of step N + 1; one that stops on a token at step N has run one step more, whose token is
 dropped (a sampled one has drawn from its generator once more, which nothing reads again).
-Greedy and sampled requests without penalties or logprobs, at TP 1 and with no request
-waiting to be admitted.
+Greedy and sampled requests without penalties, logit_bias or logprobs, at TP 1 and with no
+request waiting to be admitted.
 """
 
 from __future__ import annotations

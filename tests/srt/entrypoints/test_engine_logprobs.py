@@ -277,11 +277,20 @@ def test_cuda_graph_logprobs_and_bias_match_eager():
     kw = dict(return_logprob=[True, True, True, False], top_logprobs_num=3, logprob_start_len=0)
     runs = {}
     for graph in (False, True):
-        eng = srt.Engine(device="cuda", cuda_graph=graph, dtype="float32", max_total_tokens=2048)
+        eng = srt.Engine(
+            device="cuda",
+            cuda_graph=graph,
+            dtype="float32",
+            max_total_tokens=2048,
+            cuda_graph_max_bs=8,
+            skip_tokenizer_init=True,
+        )
+        assert (eng.model_runner.cuda_graph_runner is not None) == graph
         try:
             base = eng.generate(input_ids=prompts, sampling_params=sps)
             runs[graph] = eng.generate(input_ids=prompts, sampling_params=sps, **kw)
             assert [o["output_ids"] for o in runs[graph]] == [o["output_ids"] for o in base]
+            assert base[1]["output_ids"] == [7] * 12  # the tiny model's logits spread < 3.5
         finally:
             eng.shutdown()
     for a, b in zip(runs[False], runs[True], strict=True):
