@@ -35,10 +35,12 @@ from srt.distributed import (
     launched_by_torchrun,
     model_parallel_is_initialized,
 )
+from srt.entrypoints.logprob_io import logprob_req_fields, per_request_logprob_args
 from srt.entrypoints.outputs import RequestError, StreamState, error_output, final_output
 from srt.entrypoints.request_checks import check_input_ids, fit_context
 from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
+from srt.sampling.logit_bias import check_logit_bias_vocab
 from srt.sampling.sampling_params import SamplingParams
 from srt.server_args import ServerArgs
 
@@ -194,9 +196,10 @@ class Engine:
 
     # ---- requests ----
     def _new_reqs(
-        self, raw: Any, sampling_params: Any, return_logprob: bool
+        self, raw: Any, sampling_params: Any, logprob_args: dict[str, Any]
     ) -> list[Req | RequestError]:
-        """The `n` requests of one prompt (str) or token list, or their errors."""
+        """The `n` requests of one prompt (str) or token list, or their errors (logprob_args:
+        this prompt's, see srt/entrypoints/logprob_io.py)."""
         now = time.perf_counter()
         rids = [uuid.uuid4().hex]
         try:
@@ -211,6 +214,8 @@ class Engine:
             ids, params, meta = fit_context(
                 ids, params, self.model_runner.context_len, self.server_args.allow_auto_truncate
             )
+            check_logit_bias_vocab(params.logit_bias, self.model_runner.model_config.vocab_size)
+            logprob_fields = logprob_req_fields(logprob_args, len(ids))
             reqs: list[Req | RequestError] = []
             for j, rid in enumerate(rids):
                 seed = params.sampling_seed
@@ -226,7 +231,7 @@ class Engine:
                     rid=rid,
                     origin_input_ids=list(ids),
                     sampling_params=params,
-                    return_logprob=bool(return_logprob),
+                    **logprob_fields,
                     generator=generator,
                     eos_token_ids=self.eos_token_ids,
                     max_total_len=self.model_runner.context_len,
@@ -256,6 +261,9 @@ class Engine:
         sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        return_text_in_logprobs: bool = False,
     ) -> PreparedBatch:
         """Check and build the requests of one `generate` call without running them.
 
@@ -289,9 +297,13 @@ class Engine:
             per_req = sampling_params
         else:
             per_req = [sampling_params] * n
-        logprob_flags = return_logprob if isinstance(return_logprob, list) else [return_logprob] * n
-        if len(logprob_flags) != n:
-            raise ValueError(f"{len(logprob_flags)} return_logprob flags for {n} requests")
+        logprob_flags = per_request_logprob_args(
+            n,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
         items: list[Req | RequestError] = []
         for raw, sp, lp in zip(raws, per_req, logprob_flags, strict=True):
             items.extend(self._new_reqs(raw, sp, lp))
@@ -313,6 +325,9 @@ class Engine:
         return_logprob: bool | list[bool] = False,
         progress_bar: bool | None = None,
         stream: bool = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        return_text_in_logprobs: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one request or a batch.
 
@@ -325,9 +340,12 @@ class Engine:
             stop_token_ids, ignore_eos, skip_special_tokens, no_stop_trim, n, sampling_seed
             (alias seed).
         input_ids : token ids instead of prompt: a list of ints or a list of lists.
-        return_logprob : also return each output token's log-probability.
+        return_logprob : also return log-probabilities, SGLang's meta_info fields
+            (srt/entrypoints/logprob_io.py); those of the distribution a token is drawn from.
         progress_bar : show a tqdm bar (default: for 32 or more requests; not when streaming).
         stream : return an iterator of incremental dicts instead (see below).
+        logprob_start_len, top_logprobs_num, return_text_in_logprobs : SGLang's, see
+            logprob_io.py (like return_logprob, one value or a list with one per prompt).
 
         Returns
         -------
@@ -346,6 +364,11 @@ class Engine:
         """
         if self._closed:
             raise RuntimeError("generate() after shutdown()")
+        lp_args: dict[str, Any] = dict(
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
         if self._tp_workers is not None:
             if stream:
                 raise ValueError("stream=True needs tp_size=1 or ranks launched by torchrun")
@@ -356,8 +379,9 @@ class Engine:
                 input_ids=input_ids,
                 return_logprob=return_logprob,
                 progress_bar=progress_bar,
+                **lp_args,
             )
-        batch = self.make_requests(prompt, sampling_params, input_ids, return_logprob)
+        batch = self.make_requests(prompt, sampling_params, input_ids, return_logprob, **lp_args)
         if stream:
             return self._stream(batch)
         reqs = [r for r in batch.items if isinstance(r, Req)]
@@ -415,20 +439,30 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool | list[bool] = False,
         stream: bool = False,
+        **logprob_args: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """`generate` for asyncio code: the forward passes run in a worker thread.
 
+        logprob_args: generate's logprob_start_len, top_logprobs_num, return_text_in_logprobs.
         Returns what `generate` returns; with stream=True an async iterator of the same
         chunks (`async for chunk in await engine.async_generate(..., stream=True)`).
         The engine runs one call at a time: do not overlap calls on one engine.
         """
         if not stream:
             out = await asyncio.to_thread(
-                self.generate, prompt, sampling_params, input_ids, return_logprob, False
+                self.generate,
+                prompt,
+                sampling_params,
+                input_ids,
+                return_logprob,
+                False,
+                **logprob_args,
             )
             assert not isinstance(out, Iterator)  # stream=False
             return out
-        chunks = self.generate(prompt, sampling_params, input_ids, return_logprob, stream=True)
+        chunks = self.generate(
+            prompt, sampling_params, input_ids, return_logprob, stream=True, **logprob_args
+        )
         return _async_chunks(chunks)  # type: ignore[arg-type]
 
     def get_kv_memory_report(self) -> Any:

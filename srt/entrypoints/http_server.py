@@ -2,7 +2,8 @@
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": server-sent
 events ending in `data: [DONE]`), GET /v1/models, POST /generate (SGLang's native body: text or
-input_ids, sampling_params, return_logprob, stream), GET /health, GET /get_model_info.
+input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num,
+return_text_in_logprobs, stream), GET /health, GET /get_model_info.
 Every request goes to the one continuous-batching scheduler of the EngineLoop; a client that
 disconnects has its requests aborted (their KV slots freed). A bad request gets HTTP 400 with
 OpenAI's error body; a failed forward step HTTP 500.
@@ -22,7 +23,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from srt.entrypoints import openai_api as oai
+from srt.entrypoints import openai_logprobs as oai_lp
 from srt.entrypoints.engine_loop import EngineLoop, Submission
+from srt.entrypoints.logprob_io import LOGPROB_ARGS
 
 _DISCONNECT_POLL_S = 0.5
 
@@ -136,6 +139,7 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
                 "sampling_params": body.get("sampling_params"),
                 "return_logprob": body.get("return_logprob") or False,
             }
+            kwargs.update({k: body[k] for k in LOGPROB_ARGS[1:] if body.get(k) is not None})
             stream = bool(body.get("stream"))
             events = _events(loop, request, kwargs, stream)
             start = await _first(events)
@@ -170,7 +174,10 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
             else:
                 inputs = oai.completion_inputs(body)
             stream = bool(body.get("stream"))
-            events = _events(loop, request, {**inputs, "sampling_params": params}, stream)
+            lp_args = oai_lp.generate_logprob_args(body, chat)
+            echo = None if chat else oai_lp.echo_texts(body, engine.tokenizer)
+            kwargs = {**inputs, "sampling_params": params, **lp_args}
+            events = _events(loop, request, kwargs, stream)
             start = await _first(events)
         except oai.BadRequest as e:
             return _error(400, str(e), e.param)
@@ -187,11 +194,13 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
             if bad is not None:
                 return _error(400, bad["error"])
             build = oai.chat_response if chat else oai.completion_response
-            return JSONResponse(build(rid, model, outs))
+            n = int(params.get("n") or 1)
+            return JSONResponse(oai_lp.add_logprobs(build(rid, model, outs), outs, chat, echo, n))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def openai_stream() -> AsyncIterator[str]:
             finals: list[dict[str, Any]] = []
+            lp_stream = oai_lp.StreamLogprobs(chat, echo, int(params.get("n") or 1))
             if chat:
                 for i in range(start[1]):
                     yield _sse(oai.stream_chunk(rid, model, True, i, None, None))
@@ -205,7 +214,8 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
                         continue
                     reason = oai.finish_reason(out["meta_info"]["finish_reason"])
                     text = out.get("text", "")
-                    yield _sse(oai.stream_chunk(rid, model, chat, index, text, reason))
+                    payload = oai.stream_chunk(rid, model, chat, index, text, reason)
+                    yield _sse(lp_stream.fill(payload, out))
             except _Failed as e:
                 yield _sse(oai.error_body(str(e), code=e.status))
             if include_usage and finals:

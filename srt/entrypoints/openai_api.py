@@ -1,7 +1,8 @@
 """The OpenAI API's request and response bodies, translated to and from `Engine.generate`.
 
 Pure functions, no I/O: `http_server.py` calls them. Requests take the OpenAI names
-(max_tokens, stop, n, seed, temperature, top_p, frequency/presence_penalty) and SGLang's extra
+(max_tokens, stop, n, seed, temperature, top_p, frequency/presence_penalty, logit_bias; logprobs,
+top_logprobs and echo in openai_logprobs.py) and SGLang's extra
 sampling keys (top_k, min_p, repetition_penalty, min_tokens, stop_token_ids, ignore_eos,
 skip_special_tokens, no_stop_trim). Unsupported OpenAI options raise ValueError (HTTP 400).
 """
@@ -34,9 +35,11 @@ _SAME = (
     "skip_special_tokens",
     "no_stop_trim",
     "n",
+    "logit_bias",
 )
-# Accepted and ignored (no effect on the output here).
-_IGNORED = ("model", "user", "stream", "stream_options", "logit_bias", "best_of", "suffix")
+# Accepted and ignored (no effect on the output here; logprobs, top_logprobs and echo are read
+# by openai_logprobs.py).
+_IGNORED = ("model", "user", "stream", "stream_options", "best_of", "suffix")
 _CHAT_ONLY = ("messages", "max_completion_tokens", "response_format", "tools", "tool_choice")
 
 
@@ -62,10 +65,6 @@ def sampling_params(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise BadRequest(f"unsupported request fields {unknown}", unknown[0])
-    if body.get("echo"):
-        raise BadRequest("echo is not supported", "echo")
-    if body.get("logprobs") not in (None, False, 0):
-        raise BadRequest("logprobs are not supported by this server", "logprobs")
     if body.get("tools"):
         raise BadRequest("tools are not supported by this server", "tools")
     params: dict[str, Any] = {}

@@ -2,7 +2,8 @@
 
 Format as SGLang's: `text` (with a tokenizer), `output_ids`, `meta_info` (`id` a string,
 `finish_reason`, `prompt_tokens`, `completion_tokens`, `cached_tokens`, `e2e_latency`, plus
-`truncation` when allow_auto_truncate cut the request), `output_token_logprobs` on request.
+`truncation` when allow_auto_truncate cut the request), `output_token_logprobs` on request
+(and SGLang's logprob fields in meta_info: srt/entrypoints/logprob_io.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from srt.entrypoints.logprob_io import logprob_meta
 from srt.managers.schedule_batch import Req
 
 REPLACEMENT_CHAR = "\ufffd"  # what a partial UTF-8 sequence decodes to
@@ -74,8 +76,7 @@ def final_output(req: Req, tokenizer: Any) -> dict[str, Any]:
     meta = meta_info(req)
     if req.return_logprob:
         out["output_token_logprobs"] = list(req.output_token_logprobs)
-        pairs = zip(req.output_token_logprobs, req.output_ids, strict=True)
-        meta["output_token_logprobs"] = [(lp, tok, None) for lp, tok in pairs]
+        meta.update(logprob_meta(req, tokenizer))
     out["meta_info"] = meta
     return out
 
@@ -133,11 +134,8 @@ class StreamState:
             self.sent_chars = max(self.sent_chars, len(text))
         meta = meta_info(req)
         if req.return_logprob:
-            new_lps = req.output_token_logprobs[self.sent_ids :]
-            chunk["output_token_logprobs"] = list(new_lps)
-            meta["output_token_logprobs"] = [
-                (lp, tok, None) for lp, tok in zip(new_lps, chunk["output_ids"], strict=True)
-            ]
+            chunk["output_token_logprobs"] = req.output_token_logprobs[self.sent_ids :]
+            meta.update(logprob_meta(req, self.tokenizer, out_start=self.sent_ids))
         chunk["meta_info"] = meta
         self.sent_ids = len(req.output_ids)
         self.done = req.finished

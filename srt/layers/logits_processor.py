@@ -10,6 +10,7 @@ from torch import nn
 
 from srt.distributed import tensor_model_parallel_all_gather
 from srt.layers.gemm_choice import dispatch_linear
+from srt.layers.logprob_processor import TokenLogprobs, input_logprob_rows, input_token_logprobs
 
 if TYPE_CHECKING:
     from srt.model_executor.forward_batch_info import ForwardBatch
@@ -21,6 +22,9 @@ class LogitsProcessorOutput:
     next_token_logits: torch.Tensor
     # float32 [T, V]: logits after every new token (only when forward_batch.return_all_logits).
     all_logits: torch.Tensor | None = None
+    # Logprobs of the prompt tokens at the rows `input_logprob_rows` names (only when
+    # forward_batch.return_logprob): one row per scored position, request after request.
+    input_logprobs: TokenLogprobs | None = None
 
 
 class LogitsProcessor(nn.Module):
@@ -54,6 +58,18 @@ class LogitsProcessor(nn.Module):
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits
 
+    def input_logprobs(
+        self,
+        input_ids: torch.Tensor,
+        hidden_states: torch.Tensor,
+        lm_head: nn.Module,
+        forward_batch: ForwardBatch,
+    ) -> TokenLogprobs:
+        """The prompt-token logprobs an EXTEND batch asks for (chunked LM-head projections)."""
+        rows, top_k = _scored_rows(forward_batch)
+        project = lambda h: self._project(h, lm_head)  # noqa: E731
+        return input_token_logprobs(hidden_states, input_ids, rows, project, self.vocab_size, top_k)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -68,8 +84,42 @@ class LogitsProcessor(nn.Module):
             assert start is not None and lens is not None  # extend batches carry both
             # int64 [B]: index of each request's last new token (device math, no sync).
             last = (start + lens - 1).long()
+            if getattr(forward_batch, "return_logprob", False):
+                out = LogitsProcessorOutput(self._project(hidden_states[last], lm_head))
+                out.input_logprobs = self.input_logprobs(
+                    input_ids, hidden_states, lm_head, forward_batch
+                )
+                return out
             if getattr(forward_batch, "return_all_logits", False):
                 all_logits = self._project(hidden_states, lm_head)  # [T, V]
                 return LogitsProcessorOutput(all_logits[last], all_logits)
             return LogitsProcessorOutput(self._project(hidden_states[last], lm_head))
         return LogitsProcessorOutput(self._project(hidden_states, lm_head))  # [B, V]
+
+
+def _scored_rows(fb: ForwardBatch) -> tuple[list[int], int]:
+    """The rows an EXTEND batch with return_logprob scores, and the top-k they need."""
+    lens, starts = fb.extend_seq_lens_cpu, fb.extend_logprob_start_lens_cpu
+    if lens is None or starts is None or fb.top_logprobs_nums is None:
+        raise ValueError(
+            "return_logprob needs extend_seq_lens_cpu, extend_logprob_start_lens_cpu and "
+            "top_logprobs_nums"
+        )
+    rows, _ = input_logprob_rows(lens, starts)
+    return rows, max(fb.top_logprobs_nums, default=0)
+
+
+def scored_all_logits(
+    all_logits: torch.Tensor, forward_batch: ForwardBatch
+) -> LogitsProcessorOutput:
+    """The LogitsProcessorOutput of an EXTEND batch asking for input logprobs, from a model that
+    returned the [T, V] logits of every new token (no LogitsProcessor of its own)."""
+    fb = forward_batch
+    rows, top_k = _scored_rows(fb)
+    vocab = int(all_logits.shape[1])
+    scored = input_token_logprobs(all_logits, fb.input_ids, rows, lambda x: x, vocab, top_k)
+    lens = fb.extend_seq_lens_cpu
+    assert lens is not None  # _scored_rows checked it
+    last = torch.tensor(lens, dtype=torch.int64).cumsum(0) - 1  # [B]
+    next_logits = all_logits.index_select(0, last.to(all_logits.device)).float()
+    return LogitsProcessorOutput(next_logits, input_logprobs=scored)

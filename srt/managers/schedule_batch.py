@@ -56,6 +56,17 @@ class Req:
     max_total_len: int = 0  # prompt + generated tokens allowed (context limit)
     output_ids: list[int] = field(default_factory=list)
     output_token_logprobs: list[float] = field(default_factory=list)
+    # ---- logprobs beyond the sampled tokens' (SGLang's; only with return_logprob) ----
+    top_logprobs_num: int = 0  # top entries per scored position
+    # first prompt position with an input logprob (len(origin_input_ids): none; SGLang's -1)
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False  # the outputs' tuples carry each token's text
+    # prompt tokens logprob_start_len .. end: None for the first (as SGLang), then floats
+    input_token_logprobs: list[float | None] = field(default_factory=list)
+    # their top lists ((logprob, id) pairs; None for the first), when top_logprobs_num > 0
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    # each output token's top list, when top_logprobs_num > 0
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     req_pool_idx: int | None = None
     kv_len: int = 0
     kv_pages: list[int] = field(default_factory=list)

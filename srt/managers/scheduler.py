@@ -20,8 +20,8 @@ eviction, finish checks) then hides under the GPU's. Every device effect of that
 memory step N still reads is safe. A request known to finish by length at step N is left out
 of step N + 1; one that stops on a token at step N has run one step more, whose token is
 dropped (a sampled one has drawn from its generator once more, which nothing reads again).
-Greedy and sampled requests without penalties or logprobs, at TP 1 and with no request
-waiting to be admitted.
+Greedy and sampled requests without penalties, logit_bias or logprobs, at TP 1 and with no
+request waiting to be admitted.
 """
 
 from __future__ import annotations
@@ -35,8 +35,16 @@ import torch
 
 from srt.distributed import tensor_model_parallel_broadcast
 from srt.managers.schedule_batch import Req, ScheduleBatch, pages_needed
+from srt.managers.scheduler_logprobs import (
+    prefill_logits,
+    record_output_logprob,
+    top_logprobs_nums,
+    wants_input_logprobs,
+)
 from srt.mem_cache.host_copy import upload
 from srt.mem_cache.kv_memory import swa_tokens_per_request
+from srt.sampling.logit_bias import apply_logit_bias
+from srt.sampling.logprobs import OutputLogprob, output_logprobs
 from srt.sampling.penalties import PenaltyInputs, apply_penalties
 from srt.sampling.sampler import sample, step_seed
 
@@ -51,9 +59,10 @@ def _penalty_inputs(req: Req) -> PenaltyInputs:
 
 def _plain(req: Req) -> bool:
     """Its token needs only the logits of its own row: greedy or sampled, no penalty (or
-    min_new_tokens) mask, which reads the tokens so far, and no logprob. Such requests may run
-    in the overlapped decode."""
-    return not req.sampling_params.has_penalties and not req.return_logprob
+    min_new_tokens) mask, which reads the tokens so far, no logit_bias and no logprob. Such
+    requests may run in the overlapped decode."""
+    params = req.sampling_params
+    return not params.has_penalties and params.logit_bias is None and not req.return_logprob
 
 
 def _plain_greedy(req: Req) -> bool:
@@ -192,7 +201,8 @@ class Scheduler:
 
     def add_request(self, req: Req) -> None:
         self.check_fits(req)
-        if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
+        if req.sampling_params.max_new_tokens == 0 and not wants_input_logprobs(req):
+            # nothing to generate (or score): done at once
             req.check_finished()
             req.finished_time = time.perf_counter()
             self.finished_early.append(req)
@@ -246,7 +256,7 @@ class Scheduler:
     def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
         tp = getattr(self.runner, "tp_size", 1)
         greedy_ids = getattr(self.runner, "greedy_ids", None)
-        lps: list[float | None]
+        lps: list[OutputLogprob | None]
         if greedy_ids is not None and tp == 1 and all(_plain_greedy(r) for r in reqs):
             # the argmax alone: a graph replay has it on the host already
             ids, lps = greedy_ids(logits), [None] * len(reqs)
@@ -255,27 +265,27 @@ class Scheduler:
             plain = not any(r.sampling_params.has_penalties for r in reqs)
             ids, lps = self._sample(reqs, logits, want_lp, plain, tp)
         for req, tok, lp in zip(reqs, ids, lps, strict=True):
+            if req.sampling_params.max_new_tokens == 0:  # prefilled for its prompt logprobs
+                req.check_finished()
+                continue
             req.output_ids.append(int(tok))
-            if req.return_logprob:
-                req.output_token_logprobs.append(float(lp))  # type: ignore[arg-type]
+            record_output_logprob(req, lp)
             req.check_finished()
 
     def _sample(
         self, reqs: list[Req], logits: torch.Tensor, want_lp: bool, plain: bool, tp: int
-    ) -> tuple[list[int], list[float | None]]:
+    ) -> tuple[list[int], list[OutputLogprob | None]]:
+        params = [r.sampling_params for r in reqs]
         if not plain:
             logits = apply_penalties(logits, [_penalty_inputs(r) for r in reqs])  # [B, V]
-        next_ids, logprobs = sample(
-            logits,
-            [r.sampling_params for r in reqs],
-            [r.generator for r in reqs],
-            want_lp,
-            seeds=_step_seeds(reqs),
-        )
+        logits = apply_logit_bias(logits, [p.logit_bias for p in params])  # [B, V]
+        next_ids, _ = sample(logits, params, [r.generator for r in reqs], seeds=_step_seeds(reqs))
         if tp > 1:
             # Every rank samples the same logits; rank 0's ids make that exact (same schedule).
             tensor_model_parallel_broadcast(next_ids, src=0)
-        lps = logprobs.tolist() if logprobs is not None else [None] * len(reqs)
+        lps: list[OutputLogprob | None] = [None] * len(reqs)
+        if want_lp:  # of the distribution drawn from (srt/sampling/logprobs.py)
+            lps = output_logprobs(logits, params, next_ids, top_logprobs_nums(reqs))
         return next_ids.tolist(), lps
 
     # ---- overlapped decode ----
@@ -363,7 +373,7 @@ class Scheduler:
         if new:
             self.running.extend(new)  # from here on they hold memory (abort_all frees it)
             fb = self.batch.prepare_for_extend(new)
-            logits = self.runner.forward(fb)  # [B, V] last-position logits
+            logits = prefill_logits(self.runner, fb, new)  # [B, V] last-position logits
             self.num_prefill_steps += 1
             self._sample_and_append(new, logits)
         elif self.running:

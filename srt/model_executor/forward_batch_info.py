@@ -110,6 +110,15 @@ class ForwardBatch:
     # Whether the logits processor should also return logits of every new token (EXTEND).
     return_all_logits: bool = False
 
+    # ---- Input-token logprobs (EXTEND only; SGLang's names) ----
+    # Whether the logits processor also scores the prompt tokens (the two fields below).
+    return_logprob: bool = False
+    # list[int] of length B, host: each request's first prompt position with an input logprob
+    # (srt/layers/logprob_processor.py: input_logprob_rows); extend_seq_lens_cpu[i]: none.
+    extend_logprob_start_lens_cpu: list[int] | None = None
+    # list[int] of length B, host: top logprobs wanted per scored position of each request.
+    top_logprobs_nums: list[int] | None = None
+
     # ---- Per-batch memo (not an input) ----
     # (pool, answer) of srt.models.utils.enable_fused_set_kv_buffer for this batch's pool, so
     # the layers after the first skip the pool's layout checks; None until the first layer.

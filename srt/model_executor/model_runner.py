@@ -23,6 +23,7 @@ from srt.distributed import (
     model_parallel_is_initialized,
     tensor_model_parallel_min_int,
 )
+from srt.layers.logits_processor import LogitsProcessorOutput, scored_all_logits
 from srt.model_executor.forward_batch_info import ForwardBatch
 from srt.sampling.greedy import GreedySampler, argmax_native
 from srt.server_args import ServerArgs
@@ -352,6 +353,34 @@ class ModelRunner:
         """True while the CUDA-graph runner captures (the flag lives on that runner)."""
         return self.cuda_graph_runner is not None and self.cuda_graph_runner.is_capturing
 
+    def _run_model(self, fb: ForwardBatch) -> Any:
+        """The model's output on an initialised batch: a LogitsProcessorOutput or [T|B, V]."""
+        translate = getattr(fb.token_to_kv_pool, "translate_loc_from_full_to_swa", None)
+        if translate is not None and fb.out_cache_loc_swa is None:
+            # hybrid pool: window slots of the new tokens, on device (a decode batch from
+            # ScheduleBatch already carries them: no gather, 5 launches fewer a step)
+            fb.out_cache_loc_swa = translate(fb.out_cache_loc)  # int64 [T], -1 = none
+        return self.model(fb.input_ids, fb.positions, fb)
+
+    def forward_with_input_logprobs(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        """An EXTEND forward that also scores the prompt tokens (`return_logprob` and its fields
+        set on the batch; see srt/layers/logprob_processor.py). Eager, like every prefill.
+
+        Returns
+        -------
+        LogitsProcessorOutput: next_token_logits float [B, V] and input_logprobs.
+        """
+        fb = forward_batch
+        if not fb.forward_mode.is_extend() or not fb.return_logprob:
+            raise ValueError("forward_with_input_logprobs needs an EXTEND batch, return_logprob")
+        with torch.inference_mode():
+            self.attn_backend.init_forward_metadata(fb)
+            out = self._run_model(fb)
+            if isinstance(out, LogitsProcessorOutput) and out.input_logprobs is not None:
+                return out
+            # a model without a LogitsProcessor returns [T, V] logits: score those rows here
+            return scored_all_logits(out, fb)
+
     def model_forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
         """The model on an already-initialised batch (what CUDA graphs capture).
 
@@ -361,12 +390,7 @@ class ModelRunner:
         """
         fb = forward_batch
         with torch.inference_mode():
-            translate = getattr(fb.token_to_kv_pool, "translate_loc_from_full_to_swa", None)
-            if translate is not None and fb.out_cache_loc_swa is None:
-                # hybrid pool: window slots of the new tokens, on device (a decode batch from
-                # ScheduleBatch already carries them: no gather, 5 launches fewer a step)
-                fb.out_cache_loc_swa = translate(fb.out_cache_loc)  # int64 [T], -1 = none
-            out = self.model(fb.input_ids, fb.positions, fb)
+            out = self._run_model(fb)
             logits = getattr(out, "next_token_logits", out)  # LogitsProcessorOutput or tensor
             if fb.forward_mode.is_extend() and logits.shape[0] != fb.batch_size:
                 # [T, V] per-token logits: keep each request's last token.

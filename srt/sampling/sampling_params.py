@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from srt.sampling.logit_bias import LogitBias, parse_logit_bias
+
 # Accepted as the old name of sampling_seed.
 SEED_ALIAS = "seed"
 PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
@@ -57,6 +59,8 @@ class SamplingParams:
     n : outputs per prompt (each one a separate request; seeded ones get seeds s, s+1, ...).
     sampling_seed : seeds this request's sampling generator (same seed, same tokens, whatever
         the batch). `seed` is accepted as an alias by `from_dict`.
+    logit_bias : {token id: bias in [-100, 100]} (OpenAI's; keys ints or digit strings), added
+        to the logits after the penalties, greedy rows too; stored as sorted (id, bias) pairs.
     """
 
     max_new_tokens: int = 128
@@ -75,8 +79,10 @@ class SamplingParams:
     no_stop_trim: bool = False
     n: int = 1
     sampling_seed: int | None = None
+    logit_bias: LogitBias | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
         for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
             _integer(name, getattr(self, name))
         for name in ("temperature", "top_p", "min_p") + PENALTIES:

@@ -32,6 +32,8 @@ def _run_engine(tp: int, **kw) -> tuple[list, list]:
             input_ids=PROMPTS + [PROMPTS[0]],
             sampling_params=[GREEDY] * len(PROMPTS) + [SAMPLED],
             return_logprob=True,
+            logprob_start_len=[0, 0, 3, -1],  # prompt logprobs: chunked LM head, all-gathered
+            top_logprobs_num=2,
         )
         if tp > 1:  # a bad request fails on every rank alike; the engine stays usable
             with pytest.raises(ValueError, match="vocabulary"):
@@ -45,7 +47,13 @@ def _run_engine(tp: int, **kw) -> tuple[list, list]:
         assert not any(p.is_alive() for p in procs), "TP workers outlived shutdown()"
         with pytest.raises(RuntimeError, match="shutdown"):
             engine.generate(input_ids=[1], sampling_params=GREEDY)
-    return [o["output_ids"] for o in outs], [o["output_token_logprobs"] for o in outs]
+    lps = [
+        o["output_token_logprobs"]
+        + [e[0] for e in o["meta_info"]["input_token_logprobs"][1:]]
+        + [e[0] for row in o["meta_info"]["output_top_logprobs"] for e in row]
+        for o in outs
+    ]
+    return [o["output_ids"] for o in outs], lps
 
 
 @pytest.mark.parametrize("model", ["llama", "gpt_oss"])
@@ -55,7 +63,8 @@ def test_engine_tp2_same_tokens_as_tp1(model):
     ids2, lp2 = _run_engine(2, **kw)
     assert all(len(x) == 6 for x in ids1)
     assert ids2 == ids1
-    np.testing.assert_allclose(np.array(lp2), np.array(lp1), atol=1e-4, rtol=1e-4)
+    for a, b in zip(lp2, lp1, strict=True):
+        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4, rtol=1e-4)
 
 
 def test_replicated_kv_heads_paged_unfused_logits_match_tp1():

@@ -202,7 +202,7 @@ def test_bad_requests_get_400_with_openai_error_body(client, server):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["code"] == 400 and err["message"]
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "echo": True}, timeout=10)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "echo": "1"}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
     assert not server.loop.num_active
 
