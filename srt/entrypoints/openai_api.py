@@ -56,6 +56,10 @@ _OTHER = "model user stream stream_options best_of suffix prompt echo logprobs".
 _OTHER += ["logit_bias", "response_format"]
 _CHAT_ONLY = "messages tools tool_choice top_logprobs reasoning_effort chat_template_kwargs".split()
 LOGIT_BIAS = "logit_bias"  # the SamplingParams field it goes to, once the sampler has one
+# apply_chat_template's own arguments, which chat_template_kwargs may not set (a template sent
+# with a request is refused, as SGLang does unless told to trust it).
+_TEMPLATE_ARGUMENTS = {"messages", "conversation", "tokenize", "add_generation_prompt"}
+_TEMPLATE_ARGUMENTS |= {"chat_template", "tools", "return_dict", "return_tensors"}
 
 
 def error_body(message: str, param: str | None = None, code: int = 400) -> dict[str, Any]:
@@ -135,7 +139,7 @@ def chat_template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
             raise BadRequest(
                 "chat_template_kwargs must be an object with string keys", "chat_template_kwargs"
             )
-        reserved = {"messages", "tokenize", "add_generation_prompt", "conversation"} & set(extra)
+        reserved = _TEMPLATE_ARGUMENTS & set(extra)
         if reserved:
             raise BadRequest(
                 f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs"

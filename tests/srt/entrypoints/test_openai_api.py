@@ -59,6 +59,9 @@ def test_chat_template_kwargs_and_reasoning_effort():
     body = {"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}}
     assert oai.chat_template_kwargs(body) == {"reasoning_effort": "high"}
     assert oai.chat_template_kwargs({}) == {}
+    for key in ("chat_template", "tokenize", "messages"):
+        with pytest.raises(BadRequest, match=key):
+            oai.chat_template_kwargs({"chat_template_kwargs": {key: "x"}})
 
 
 class _Tok:
