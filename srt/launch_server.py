@@ -2,6 +2,9 @@
 
 Flags as SGLang's launch_server. Without --model-path it serves the embedded tiny Llama (random
 weights: the text is not meant to read well). Needs the `server` extra (fastapi, uvicorn).
+What cannot serve is refused before any weight loads, as one `error: ...` line and exit status
+2: a bad flag, a device or backend this machine cannot run, a port already in use, a model
+config (or --json-model-override-args) no model runs with.
 
     python -m srt.launch_server --model-path /path/to/llama --port 30000
     curl http://127.0.0.1:30000/v1/completions -H 'Content-Type: application/json' \\
@@ -12,17 +15,25 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
+import traceback
+from typing import Any
 
-from srt.server_args import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS, LOG_LEVELS
+from srt.server_args import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    KV_CACHE_DTYPES,
+    LOAD_FORMATS,
+    LOG_LEVELS,
+    ServerArgs,
+)
+from srt.utils.cli import EXIT_USAGE, ArgumentParser, CLIError, check_positive, error_line
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m srt.launch_server",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+def build_parser() -> ArgumentParser:
+    """The command line (defaults shown in --help; --debug shows start-up tracebacks)."""
+    p = ArgumentParser(prog="python -m srt.launch_server", description=__doc__.split("\n\n")[0])
     a = p.add_argument
     a("--model-path", default=None, help="HF checkpoint directory (default: the tiny model)")
     a("--tokenizer-path", default=None, help="tokenizer directory (default: the model's)")
@@ -53,8 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="prepare each decode step only after the previous one is read back",
     )
     a("--allow-auto-truncate", action="store_true", help="cut over-long requests to fit")
+    a(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="/generate streams send only the new text and ids (default: all so far, as SGLang)",
+    )
     a("--log-level", default="info", choices=LOG_LEVELS, help="log level")
-    a("--debug", action="store_true", help="show tracebacks of start-up errors")
     return p
 
 
@@ -86,6 +101,30 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
     )
 
 
+def _check_args(kwargs: dict[str, Any]) -> ServerArgs:
+    """The ServerArgs the Engine will build, resolved for this machine (raises ValueError for a
+    value, device or backend that cannot serve) without loading anything."""
+    fields = {k: v for k, v in kwargs.items() if k != "cuda_graph"}
+    return ServerArgs(**fields, disable_cuda_graph=not kwargs["cuda_graph"]).resolved()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), to serve from once the model is loaded: a port in use is
+    found before the weights load, and nobody can take it meanwhile."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as e:
+        raise CLIError(f"--host {host!r} cannot be resolved: {e.strerror}", host) from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # uvicorn's own setting
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CLIError(f"--port {port} cannot be used on {host}: {e.strerror}", port) from None
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -102,27 +141,34 @@ def main(argv: list[str] | None = None) -> int:
             f"error: the server needs the 'server' extra: pip install -e '.[server]' ({e})",
             file=sys.stderr,
         )
-        return 2
-    if not 0 <= args.port < 65536:
-        print(f"error: --port must be in [0, 65535] ({args.port})", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    kwargs = _engine_kwargs(args)
+    sock = None
     try:
-        engine = Engine(**_engine_kwargs(args))
+        if not 0 <= args.port < 65536:
+            raise CLIError("--port must be in [0, 65535]", args.port)
+        if args.context_length is not None:
+            check_positive("--context-length", args.context_length)
+        _check_args(kwargs)
+        sock = bind_socket(args.host, args.port)
+        engine = Engine(**kwargs)
     except (ValueError, TypeError, OSError) as e:
+        if sock is not None:
+            sock.close()
         if args.debug:
-            raise
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"error: {msg}", file=sys.stderr)
-        return 2
+            traceback.print_exc()
+        print(error_line(e), file=sys.stderr)
+        return EXIT_USAGE
     name = args.served_model_name or args.model_path or "default"
     loop = EngineLoop(engine)
+    app = create_app(loop, name, args.incremental_streaming_output)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
     try:
-        uvicorn.run(
-            create_app(loop, name), host=args.host, port=args.port, log_level=args.log_level
-        )
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         loop.close()
         engine.shutdown()
+        sock.close()
     return 0
 
 

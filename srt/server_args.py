@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,15 @@ class ServerArgs:
             raise ValueError(
                 f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
             )
+        if self.context_length is not None and (
+            isinstance(self.context_length, bool)
+            or not isinstance(self.context_length, int)
+            or self.context_length < 1
+        ):
+            raise ValueError(
+                f"context_length must be an int >= 1 (or None: the model's), "
+                f"got {self.context_length!r}"
+            )
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
@@ -137,13 +147,43 @@ class ServerArgs:
         return json.loads(self.json_model_override_args)
 
     def resolved(self) -> ServerArgs:
-        """A copy with the device-dependent defaults (device, attention backend, graphs) filled."""
+        """A copy with the device-dependent defaults (device, attention backend, graphs) filled.
+
+        Raises ValueError for a device or backend this machine cannot run (checked here, before
+        any weight is loaded, so a server never starts only to fail every request).
+        """
         device = self.device or default_device()
         on_cuda = device.startswith("cuda")
         backend = self.attention_backend or ("triton" if on_cuda else "torch_native")
+        check_device_backends(device, backend)
         return dataclasses.replace(
             self,
             device=device,
             attention_backend=backend,
             disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
+        )
+
+
+def check_device_backends(device: str, attention_backend: str) -> None:
+    """Raise ValueError unless this machine can run `attention_backend` and the sgl_ext backend
+    (SGL_EXT_BACKEND) on `device`: CUDA must be visible for "cuda", and Triton kernels on the
+    CPU need the interpreter (TRITON_INTERPRET=1)."""
+    import torch
+
+    from sgl_ext import settings
+
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} but no CUDA device is visible: use device 'cpu'")
+        return
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if attention_backend == "triton" and not interpret:
+        raise ValueError(
+            f"attention_backend 'triton' cannot run on device {device!r}: use 'torch_native' "
+            "(or set TRITON_INTERPRET=1 to run Triton in its slow CPU interpreter)"
+        )
+    if settings.get().backend == "triton" and not interpret:
+        raise ValueError(
+            f"SGL_EXT_BACKEND=triton cannot run on device {device!r}: unset it or use 'native' "
+            "(or set TRITON_INTERPRET=1 to run Triton in its slow CPU interpreter)"
         )

@@ -10,6 +10,7 @@ dtype / torch_dtype.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,6 +29,16 @@ _DTYPES = {
     "bf16": torch.bfloat16,
 }
 FULL, SLIDING = "full_attention", "sliding_attention"
+_POSITIVE_INTS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
 
 
 def checkpoint_dtype(dtype: str | torch.dtype, config_dtype: object = None) -> torch.dtype:
@@ -139,6 +150,55 @@ class ModelConfig:
         default_factory=lambda: MappingProxyType({}), repr=False, compare=False
     )
 
+    def __post_init__(self) -> None:
+        """Reject values no model can run with (a config.json or json_model_override_args
+        typo), naming the field, before any weight is built."""
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"model config {name} must be an int >= 1, got {value!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"model config {name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"model config {name} must be finite and > 0, got {value!r}")
+        if not 0.0 < self.partial_rotary_factor <= 1.0:
+            raise ValueError(
+                f"model config partial_rotary_factor must be in (0, 1], "
+                f"got {self.partial_rotary_factor!r}"
+            )
+        if self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(
+                f"model config rotary dim (head_dim {self.head_dim} x partial_rotary_factor "
+                f"{self.partial_rotary_factor}) must be even and >= 2, got {self.rotary_dim}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"model config num_attention_heads ({self.num_attention_heads}) must be a "
+                f"multiple of num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.sliding_window is not None and (
+            isinstance(self.sliding_window, bool)
+            or not isinstance(self.sliding_window, int)
+            or self.sliding_window < 1
+        ):
+            raise ValueError(
+                f"model config sliding_window must be an int >= 1 or null, "
+                f"got {self.sliding_window!r}"
+            )
+        experts, top_k = self.num_local_experts, self.num_experts_per_tok
+        if experts < 0 or top_k < 0 or (experts > 0 and top_k > experts):
+            raise ValueError(
+                f"model config num_experts_per_tok ({top_k}) must be in "
+                f"[0, num_local_experts={experts}]"
+            )
+        if len(self.layer_types) not in (0, self.num_hidden_layers):
+            raise ValueError(
+                f"model config has {len(self.layer_types)} layer_types for "
+                f"{self.num_hidden_layers} layers"
+            )
+
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
@@ -239,6 +299,4 @@ class ModelConfig:
         if unknown:
             raise TypeError(f"unknown ModelConfig fields: {sorted(unknown)}")
         kw.update(overrides)
-        if kw["num_attention_heads"] % kw["num_key_value_heads"]:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         return cls(**kw)

@@ -38,6 +38,7 @@ from srt.distributed import (
 from srt.entrypoints.logprob_io import logprob_req_fields, per_request_logprob_args
 from srt.entrypoints.outputs import RequestError, StreamState, error_output, final_output
 from srt.entrypoints.request_checks import check_input_ids, fit_context
+from srt.entrypoints.server_info import server_info
 from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
 from srt.sampling.logit_bias import check_logit_bias_vocab
@@ -464,6 +465,11 @@ class Engine:
             prompt, sampling_params, input_ids, return_logprob, stream=True, **logprob_args
         )
         return _async_chunks(chunks)  # type: ignore[arg-type]
+
+    def get_server_info(self) -> dict[str, Any]:
+        """SGLang's server information: the resolved ServerArgs, context length, KV pool size,
+        request limits, scheduler load and version (srt/entrypoints/server_info.py)."""
+        return server_info(self)
 
     def get_kv_memory_report(self) -> Any:
         """The KV pools' `KVMemoryReport` (bytes per token of full and window layers, tokens

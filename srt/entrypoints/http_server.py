@@ -1,12 +1,16 @@
 """The HTTP server: OpenAI-compatible and SGLang-native endpoints over an EngineLoop (FastAPI).
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": server-sent
-events ending in `data: [DONE]`), GET /v1/models, POST /generate (SGLang's native body: text or
-input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num,
-return_text_in_logprobs, stream), GET /health, GET /get_model_info.
+events ending in `data: [DONE]`), GET /v1/models and /v1/models/{id}, POST /generate (SGLang's
+native body: text or input_ids, sampling_params, return_logprob, logprob_start_len,
+top_logprobs_num, return_text_in_logprobs, stream: cumulative text and ids per event as SGLang
+sends them, or only the new ones with incremental_streaming_output), GET /health,
+/health_generate (one token through the engine), /get_model_info, /get_server_info (also
+/server_info) and /metrics (Prometheus text).
 Every request goes to the one continuous-batching scheduler of the EngineLoop; a client that
 disconnects has its requests aborted (their KV slots freed). A bad request gets HTTP 400 with
-OpenAI's error body; a failed forward step HTTP 500.
+OpenAI's error body, checked here before it reaches the engine (http_checks.py), so it never
+joins the batch other clients share; a failed forward step HTTP 500.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -25,9 +29,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from srt.entrypoints import openai_api as oai
 from srt.entrypoints import openai_logprobs as oai_lp
 from srt.entrypoints.engine_loop import EngineLoop, Submission
+from srt.entrypoints.http_checks import BadRequest, check_depth, check_generate_body
 from srt.entrypoints.logprob_io import LOGPROB_ARGS
+from srt.entrypoints.metrics import CONTENT_TYPE, ServerMetrics, scheduler_load
+from srt.entrypoints.server_info import server_info
+from srt.entrypoints.stream_output import StreamAccumulator
 
 _DISCONNECT_POLL_S = 0.5
+HEALTH_CHECK_TIMEOUT_S = 20.0
+_HEALTH_REQUEST = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
 
 
 class _Failed(Exception):
@@ -38,8 +48,15 @@ class _Failed(Exception):
         self.status = status
 
 
-async def _events(loop: EngineLoop, request: Request, kwargs: dict, stream: bool) -> AsyncIterator:
-    """The events of one submission; cancels it if the client leaves or the caller stops."""
+async def _events(
+    loop: EngineLoop,
+    request: Request,
+    kwargs: dict,
+    stream: bool,
+    metrics: ServerMetrics | None = None,
+) -> AsyncGenerator:
+    """The events of one submission; cancels it if the client leaves or the caller stops.
+    Each finished output is counted in `metrics`."""
     aio = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
@@ -70,6 +87,8 @@ async def _events(loop: EngineLoop, request: Request, kwargs: dict, stream: bool
             elif kind == "final":
                 assert remaining is not None, "a final event before the start event"
                 remaining -= 1
+                if metrics is not None:
+                    metrics.observe(event[2])
             yield event
     finally:
         if remaining != 0:
@@ -87,10 +106,13 @@ def _sse(payload: Any) -> str:
 async def _body(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
+    except RecursionError:
+        raise BadRequest("the body nests too deeply for the JSON decoder") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise oai.BadRequest(f"the body is not valid JSON: {e}") from e
+        raise BadRequest(f"the body is not valid JSON: {e}") from e
     if not isinstance(body, dict):
-        raise oai.BadRequest("the body must be a JSON object")
+        raise BadRequest("the body must be a JSON object")
+    check_depth(body)
     return body
 
 
@@ -109,56 +131,113 @@ async def _collect(events: AsyncIterator, start: tuple) -> list[dict[str, Any]]:
     return outputs
 
 
-def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
-    """The FastAPI app serving `loop`'s engine under the name `model_name`."""
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", "stream_options")
+    return bool((options or {}).get("include_usage"))
+
+
+def create_app(
+    loop: EngineLoop, model_name: str, incremental_streaming_output: bool = False
+) -> FastAPI:
+    """The FastAPI app serving `loop`'s engine under the name `model_name`.
+
+    incremental_streaming_output : /generate streams send only what is new in each event
+        (SGLang's --incremental-streaming-output); by default each event holds the whole text
+        and output_ids so far, as SGLang's do.
+    """
     app = FastAPI(title="srt")
     engine = loop.engine
+    metrics = ServerMetrics(model_name)
+    vocab_size = _vocab_size(engine)
+
+    def card() -> dict[str, Any]:
+        info = {"id": model_name, "object": "model", "created": int(time.time())}
+        info.update(owned_by="srt", root=model_name, max_model_len=_context_len(engine))
+        return info
 
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
 
+    @app.get("/health_generate")
+    async def health_generate(request: Request) -> Response:
+        """200 once a one-token request went through the engine, 503 if it failed or took
+        longer than HEALTH_CHECK_TIMEOUT_S (not counted in /metrics)."""
+        events = _events(loop, request, dict(_HEALTH_REQUEST), stream=False)
+
+        async def run() -> list[dict[str, Any]]:
+            return await _collect(events, await _first(events))
+
+        try:
+            outs = await asyncio.wait_for(run(), HEALTH_CHECK_TIMEOUT_S)
+        except (asyncio.TimeoutError, _Failed):
+            return Response(status_code=503)
+        finally:
+            await events.aclose()
+        return Response(status_code=503 if "error" in outs[0] else 200)
+
     @app.get("/get_model_info")
     async def model_info() -> dict[str, Any]:
         return {"model_path": engine.server_args.model_path, "is_generation": True}
 
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def get_server_info() -> JSONResponse:
+        return JSONResponse(server_info(engine))
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        return Response(metrics.render(scheduler_load(engine)), media_type=CONTENT_TYPE)
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": model_name, "object": "model", "created": int(time.time())}
-        card.update(owned_by="srt", root=model_name, max_model_len=_context_len(engine))
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> Response:
+        if model != model_name:
+            return _error(404, f"The model {model!r} does not exist", "model")
+        return JSONResponse(card())
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         try:
             body = await _body(request)
-            prompt = body.get("text", body.get("prompt"))
+            check_generate_body(body, vocab_size)
             kwargs = {
-                "prompt": prompt,
+                "prompt": body.get("text", body.get("prompt")),
                 "input_ids": body.get("input_ids"),
                 "sampling_params": body.get("sampling_params"),
                 "return_logprob": body.get("return_logprob") or False,
             }
             kwargs.update({k: body[k] for k in LOGPROB_ARGS[1:] if body.get(k) is not None})
             stream = bool(body.get("stream"))
-            events = _events(loop, request, kwargs, stream)
+            events = _events(loop, request, kwargs, stream, metrics)
             start = await _first(events)
-        except oai.BadRequest as e:
+        except BadRequest as e:
             return _error(400, str(e), e.param)
         except _Failed as e:
             return _error(e.status, str(e))
+        single = start[2]
         if not stream:
             try:
                 outs = await _collect(events, start)
             except _Failed as e:
                 return _error(e.status, str(e))
-            return JSONResponse(outs[0] if start[2] else outs)
+            return JSONResponse(outs[0] if single else outs)
 
         async def native_stream() -> AsyncIterator[str]:
+            accs = [StreamAccumulator() for _ in range(start[1])]
             try:
-                async for event in events:
-                    if event[0] == "chunk" or (event[0] == "final" and "error" in event[2]):
-                        yield _sse(event[2])
+                async for kind, i, out in events:
+                    if kind == "chunk":
+                        whole, new = accs[i].add(out)
+                        out = new if incremental_streaming_output else whole
+                    elif "error" not in out:
+                        continue  # its last chunk had it all
+                    yield _sse(out if single else {**out, "index": i})
             except _Failed as e:
                 yield _sse(oai.error_body(str(e), code=e.status))
             yield "data: [DONE]\n\n"
@@ -168,21 +247,26 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
     async def openai_call(request: Request, chat: bool) -> Response:
         try:
             body = await _body(request)
-            params = oai.sampling_params(body, chat)
+            params = oai.sampling_params(body, chat, vocab_size)
             if chat:
-                inputs = {"input_ids": _chat_input_ids(engine, oai.chat_messages(body))}
+                messages = oai.chat_messages(body)
+                template_kwargs = oai.chat_template_kwargs(body)
+                ids = oai.chat_input_ids(engine.tokenizer, messages, template_kwargs)
+                inputs: dict[str, Any] = {"input_ids": ids}
             else:
                 inputs = oai.completion_inputs(body)
             stream = bool(body.get("stream"))
             lp_args = oai_lp.generate_logprob_args(body, chat)
             echo = None if chat else oai_lp.echo_texts(body, engine.tokenizer)
+            include_usage = _include_usage(body)
             kwargs = {**inputs, "sampling_params": params, **lp_args}
-            events = _events(loop, request, kwargs, stream)
+            events = _events(loop, request, kwargs, stream, metrics)
             start = await _first(events)
-        except oai.BadRequest as e:
+        except BadRequest as e:
             return _error(400, str(e), e.param)
         except _Failed as e:
             return _error(e.status, str(e))
+        n = int(params.get("n") or 1)
         rid = oai.new_id("chatcmpl" if chat else "cmpl")
         model = body.get("model") or model_name
         if not stream:
@@ -194,34 +278,36 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
             if bad is not None:
                 return _error(400, bad["error"])
             build = oai.chat_response if chat else oai.completion_response
-            n = int(params.get("n") or 1)
-            return JSONResponse(oai_lp.add_logprobs(build(rid, model, outs), outs, chat, echo, n))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return JSONResponse(
+                oai_lp.add_logprobs(build(rid, model, outs, n), outs, chat, echo, n)
+            )
 
         async def openai_stream() -> AsyncIterator[str]:
-            finals: list[dict[str, Any]] = []
-            lp_stream = oai_lp.StreamLogprobs(chat, echo, int(params.get("n") or 1))
+            finals: dict[int, dict[str, Any]] = {}
+            accs = [StreamAccumulator() for _ in range(start[1])]
+            lp_stream = oai_lp.StreamLogprobs(chat, echo, n)
             if chat:
                 for i in range(start[1]):
                     yield _sse(oai.stream_chunk(rid, model, True, i, None, None))
             try:
-                async for event in events:
-                    kind, index, out = event
+                async for kind, index, out in events:
                     if kind == "final":
-                        finals.append(out)
+                        finals[index] = out
                         if "error" in out:
                             yield _sse(oai.error_body(out["error"]))
                         continue
+                    new = accs[index].add(out)[1]
                     reason = oai.finish_reason(out["meta_info"]["finish_reason"])
-                    text = out.get("text", "")
+                    text = new.get("text", "")
                     payload = oai.stream_chunk(rid, model, chat, index, text, reason)
                     yield _sse(lp_stream.fill(payload, out))
             except _Failed as e:
                 yield _sse(oai.error_body(str(e), code=e.status))
-            if include_usage and finals:
+            if include_usage and len(finals) == start[1]:
                 kind = "chat.completion.chunk" if chat else "text_completion"
                 last = {"id": rid, "object": kind, "created": int(time.time()), "model": model}
-                yield _sse({**last, "choices": [], "usage": oai.usage(finals)})
+                ordered = [finals[i] for i in range(start[1])]
+                yield _sse({**last, "choices": [], "usage": oai.usage(ordered, n)})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(openai_stream(), media_type="text/event-stream")
@@ -242,15 +328,9 @@ def _context_len(engine: Any) -> int | None:
     return None if runner is None else int(runner.context_len)
 
 
-def _chat_input_ids(engine: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The prompt ids: the tokenizer's chat template, or the plain fallback template."""
-    tok = engine.tokenizer
-    if tok is None:
-        raise oai.BadRequest("this server has no tokenizer: use /v1/completions with token ids")
-    if getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tok.encode(text, add_special_tokens=False))  # the template has its BOS
-    return list(tok.encode(oai.plain_chat_template(messages)))
+def _vocab_size(engine: Any) -> int | None:
+    runner = getattr(engine, "model_runner", None)
+    return None if runner is None else int(runner.model_config.vocab_size)
 
 
 class ServerThread:
@@ -262,10 +342,16 @@ class ServerThread:
         leaves the engine to its owner).
     host, port : where to listen; port 0 picks a free port (see `url`).
     model_name : the name /v1/models reports.
+    incremental_streaming_output : see `create_app`.
     """
 
     def __init__(
-        self, engine: Any, host: str = "127.0.0.1", port: int = 0, model_name: str = "default"
+        self,
+        engine: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_name: str = "default",
+        incremental_streaming_output: bool = False,
     ) -> None:
         import uvicorn
 
@@ -275,7 +361,9 @@ class ServerThread:
         self._sock.bind((host, port))
         self.host, self.port = host, int(self._sock.getsockname()[1])
         config = uvicorn.Config(
-            create_app(self.loop, model_name), log_level="warning", lifespan="off"
+            create_app(self.loop, model_name, incremental_streaming_output),
+            log_level="warning",
+            lifespan="off",
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

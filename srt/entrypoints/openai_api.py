@@ -1,17 +1,32 @@
 """The OpenAI API's request and response bodies, translated to and from `Engine.generate`.
 
 Pure functions, no I/O: `http_server.py` calls them. Requests take the OpenAI names
-(max_tokens, stop, n, seed, temperature, top_p, frequency/presence_penalty, logit_bias; logprobs,
-top_logprobs and echo in openai_logprobs.py) and SGLang's extra
-sampling keys (top_k, min_p, repetition_penalty, min_tokens, stop_token_ids, ignore_eos,
-skip_special_tokens, no_stop_trim). Unsupported OpenAI options raise ValueError (HTTP 400).
+(max_tokens, stop, n, seed, temperature, top_p, frequency/presence_penalty, logit_bias;
+logprobs, top_logprobs and echo are read by openai_logprobs.py) and SGLang's extra sampling
+keys (top_k, min_p, repetition_penalty, min_tokens, stop_token_ids, ignore_eos,
+skip_special_tokens, no_stop_trim); chat requests also `reasoning_effort` and
+`chat_template_kwargs`, which go to the chat template. Fields this server does not know are
+ignored (logged at debug level), as SGLang and vLLM do; options it knows but cannot honour
+(tools, a `response_format` other than text) raise BadRequest (HTTP 400), never a silent 200.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from dataclasses import fields
 from typing import Any
+
+from srt.entrypoints.http_checks import (
+    BadRequest,
+    check_logit_bias,
+    check_prompt_text,
+    check_sampling_params,
+)
+from srt.sampling.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions default
 # OpenAI name -> SamplingParams name.
@@ -35,20 +50,16 @@ _SAME = (
     "skip_special_tokens",
     "no_stop_trim",
     "n",
-    "logit_bias",
 )
-# Accepted and ignored (no effect on the output here; logprobs, top_logprobs and echo are read
-# by openai_logprobs.py).
-_IGNORED = ("model", "user", "stream", "stream_options", "best_of", "suffix")
-_CHAT_ONLY = ("messages", "max_completion_tokens", "response_format", "tools", "tool_choice")
-
-
-class BadRequest(ValueError):
-    """A request body the API cannot serve (HTTP 400, with `param` naming the field)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+# Read elsewhere, or accepted with no effect on the output here.
+_OTHER = "model user stream stream_options best_of suffix prompt echo logprobs".split()
+_OTHER += ["logit_bias", "response_format"]
+_CHAT_ONLY = "messages tools tool_choice top_logprobs reasoning_effort chat_template_kwargs".split()
+LOGIT_BIAS = "logit_bias"  # the SamplingParams field it goes to
+# apply_chat_template's own arguments, which chat_template_kwargs may not set (a template sent
+# with a request is refused, as SGLang does unless told to trust it).
+_TEMPLATE_ARGUMENTS = {"messages", "conversation", "tokenize", "add_generation_prompt"}
+_TEMPLATE_ARGUMENTS |= {"chat_template", "tools", "return_dict", "return_tensors"}
 
 
 def error_body(message: str, param: str | None = None, code: int = 400) -> dict[str, Any]:
@@ -57,16 +68,36 @@ def error_body(message: str, param: str | None = None, code: int = 400) -> dict[
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def sampling_params(body: dict[str, Any], chat: bool) -> dict[str, Any]:
-    """Engine sampling_params from an OpenAI request body (unknown fields raise BadRequest)."""
-    allowed = {*_RENAMED, *_SAME, *_IGNORED, "logprobs", "echo", "prompt"}
-    if chat:
-        allowed |= {*_CHAT_ONLY, "top_logprobs"}
-    unknown = sorted(set(body) - allowed)
+def _known_fields(chat: bool) -> set[str]:
+    known = {*_RENAMED, *_SAME, *_OTHER}
+    return known | set(_CHAT_ONLY) if chat else known
+
+
+def _check_response_format(value: Any) -> None:
+    if value is None or value == {"type": "text"}:
+        return
+    kind = value.get("type") if isinstance(value, dict) else value
+    raise BadRequest(
+        f"response_format {kind!r} is not supported by this server (no grammar backend): "
+        'only {"type": "text"}',
+        "response_format",
+    )
+
+
+def sampling_params(
+    body: dict[str, Any], chat: bool, vocab_size: int | None = None
+) -> dict[str, Any]:
+    """Engine sampling_params from an OpenAI request body.
+
+    Unknown fields are ignored (debug log). Raises BadRequest for options this server cannot
+    honour and for values the engine could not reject cleanly (http_checks).
+    """
+    unknown = sorted(set(body) - _known_fields(chat))
     if unknown:
-        raise BadRequest(f"unsupported request fields {unknown}", unknown[0])
+        logger.debug("ignoring unknown request fields %s", unknown)
     if body.get("tools"):
         raise BadRequest("tools are not supported by this server", "tools")
+    _check_response_format(body.get("response_format"))
     params: dict[str, Any] = {}
     for name in _SAME:
         if body.get(name) is not None:
@@ -74,14 +105,49 @@ def sampling_params(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     for name, ours in _RENAMED.items():
         if body.get(name) is not None:
             params[ours] = body[name]
+    bias = body.get("logit_bias")
+    if bias:  # None and {} change nothing
+        check_logit_bias(bias, vocab_size)
+        if LOGIT_BIAS not in {f.name for f in fields(SamplingParams)}:
+            raise BadRequest("logit_bias is not supported by this server", "logit_bias")
+        params[LOGIT_BIAS] = bias
     if not chat:
         params.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
+    check_sampling_params(params, vocab_size)
     return params
+
+
+def chat_template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """Extra variables for the chat template: `reasoning_effort` (when given), then the
+    request's `chat_template_kwargs` (SGLang's order: the latter wins)."""
+    kwargs: dict[str, Any] = {}
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise BadRequest(
+                f"reasoning_effort must be a string, got {type(effort).__name__}",
+                "reasoning_effort",
+            )
+        kwargs["reasoning_effort"] = effort
+    extra = body.get("chat_template_kwargs")
+    if extra is not None:
+        if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
+            raise BadRequest(
+                "chat_template_kwargs must be an object with string keys", "chat_template_kwargs"
+            )
+        reserved = _TEMPLATE_ARGUMENTS & set(extra)
+        if reserved:
+            raise BadRequest(
+                f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs"
+            )
+        kwargs.update(extra)
+    return kwargs
 
 
 def completion_inputs(body: dict[str, Any]) -> dict[str, Any]:
     """`prompt` or `input_ids` for generate, from a completions `prompt` field."""
     prompt = body.get("prompt")
+    check_prompt_text(prompt, "prompt")
     if isinstance(prompt, str):
         return {"prompt": prompt}
     if isinstance(prompt, list) and prompt:
@@ -101,6 +167,27 @@ def plain_chat_template(messages: list[dict[str, str]]) -> str:
     """The fallback template for a tokenizer without one: "role: content" lines."""
     lines = [f"{m['role']}: {m['content']}" for m in messages]
     return "\n".join([*lines, "assistant:"])
+
+
+def chat_input_ids(
+    tokenizer: Any, messages: list[dict[str, str]], template_kwargs: dict[str, Any]
+) -> list[int]:
+    """The prompt ids of a chat: the tokenizer's chat template with `template_kwargs` as extra
+    variables, or the plain fallback template. A template that rejects the messages (an
+    unknown role, a variable of the wrong type: jinja raises) is the request's fault: 400."""
+    if tokenizer is None:
+        raise BadRequest("this server has no tokenizer: use /v1/completions with token ids")
+    if not getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.encode(plain_chat_template(messages)))
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
+    except Exception as e:  # noqa: BLE001 - jinja's TemplateError and whatever a template raises
+        raise BadRequest(f"the chat template rejected the request: {e}", "messages") from e
+    if not isinstance(text, str):
+        raise BadRequest("the chat template did not render to text", "messages")
+    return list(tokenizer.encode(text, add_special_tokens=False))  # the template has its BOS
 
 
 def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
@@ -133,10 +220,18 @@ def finish_reason(reason: dict[str, Any] | None) -> str | None:
     return None if reason is None else str(reason.get("type"))
 
 
-def usage(outputs: list[dict[str, Any]]) -> dict[str, int]:
-    """Token counts of a response (each prompt counted once, as OpenAI does with n > 1)."""
-    prompts = {o["meta_info"]["prompt_tokens"] for o in outputs}  # the n copies share one
-    prompt = sum(prompts) if len(prompts) > 1 else next(iter(prompts), 0)
+def usage(outputs: list[dict[str, Any]], n: int = 1) -> dict[str, int]:
+    """Token counts of a response: every prompt's tokens once (its n outputs share them, as
+    OpenAI counts with n > 1), every output's tokens.
+
+    Parameters
+    ----------
+    outputs : prompt-major, the n outputs of each prompt next to each other.
+    n : outputs per prompt.
+    """
+    if n < 1 or len(outputs) % n:
+        raise ValueError(f"{len(outputs)} outputs are not a whole number of prompts of n={n}")
+    prompt = sum(o["meta_info"]["prompt_tokens"] for o in outputs[::n])
     completion = sum(o["meta_info"]["completion_tokens"] for o in outputs)
     return {
         "prompt_tokens": prompt,
@@ -149,7 +244,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def completion_response(rid: str, model: str, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+def completion_response(
+    rid: str, model: str, outputs: list[dict[str, Any]], n: int = 1
+) -> dict[str, Any]:
     choices = [
         {
             "index": i,
@@ -165,11 +262,13 @@ def completion_response(rid: str, model: str, outputs: list[dict[str, Any]]) -> 
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(outputs),
+        "usage": usage(outputs, n),
     }
 
 
-def chat_response(rid: str, model: str, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+def chat_response(
+    rid: str, model: str, outputs: list[dict[str, Any]], n: int = 1
+) -> dict[str, Any]:
     choices = [
         {
             "index": i,
@@ -185,7 +284,7 @@ def chat_response(rid: str, model: str, outputs: list[dict[str, Any]]) -> dict[s
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(outputs),
+        "usage": usage(outputs, n),
     }
 
 

@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from tqdm.auto import tqdm
 
@@ -80,37 +80,59 @@ def prompt_token_ids(tokenizer: Any, text: str) -> tuple[str, list[int]]:
     return text, list(tokenizer(text)["input_ids"])
 
 
-def _texts_of(engine: Any, outputs: Any, n: int) -> list[str]:
+def _completions_of(engine: Any, outputs: Any, n: int) -> list[Completion]:
+    """One Completion per output: its text, or, for a per-request error entry (a list generate
+    returns one for a request it rejects and runs the others), that error."""
     if isinstance(outputs, dict):  # a single request may come back unwrapped
         outputs = [outputs]
     if len(outputs) != n:
         raise RuntimeError(f"engine returned {len(outputs)} outputs for {n}")
-    texts = []
+    done = []
     for out in outputs:
+        if out.get("error") is not None:
+            done.append(Completion(None, f"ValueError: {out['error']}"))
+            continue
         text = out.get("text")
         if text is None:
             text = engine.tokenizer.decode(out["output_ids"], skip_special_tokens=True)
-        texts.append(text)
-    return texts
+        done.append(Completion(text))
+    return done
+
+
+def context_length(engine: Any) -> int | None:
+    """The longest prompt + output the engine serves, where it says (None for a stand-in)."""
+    runner = getattr(engine, "model_runner", None)
+    ctx = getattr(runner, "context_len", None)
+    return int(ctx) if isinstance(ctx, int) else None
+
+
+def fit_max_new_tokens(
+    input_ids: Sequence[list[int]], max_new_tokens: int, context_len: int | None
+) -> list[int]:
+    """Per prompt, `max_new_tokens` capped to the room its prompt leaves in the context (at
+    least 1: a prompt that fills the context alone is left for the engine to reject)."""
+    if context_len is None:
+        return [max_new_tokens] * len(input_ids)
+    return [max(1, min(max_new_tokens, context_len - len(ids))) for ids in input_ids]
 
 
 def generate_completions(
     engine: Any,
     input_ids: Sequence[list[int]],
-    sampling_params: dict[str, Any],
+    sampling_params: dict[str, Any] | Sequence[dict[str, Any]],
     batch_size: int,
     desc: str = "generate",
 ) -> list[Completion]:
     """Generate for every prompt, ``batch_size`` prompts per Engine call; a prompt the Engine
-    rejects (a ValueError, e.g. prompt + max_new_tokens beyond the context length) becomes an
-    error Completion and the others go on.
+    rejects (an error entry in its outputs, or a ValueError for the whole call, e.g. prompt +
+    max_new_tokens beyond the context length) becomes an error Completion and the others go on.
 
     Parameters
     ----------
     input_ids : sequence of list[int]
         One token-id list per prompt (variable lengths).
-    sampling_params : dict
-        Passed to every ``engine.generate`` call (a fresh copy each time).
+    sampling_params : dict, or one dict per prompt
+        Passed to the ``engine.generate`` calls (fresh copies each time).
 
     Returns
     -------
@@ -120,28 +142,39 @@ def generate_completions(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    shared = sampling_params if isinstance(sampling_params, dict) else None
+    params_list: list[dict[str, Any]] = []
+    if shared is None:
+        params_list = [dict(p) for p in cast(Sequence[dict[str, Any]], sampling_params)]
+    if shared is None and len(params_list) != len(input_ids):
+        raise ValueError(f"{len(params_list)} sampling_params for {len(input_ids)} prompts")
     done: list[Completion] = []
     # This bar counts every prompt; the Engine's own per-call bar would only add noise.
     extra = {"progress_bar": False} if _accepts(engine.generate, "progress_bar") else {}
 
-    def call(chunk: list[list[int]]) -> list[str]:
-        outs = engine.generate(input_ids=chunk, sampling_params=dict(sampling_params), **extra)
-        return _texts_of(engine, outs, len(chunk))
+    def call(start: int, chunk: list[list[int]]) -> list[Completion]:
+        params: Any = dict(shared) if shared is not None else None
+        if shared is None:
+            params = [dict(p) for p in params_list[start : start + len(chunk)]]
+        outs = engine.generate(input_ids=chunk, sampling_params=params, **extra)
+        return _completions_of(engine, outs, len(chunk))
 
     with tqdm(total=len(input_ids), desc=desc, unit="prompt", file=sys.stderr) as bar:
         for start in range(0, len(input_ids), batch_size):
             chunk = [list(ids) for ids in input_ids[start : start + batch_size]]
             try:
-                done += [Completion(t) for t in call(chunk)]
+                done += call(start, chunk)
             except ValueError:
                 # The Engine checks a whole call before running it: retry one by one, so that
                 # only the rejected prompts fail.
                 for i, ids in enumerate(chunk):
                     try:
-                        done.append(Completion(call([ids])[0]))
+                        done += call(start + i, [ids])
                     except ValueError as e:
-                        logger.warning("prompt %d rejected: %s", start + i, e)
                         done.append(Completion(None, f"{type(e).__name__}: {e}"))
+            for i, c in enumerate(done[start:]):
+                if c.error is not None:
+                    logger.warning("prompt %d rejected: %s", start + i, c.error)
             bar.update(len(chunk))
     return done
 
@@ -154,7 +187,7 @@ def generate_texts(
     desc: str = "generate",
 ) -> list[str]:
     """`generate_completions` for callers that want every prompt answered: the texts in prompt
-    order; a rejected prompt raises its ValueError."""
+    order; a rejected prompt (an error entry or a rejected call) raises ValueError."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     texts: list[str] = []
@@ -162,5 +195,8 @@ def generate_texts(
     for start in range(0, len(input_ids), batch_size):
         chunk = [list(ids) for ids in input_ids[start : start + batch_size]]
         outs = engine.generate(input_ids=chunk, sampling_params=dict(sampling_params), **extra)
-        texts += _texts_of(engine, outs, len(chunk))
+        for i, c in enumerate(_completions_of(engine, outs, len(chunk))):
+            if c.text is None:
+                raise ValueError(f"prompt {start + i} rejected: {c.error}")
+            texts.append(c.text)
     return texts

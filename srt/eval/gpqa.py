@@ -15,142 +15,53 @@ Conventions follow openai/simple-evals: one ``random.Random(seed)`` first sample
 ``--num-examples`` rows (if fewer than the file has), then draws a permutation of the four
 choices for every (row, repeat). The prompt goes through the tokenizer's chat template when it
 has one. With ``--base-url`` the questions go to any OpenAI-compatible server's chat completions
-instead (its chat template applies; srt/eval/openai_client.py). A question the engine or server
-rejects (e.g. prompt + ``--max-new-tokens`` beyond the context length) is recorded as an error row
-(score 0) and the run goes on. The last stdout line is a JSON object: ``accuracy``, ``stderr``,
-``num_examples``, ``num_errors``, ``fused`` (and ``unfused_accuracy``, ``agreement`` with
-``--compare-unfused``). Bad input: one ``error: ...`` line, exit status 2.
+instead (its chat template applies; srt/eval/openai_client.py). Without ``--max-new-tokens``
+an answer may take up to 2048 tokens, capped to fit the context: offline, to the room each
+prompt leaves; with ``--base-url``, to half the context the server reports (its prompt lengths
+are the server's to count). A question the engine or server rejects (e.g. prompt +
+``--max-new-tokens`` beyond the context length) is recorded as an error row (score 0, counted in
+``num_errors``) and the run goes on. The last stdout line is a JSON object: ``accuracy``,
+``stderr``, ``num_examples``, ``num_errors``, ``fused`` (and ``unfused_accuracy``, ``agreement``
+with ``--compare-unfused``). Exit status 1 when every request failed; bad input (checked before
+the run, ``--output`` included): one ``error: ...`` line, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
+import math
 import os
-import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from srt.eval.engine_io import Completion, generate_completions, make_engine, prompt_token_ids
+from srt.eval.engine_io import (
+    Completion,
+    context_length,
+    fit_max_new_tokens,
+    generate_completions,
+    make_engine,
+    prompt_token_ids,
+)
+from srt.eval.gpqa_data import (
+    GPQADataError,
+    GPQAExample,
+    build_examples,
+    load_gpqa_csv,
+)
 from srt.eval.multichoice import (
-    LETTERS,
     extract_choice_letter,
     format_multichoice_question,
     mean_and_stderr,
 )
 from srt.server_args import DTYPES
-from srt.utils.cli import ArgumentParser, run_cli
+from srt.utils.cli import ArgumentParser, CLIError, run_cli
 
-QUESTION = "Question"
-CORRECT = "Correct Answer"
-INCORRECT = ("Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
-REQUIRED_COLUMNS = (QUESTION, CORRECT, *INCORRECT)
-
-
-class GPQADataError(ValueError):
-    """The ``--data`` CSV is empty, lacks a GPQA column, or has a blank required field."""
-
-
-@dataclass(frozen=True)
-class GPQAExample:
-    """One (question, repeat) with its choices in the order shown to the model."""
-
-    row: int  # 0-based data row in the CSV
-    repeat: int
-    question: str
-    choices: tuple[str, str, str, str]  # display order A..D
-    permutation: tuple[int, int, int, int]  # choices[i] = original[permutation[i]], 0 = correct
-    correct_letter: str
-    record_id: str | None = None
-
-
-def load_gpqa_csv(path: str | Path) -> list[dict[str, str]]:
-    """Read a GPQA CSV and check its schema.
-
-    Raises
-    ------
-    FileNotFoundError
-        ``path`` is not a file.
-    GPQADataError
-        (a ValueError) The file is empty, lacks a required column, has no data rows, or a
-        row leaves a required field blank.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--data: GPQA CSV not found: {path}")
-    # utf-8-sig: tolerate a byte-order mark in front of the header.
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
-            if reader.fieldnames is None:
-                raise GPQADataError(f"--data: {path} is empty (no header row)")
-            header = [name.strip() for name in reader.fieldnames]
-            missing = [c for c in REQUIRED_COLUMNS if c not in header]
-            if missing:
-                raise GPQADataError(
-                    f"--data: {path} lacks GPQA column(s) {missing}; it has {header}. "
-                    f"Required: {list(REQUIRED_COLUMNS)}"
-                )
-            reader.fieldnames = header
-            rows = list(reader)
-    except UnicodeDecodeError as e:
-        raise GPQADataError(
-            f"--data is not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start}; "
-            f"re-save it as UTF-8 ({path})"
-        ) from None
-    if not rows:
-        raise GPQADataError(f"--data: {path} has a header but no data rows")
-    for i, row in enumerate(rows):
-        blank = [c for c in REQUIRED_COLUMNS if not (row.get(c) or "").strip()]
-        if blank:
-            raise GPQADataError(f"--data: {path} data row {i + 1} has blank field(s) {blank}")
-    return rows
-
-
-def build_examples(
-    rows: Sequence[dict[str, str]],
-    num_examples: int | None = None,
-    num_repeats: int = 1,
-    seed: int = 0,
-) -> list[GPQAExample]:
-    """Sample, repeat and shuffle choices (simple-evals order of RNG draws).
-
-    Returns ``len(selected rows) * num_repeats`` examples, row-major in repeat order
-    (all rows of repeat 0, then of repeat 1, ...). Deterministic in ``seed``.
-    """
-    if num_examples is not None and num_examples < 1:
-        raise ValueError(f"num_examples must be >= 1, got {num_examples}")
-    if num_repeats < 1:
-        raise ValueError(f"num_repeats must be >= 1, got {num_repeats}")
-    rng = random.Random(seed)
-    indices = list(range(len(rows)))
-    if num_examples is not None and num_examples < len(rows):
-        indices = rng.sample(indices, num_examples)
-    examples = []
-    for repeat in range(num_repeats):
-        for i in indices:
-            row = rows[i]
-            original = (row[CORRECT], *(row[c] for c in INCORRECT))
-            p0, p1, p2, p3 = rng.sample(range(4), 4)
-            perm = (p0, p1, p2, p3)
-            examples.append(
-                GPQAExample(
-                    row=i,
-                    repeat=repeat,
-                    question=row[QUESTION],
-                    choices=(original[p0], original[p1], original[p2], original[p3]),
-                    permutation=perm,
-                    correct_letter=LETTERS[perm.index(0)],
-                    record_id=row.get("Record ID") or None,
-                )
-            )
-    return examples
+DEFAULT_MAX_NEW_TOKENS = 2048  # what --max-new-tokens is capped from when not given
 
 
 def score_responses(
@@ -199,6 +110,9 @@ def summarize(
         "num_errors": sum(bool(r.get("error")) for r in records),
         "fused": fused,
     }
+    errors = [r["error"] for r in records if r.get("error")]
+    if errors:
+        summary["first_error"] = errors[0]
     if unfused_records is not None:
         pairs = list(zip(records, unfused_records, strict=True))
         u_acc, u_err = mean_and_stderr([u["score"] for u in unfused_records])
@@ -225,16 +139,42 @@ def _run_one(args: argparse.Namespace, examples, engine_factory, fused: bool):
             )
             prompts.append(text)
             ids.append(tokens)
-        sampling_params = {
+        sampling_params: dict[str, Any] | list[dict[str, Any]] = {
             "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature,
             "seed": args.seed,
         }
+        if args.max_new_tokens is None:
+            sampling_params = _fitted_params(ids, context_length(engine), args)
         desc = f"GPQA ({'fused' if fused else 'unfused'})"
         responses = generate_completions(engine, ids, sampling_params, args.batch_size, desc)
     finally:
         engine.shutdown()
     return score_responses(examples, prompts, responses)
+
+
+def _fitted_params(
+    ids: Sequence[list[int]], context_len: int | None, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Per prompt: up to DEFAULT_MAX_NEW_TOKENS new tokens, capped to the prompt's room."""
+    caps = fit_max_new_tokens(ids, DEFAULT_MAX_NEW_TOKENS, context_len)
+    capped = sum(c < DEFAULT_MAX_NEW_TOKENS for c in caps)
+    if capped:
+        print(
+            f"# --max-new-tokens not given: {DEFAULT_MAX_NEW_TOKENS} capped to the room each "
+            f"prompt leaves in the {context_len}-token context ({capped} of {len(caps)} prompts)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return [{"max_new_tokens": c, "temperature": args.temperature, "seed": args.seed} for c in caps]
+
+
+def remote_max_new_tokens(context_len: int | None) -> tuple[int, str]:
+    """The --base-url default: DEFAULT_MAX_NEW_TOKENS, or half the server's context when that
+    is smaller (prompt lengths are the server's to count), and why."""
+    if context_len is None or context_len >= 2 * DEFAULT_MAX_NEW_TOKENS:
+        return DEFAULT_MAX_NEW_TOKENS, "the default"
+    return max(1, context_len // 2), f"half the server's {context_len}-token context"
 
 
 def _run_remote(args: argparse.Namespace, examples: Sequence[GPQAExample]):
@@ -246,7 +186,13 @@ def _run_remote(args: argparse.Namespace, examples: Sequence[GPQAExample]):
     )
     print(f"# server {client.base_url}, model {client.model}", file=sys.stderr, flush=True)
     prompts = [format_multichoice_question(ex.question, ex.choices) for ex in examples]
-    sampling = ChatSampling(args.max_new_tokens, args.temperature, args.seed)
+    max_new_tokens = args.max_new_tokens
+    if max_new_tokens is None:
+        max_new_tokens, why = remote_max_new_tokens(client.context_length)
+        print(
+            f"# --max-new-tokens not given: {max_new_tokens} ({why})", file=sys.stderr, flush=True
+        )
+    sampling = ChatSampling(max_new_tokens, args.temperature, args.seed)
     responses = client.complete_all(prompts, sampling, args.batch_size, f"GPQA ({client.model})")
     return score_responses(examples, prompts, responses)
 
@@ -270,7 +216,7 @@ def run_gpqa(
     summary["elapsed_s"] = round(time.perf_counter() - start, 3)
     if args.output:
         out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)  # check_output_path saw it is possible
         with out.open("w", encoding="utf-8") as f:
             for i, rec in enumerate(records):
                 rec = {**rec, "fused": True}
@@ -326,7 +272,14 @@ def build_parser() -> ArgumentParser:
     r.add_argument("--num-examples", type=int, default=None, help="sample this many rows")
     r.add_argument("--num-repeats", type=int, default=1, help="passes over the rows")
     r.add_argument("--seed", type=int, default=0, help="choice shuffling and sampling seed")
-    r.add_argument("--max-new-tokens", type=int, default=2048, help="tokens per answer")
+    r.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        # "%(default).0s" prints nothing: it keeps argparse from adding "(default: None)".
+        help=f"tokens per answer (default: {DEFAULT_MAX_NEW_TOKENS}, capped to fit the "
+        "context)%(default).0s",
+    )
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     r.add_argument(
         "--batch-size", type=int, default=32, help="prompts per generate call / concurrent requests"
@@ -347,12 +300,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.base_url is not None and args.compare_unfused:
         parser.error("--compare-unfused needs the offline engine, not --base-url")
     for name in ("num_repeats", "max_new_tokens", "batch_size", "page_size"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 ({getattr(args, name)})")
     if args.num_examples is not None and args.num_examples < 1:
         parser.error(f"--num-examples must be >= 1 ({args.num_examples})")
-    if args.temperature < 0:
-        parser.error(f"--temperature must be >= 0 ({args.temperature})")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        parser.error(f"--temperature must be a finite number >= 0 ({args.temperature})")
     if args.request_timeout <= 0:
         parser.error(f"--request-timeout must be > 0 ({args.request_timeout})")
     if args.device == "cuda" and args.base_url is None:
@@ -361,6 +314,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if not torch.cuda.is_available():
             parser.error("--device cuda but no CUDA device is visible (cuda)")
     return args
+
+
+def check_output_path(path: str | None) -> None:
+    """Raise CLIError unless ``--output`` can be written: not a directory, and its folder is one
+    or can be made (no file in the way). Checked before the run, which may take hours."""
+    if path is None:
+        return
+    out = Path(path)
+    if out.is_dir():
+        raise CLIError("--output is a directory, not a file", path)
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CLIError(f"--output cannot be created: {parent} is a file, not a folder", path)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CLIError(f"--output cannot be created: {parent} is not writable", path)
+    if out.exists() and not os.access(out, os.W_OK):
+        raise CLIError("--output is not writable", path)
 
 
 def _check_model_path(args: argparse.Namespace) -> None:
@@ -388,15 +360,20 @@ def main(
     def body() -> int:
         args = parse_args(argv)
         logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
+        check_output_path(args.output)
         _check_model_path(args)
         summary = run_gpqa(args, engine_factory)
-        if summary["num_errors"]:
+        failed, total = summary["num_errors"], summary["num_samples"]
+        if failed:
             print(
-                f"# {summary['num_errors']} of {summary['num_samples']} requests failed: "
-                "error rows (score 0) in --output",
+                f"# {failed} of {total} requests failed: error rows (score 0) in --output",
                 file=sys.stderr,
             )
         print(json.dumps(summary))
+        if failed == total:
+            first = summary.get("first_error") or "see --output"
+            print(f"error: every request failed ({first})", file=sys.stderr)
+            return 1
         return 0
 
     return run_cli(body, "--debug" in argv)

@@ -47,6 +47,7 @@ class OpenAIChatClient:
     ----------
     base_url : the API root, e.g. ``http://127.0.0.1:30000/v1``.
     model : the model name sent with every request; None asks ``GET /models`` for the first.
+        Its card's ``max_model_len`` (SGLang's, vLLM's and our server's) is `context_length`.
     api_key : sent as a bearer token (servers without auth ignore it).
     timeout : seconds per request.
     max_retries : extra attempts after a connection error or an HTTP 5xx.
@@ -66,7 +67,10 @@ class OpenAIChatClient:
         self.api_key = api_key
         self.timeout = timeout
         self.max_retries = max_retries
+        self.context_length: int | None = None
         self.model = model or self._first_model()
+        if model is not None:
+            self._learn_context_length(model)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -80,7 +84,9 @@ class OpenAIChatClient:
     def _first_model(self) -> str:
         try:
             listing = self._request("GET", "/models")
-            return str(listing["data"][0]["id"])
+            card = listing["data"][0]
+            self.context_length = _max_model_len(card)
+            return str(card["id"])
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise OpenAIServerError(
@@ -90,6 +96,16 @@ class OpenAIChatClient:
             raise OpenAIServerError(
                 f"GET /models returned no model: pass --model ({self.base_url}/models)"
             ) from e
+
+    def _learn_context_length(self, model: str) -> None:
+        """`context_length` from the named model's card, where the server lists it."""
+        try:
+            listing = self._request("GET", "/models")
+            cards = [c for c in listing["data"] if c.get("id") == model]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError, AttributeError):
+            return  # a server without the listing: the context stays unknown
+        if cards:
+            self.context_length = _max_model_len(cards[0])
 
     def chat(self, prompt: str, sampling: ChatSampling) -> Completion:
         """One user turn; the assistant's text, or the error that ended the request."""
@@ -140,6 +156,11 @@ class OpenAIChatClient:
                 done.append(f.result())
                 bar.update(1)
         return done
+
+
+def _max_model_len(card: Any) -> int | None:
+    value = card.get("max_model_len") if isinstance(card, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _error_message(e: urllib.error.HTTPError) -> str:

@@ -79,23 +79,26 @@ def resolve_model_path(path: str, name: str = "model path") -> str:
 
 
 def _hub_error(path: str, name: str, e: Exception) -> OSError:
-    """A one-line error for a failed Hub download."""
-    name = type(e).__name__
-    if name == "GatedRepoError":
+    """A one-line error for a failed Hub download: starts with `name` (the flag), ends with the
+    id, and says what went wrong in words (huggingface_hub's many error types, by name)."""
+    kind = type(e).__name__
+    if kind == "GatedRepoError":
         return PermissionError(
-            f"Hub repository is gated: accept its licence and log in (hf auth login) ({path})"
+            f"{name} is a gated Hub repository: accept its licence and log in "
+            f"(hf auth login) ({path})"
         )
-    if name in ("RepositoryNotFoundError", "RevisionNotFoundError"):
+    if kind in ("RepositoryNotFoundError", "RevisionNotFoundError"):
         return FileNotFoundError(
             f"{name} is not a local directory and no such Hub repository (or it is "
             f"private) ({path})"
         )
-    if name in ("LocalEntryNotFoundError", "OfflineModeIsEnabled") or isinstance(e, OSError):
+    if kind in ("LocalEntryNotFoundError", "OfflineModeIsEnabled") or isinstance(e, OSError):
         return FileNotFoundError(
             f"{name} is not a local directory and the Hub cannot be reached (offline?) to "
             f"download it ({path})"
         )
-    return FileNotFoundError(f"cannot download Hub id: {name}: {e} ({path})")
+    detail = " ".join(str(e).split())[:200]
+    return FileNotFoundError(f"{name}: cannot download the Hub id: {kind}: {detail} ({path})")
 
 
 __all__ = ["HUB_ALLOW_PATTERNS", "looks_like_hub_id", "resolve_model_path"]

@@ -1,5 +1,6 @@
 """ModelConfig.from_hf: every HF quirk resolved in one place."""
 
+import dataclasses
 import json
 
 import pytest
@@ -135,3 +136,44 @@ def test_tiny_config():
     d = tiny_llama_config()
     d["vocab_size"] = 1
     assert TINY_LLAMA_CONFIG["vocab_size"] == 1024  # copies are independent
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"rms_norm_eps": -1}, "rms_norm_eps"),
+        ({"rms_norm_eps": float("inf")}, "rms_norm_eps"),
+        ({"vocab_size": 0}, "vocab_size"),
+        ({"hidden_size": -64}, "hidden_size"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+        ({"head_dim": -4}, "head_dim"),
+        ({"max_position_embeddings": -5}, "max_position_embeddings"),
+        ({"rope_theta": -1.0}, "rope_theta"),
+        ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
+        ({"head_dim": 7}, "rotary dim"),
+        ({"sliding_window": -2, "layer_types": ["sliding_attention"] * 3}, "sliding_window"),
+        ({"num_local_experts": 4, "num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ],
+)
+def test_values_no_model_runs_with_are_rejected(override, field):
+    """A config.json or json_model_override_args value that would build a model failing every
+    request is a ValueError naming the field, from from_hf and from a direct replace alike."""
+    with pytest.raises(ValueError, match=field):
+        cfg(**override)
+    good = cfg()
+    direct = {k: v for k, v in override.items() if k in {f.name for f in dataclasses.fields(good)}}
+    if direct and "layer_types" not in direct:
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(good, **direct)
+
+
+def test_tiny_config_with_bad_overrides_fails_before_weights():
+    from srt.model_executor.model_builder import build_model_config
+    from srt.server_args import ServerArgs
+
+    cases = (('{"rms_norm_eps": -1}', "rms_norm_eps"), ('{"vocab_size": 0}', "vocab_size"))
+    for override, field in cases:
+        args = ServerArgs(device="cpu", json_model_override_args=override)
+        with pytest.raises(ValueError, match=field):
+            build_model_config(args)

@@ -191,5 +191,7 @@ def test_subprocess_one_line(tmp_path):
         text=True,
         timeout=120,
     )
-    assert helped.returncode == 0 and "(default: 2048)" in helped.stdout
+    words = " ".join(helped.stdout.split())
+    assert helped.returncode == 0 and "(default: 2048, capped to fit the context)" in words
+    assert "the context) (default: None)" not in words
     assert "--base-url" in helped.stdout and "--debug" in helped.stdout

@@ -46,6 +46,42 @@ def test_hub_id_from_local_cache_offline(tmp_path, monkeypatch):
     resolve_model_path.cache_clear()
 
 
+@pytest.mark.parametrize(
+    ("error_name", "words"),
+    [
+        ("LocalEntryNotFoundError", "cannot be reached"),
+        ("OfflineModeIsEnabled", "cannot be reached"),
+        ("RepositoryNotFoundError", "no such Hub repository"),
+        ("GatedRepoError", "gated"),
+        ("ConnectionError", "cannot be reached"),
+        ("SomethingElse", "cannot download"),
+    ],
+)
+def test_hub_download_errors_name_the_flag_and_the_id(monkeypatch, error_name, words):
+    """Without the id in the cache and without a network, each failure is one line that
+    starts with the flag and ends with the id, never with the exception's class name."""
+    hf = pytest.importorskip("huggingface_hub")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    base = OSError if error_name == "ConnectionError" else Exception
+    err = type(error_name, (base,), {})
+
+    def fail(repo_id, **kwargs):
+        raise err("boom")
+
+    monkeypatch.setattr(hf, "snapshot_download", fail)
+    resolve_model_path.cache_clear()
+    try:
+        with pytest.raises(OSError) as e:
+            resolve_model_path("acme/missing-model", name="--model-path")
+    finally:
+        resolve_model_path.cache_clear()
+    msg = str(e.value)
+    assert msg.startswith("--model-path") and msg.endswith("(acme/missing-model)"), msg
+    assert words in msg and "\n" not in msg
+    if error_name != "SomethingElse":
+        assert error_name not in msg
+
+
 def test_local_paths(tmp_path):
     assert resolve_model_path(str(tmp_path)) == str(tmp_path)
     f = tmp_path / "file.bin"
