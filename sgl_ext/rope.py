@@ -26,6 +26,7 @@ from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall, Scale
 from sgl_ext._plans import PlanCache, kv_key, kv_present, rope_kv_launcher, scale_tensor
 from sgl_ext.fast_launch import OpTable
+from sgl_ext.fused_arg import FusedSetKVBufferArg, sglang_call
 from sgl_ext.native import kv_write_native, rotate_native
 from sgl_ext.rope_kv_schema import ROPE_OP
 
@@ -33,29 +34,6 @@ if TYPE_CHECKING:
     from sgl_ext.triton.launcher import KernelLauncher
 
 _is_compiling = torch.compiler.is_compiling
-
-
-@dataclass
-class FusedSetKVBufferArg:
-    """The KV-cache write fused into the RoPE op (field order as in sgl_kernel).
-
-    value: [T, Hkv*Dv] or [T, Hkv, Dv], the dtype of key.
-    k_buffer / v_buffer: the layer's caches, [slots, H*D], [slots, H, D] or
-        [pages, page_size, H, D] (any strided view whose last dim is contiguous); dtype of key or
-        fp8 (float8_e4m3fn / float8_e5m2).
-    k_scale / v_scale: None, a float that is positive and finite in float32, or a 1-element
-        float tensor (CUDA-graph safe; never read on the host, so its value must be positive
-        and finite: SGL_EXT_DEBUG checks it); the cache stores x * (1 / scale) cast to the
-        buffer dtype (fp8: finite values saturate, NaN stays NaN).
-    cache_loc: [T] int32/int64 slot per token; a slot < 0 (or >= num_slots) is not written.
-    """
-
-    value: torch.Tensor
-    k_buffer: torch.Tensor
-    v_buffer: torch.Tensor
-    k_scale: Scale
-    v_scale: Scale
-    cache_loc: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -205,16 +183,28 @@ def _write_native(key: torch.Tensor, a: FusedSetKVBufferArg, kv: C.KVWrite) -> N
 
 
 def apply_rope_with_cos_sin_cache_inplace(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
+    # (None defaults: SGLang 0.5's form passes q, k and positions / cos_sin_cache by keyword)
+    positions: torch.Tensor = None,  # type: ignore[assignment]
+    query: torch.Tensor = None,  # type: ignore[assignment]
+    key: torch.Tensor = None,  # type: ignore[assignment]
+    head_size: int = None,  # type: ignore[assignment]
+    cos_sin_cache: torch.Tensor = None,  # type: ignore[assignment]
     is_neox: bool = True,
     fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
     enable_pdl: bool | None = None,
+    *,
+    q: torch.Tensor | None = None,
+    k: torch.Tensor | None = None,
+    rope_dim: int = 0,
+    fused_args: object = None,
 ) -> None:
     """Rotate query and key in place; optionally store the rotated K and V into the KV cache.
+
+    Two call forms, the same bits: sgl_kernel's (#9014), `(positions, query, key, head_size,
+    cos_sin_cache, is_neox=True, fused_set_kv_buffer_arg=None, enable_pdl=None)`, and SGLang
+    0.5's, `(q, k, cos_sin_cache, positions, *, is_neox, rope_dim=0, fused_args=None)` (q / k
+    [T, H, D]; head_size is D; rope_dim, 0 for cos_sin_cache's width, must be that width and
+    may be less than D: partial rotary). A call mixing the two raises TypeError.
 
     Parameters
     ----------
@@ -237,7 +227,26 @@ def apply_rope_with_cos_sin_cache_inplace(
     enable_pdl : bool or None
         Programmatic dependent launch on Hopper+ (the kernel's launch overlaps the previous
         kernel's tail). None: on where supported.
+    q, k, rope_dim, fused_args
+        SGLang 0.5's names: query and key [T, H, D], the rotary width, the fused write (ours,
+        or any object with SGLang's four fields and optional k_scale / v_scale).
     """
+    if (
+        q is not None
+        or k is not None
+        or fused_args is not None
+        or rope_dim
+        or (
+            head_size.__class__ is torch.Tensor  # SGLang 0.5's order, positionally
+        )
+    ):
+        positions, query, key, head_size, cos_sin_cache, fused_set_kv_buffer_arg = sglang_call(
+            (positions, query, key, head_size, cos_sin_cache, fused_set_kv_buffer_arg),
+            q,
+            k,
+            rope_dim,
+            fused_args,
+        )
     a = fused_set_kv_buffer_arg
     if _is_compiling():
         _compiled(positions, query, key, head_size, cos_sin_cache, is_neox, a)

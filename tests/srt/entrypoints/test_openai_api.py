@@ -39,7 +39,6 @@ def test_unknown_fields_are_ignored_with_a_debug_log(caplog):
         {"response_format": {"type": "json_object"}},
         {"response_format": {"type": "json_schema", "json_schema": {}}},
         {"response_format": "json"},
-        {"echo": True},
         {"tools": [{"type": "function"}]},
     ],
 )
