@@ -19,7 +19,9 @@ __all__ = [
 ]
 
 
-def get_quantization_config(quantization_config: dict[str, Any] | None) -> QuantizationConfig | None:
+def get_quantization_config(
+    quantization_config: dict[str, Any] | None,
+) -> QuantizationConfig | None:
     """The config for a checkpoint's `quantization_config` dict (None: unquantized).
 
     Raises ValueError naming the method when srt does not serve it.
