@@ -121,6 +121,9 @@ class FusedMoE(TopKExperts):
             if param is not None:
                 self.register_parameter(theirs, param)
                 self.__dict__[ours] = param
+        for param in self._parameters.values():  # the MXFP4 scales too
+            if param is not None:
+                param.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.layer_id, self.top_k, self.prefix = layer_id, top_k, prefix
         self.quant_config = quant_config
         self.use_weight_loader_fused = use_weight_loader_fused
