@@ -15,6 +15,7 @@ import logging
 import sys
 
 from srt.server_args import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS, LOG_LEVELS
+from srt.utils.cli import add_model_impl_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--allow-auto-truncate", action="store_true", help="cut over-long requests to fit")
     a("--log-level", default="info", choices=LOG_LEVELS, help="log level")
     a("--debug", action="store_true", help="show tracebacks of start-up errors")
+    add_model_impl_args(p)
     return p
 
 
@@ -83,6 +85,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         disable_overlap_schedule=args.disable_overlap_schedule,
         log_level=args.log_level,
+        model_impl=args.model_impl,
+        model_file=args.model_file,
     )
 
 
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         engine = Engine(**_engine_kwargs(args))
-    except (ValueError, TypeError, OSError) as e:
+    except (ValueError, TypeError, OSError, NotImplementedError) as e:
         if args.debug:
             raise
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

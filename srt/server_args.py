@@ -146,6 +146,11 @@ class ServerArgs:
             raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
         if self.model_impl == "sglang" and self.model_file is None:
             raise ValueError("model_impl 'sglang' needs model_file (an SGLang model file)")
+        if self.model_impl == "sglang" and self.tp_size != 1:
+            raise ValueError(
+                f"tensor parallelism (tp_size={self.tp_size}) with SGLang model files is not "
+                "supported: use model_impl 'srt' or tp_size 1"
+            )
         if self.model_file is not None:
             if self.model_impl != "sglang":
                 raise ValueError("model_file is an SGLang model file: it needs model_impl 'sglang'")
