@@ -174,18 +174,18 @@ def build_model(
 
     config = dataclasses.replace(model_config, dtype=dtype)
     load_format = "dummy" if args.model_path is None else args.load_format
-    footprint = weight_footprint(config, dtype, args.tp_size)
+    if args.model_impl == "sglang":  # SGLang's own model file: import it, register its classes
+        from srt.compat.sglang import register_model_file
+
+        assert args.model_file is not None  # ServerArgs checks
+        register_model_file(args.model_file)
+    footprint = weight_footprint(config, dtype, args.tp_size, args.model_impl)
     what = config.path or (
         f"a {config.num_hidden_layers}-layer, {config.hidden_size}-wide model (no checkpoint)"
     )
     logger.info(describe_load(what, config.architecture, footprint, device, load_format))
     check_weight_memory(footprint, device, what)
     on_device = device.type == "cuda" and _num_params(config) >= 2e8
-    if args.model_impl == "sglang":  # SGLang's own model file: import it, register its classes
-        from srt.compat.sglang import register_model_file
-
-        assert args.model_file is not None  # ServerArgs checks
-        register_model_file(args.model_file)
     return get_model(
         config,
         load_format,

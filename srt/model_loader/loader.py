@@ -85,10 +85,17 @@ def iterate_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield from state.items()
 
 
-def full_parameter_shapes(cls: type[nn.Module], config: ModelConfig) -> list[tuple[str, tuple]]:
+def full_parameter_shapes(
+    cls: type[nn.Module], config: ModelConfig, model_impl: str = "srt"
+) -> list[tuple[str, tuple]]:
     """(name, shape) of every parameter of the TP-1 model (a meta-device build: no memory)."""
     with torch.device("meta"):
-        ref = cls(config)
+        if model_impl == "sglang":
+            from srt.compat.sglang_model import build_sglang_model
+
+            ref = build_sglang_model(cls, config)
+        else:
+            ref = cls(config)
     return [(n, tuple(p.shape)) for n, p in ref.named_parameters()]
 
 
