@@ -164,3 +164,29 @@ def test_user_model_file_through_the_engine_gives_hf_greedy_tokens(gelu_llama):
     finally:
         engine.shutdown()
     assert [o["output_ids"] for o in out] == [_hf_greedy(hf, p, 6) for p in prompts]
+
+
+def test_command_lines_take_model_impl_and_model_file(gelu_llama, capsys):
+    from srt import bench_one_batch, launch_server
+    from srt.server_args import ServerArgs
+
+    model_file, ckpt, _ = gelu_llama
+    flags = ["--model-impl", "sglang", "--model-file", str(model_file)]
+    kw = launch_server._engine_kwargs(launch_server.build_parser().parse_args(flags))
+    assert (kw["model_impl"], kw["model_file"]) == ("sglang", str(model_file))
+    cpu = ["--device", "cpu"]
+    for argv, line in (
+        (["--model-impl", "sglang"], "error: --model-impl sglang needs --model-file PATH (sglang)"),
+        (["--model-file", str(model_file)], "error: --model-file needs --model-impl sglang"),
+        (["--model-impl", "sglang", "--model-file", "x.txt"], "error: --model-file is not a"),
+    ):
+        assert bench_one_batch.cli_main(argv + cpu) == 2
+        assert capsys.readouterr().err.strip().startswith(line)
+    argv = ["--model-path", str(ckpt), *flags, *cpu, "--batch-size", "1", "--input-len", "4"]
+    results = bench_one_batch.main(argv + ["--output-len", "2", "--result-filename", ""])
+    assert results and all(r["passed"] for r in results)
+    assert "gelu_llama.py: 0 of " in capsys.readouterr().out  # a plain RoPE call per layer
+    with pytest.raises(ValueError, match="needs model_file"):
+        ServerArgs(model_impl="sglang")
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        ServerArgs(model_impl="sglang", model_file=str(model_file), tp_size=2)
