@@ -179,10 +179,11 @@ def uninstall() -> None:
 
 def import_model_file(path: str | os.PathLike[str]) -> ModuleType:
     """Import an SGLang model file through the remap (installing it) as
-    `sglang.srt.models.<file stem>`; its directory joins the search path of sibling model files.
+    `sglang.srt.models.<file stem>`; its directory joins the search path of sibling model files,
+    first.
 
-    A file of the same stem imported earlier from elsewhere is replaced (classes already taken
-    from it keep working).
+    Model files of the same names imported earlier from elsewhere (this one, or siblings it
+    imports) are replaced by this directory's; classes already taken from them keep working.
     """
     file = os.path.abspath(os.fspath(path))
     if not os.path.isfile(file) or not file.endswith(".py"):
@@ -196,11 +197,23 @@ def import_model_file(path: str | os.PathLike[str]) -> ModuleType:
         if d in finder.model_dirs:
             finder.model_dirs.remove(d)
         finder.model_dirs.insert(0, d)
-    name = f"{MODELS_PACKAGE}.{stem}"
-    old = sys.modules.get(name)
-    if old is not None and os.path.abspath(getattr(old, "__file__", "") or "") != file:
-        del sys.modules[name]
-    return importlib.import_module(name)
+        _forget_shadowed(d)
+    return importlib.import_module(f"{MODELS_PACKAGE}.{stem}")
+
+
+def _forget_shadowed(d: str) -> None:
+    """Drop imported model files that a file of the same name in `d` now shadows (the
+    registered file's folder comes first), so that they, and the siblings its file imports,
+    load from `d`."""
+    prefix = MODELS_PACKAGE + "."
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith(prefix) or srt_name(name) is not None:
+            continue
+        file = os.path.abspath(getattr(mod, "__file__", "") or "")
+        if os.path.dirname(file) != d and os.path.isfile(
+            os.path.join(d, name[len(prefix) :] + ".py")
+        ):
+            del sys.modules[name]
 
 
 def entry_classes(module: ModuleType) -> list[type[nn.Module]]:

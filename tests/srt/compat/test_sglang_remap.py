@@ -81,7 +81,7 @@ def test_model_files_import_their_siblings_and_leave_srt_models_alone(remap, tmp
     assert ours.__file__.endswith("srt/models/llama.py")
     assert get_model_class("LlamaForCausalLM").__module__ == "srt.models.llama"
     with pytest.raises(ValueError, match="no SGLang model file registered"):
-        get_model_class("Qwen3ForCausalLM", "sglang")
+        get_model_class("NoSuchModelForCausalLM", "sglang")
 
 
 def test_install_refuses_next_to_the_real_sglang(monkeypatch):
