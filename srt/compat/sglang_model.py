@@ -30,7 +30,7 @@ from torch import nn
 from srt.configs.model_config import ModelConfig
 from srt.layers.quantization import get_quantization_config
 from srt.layers.rotary_embedding import RotaryEmbedding
-from srt.model_loader.weight_utils import default_weight_loader
+from srt.models.weight_utils import default_weight_loader
 
 
 def hf_config(config: ModelConfig, dtype: torch.dtype | None = None) -> Any:

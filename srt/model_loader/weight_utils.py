@@ -12,9 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-import torch
-
-from srt.models.weight_utils import default_weight_loader as _copy_loader
+from srt.models.weight_utils import default_weight_loader
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +21,13 @@ logger = logging.getLogger(__name__)
 RUNAI_STREAMER_TENSOR_ATTR = "_sglang_runai_streamer_tensor"
 
 F = TypeVar("F", bound=Callable[..., Any])
+__all__ = [
+    "RUNAI_STREAMER_TENSOR_ATTR",
+    "default_weight_loader",
+    "kv_cache_scales_loader",
+    "maybe_remap_kv_scale_name",
+    "supports_quantized_rl_reload",
+]
 
 # checkpoint spellings of a layer's fp8 KV-cache scales -> the attention layer's name
 _KV_SCALE_SUFFIXES = (
@@ -32,14 +37,6 @@ _KV_SCALE_SUFFIXES = (
     (".self_attn.v_scale", ".self_attn.attn.v_scale"),
     (".kv_scale", ".attn.k_scale"),
 )
-
-
-def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
-    """Copy a whole tensor into a parameter of the same shape (a 1-element one: fill)."""
-    if param.numel() == 1 and loaded_weight.numel() == 1:
-        param.data.fill_(loaded_weight.item())
-        return
-    _copy_loader(param, loaded_weight)
 
 
 def maybe_remap_kv_scale_name(name: str, params_dict: dict[str, Any]) -> str | None:
