@@ -23,6 +23,7 @@ from tests.conftest import gpu
 from tests.srt.models.hf_compare import make_prompts
 
 PROMPT_LENS = (1, 7, 13)
+GPU_LENS = (1, 7, 13, 5)  # 4 requests: a graph bucket exactly, no padded rows
 
 
 def _args(sglang_dir, name: str, impl: str, path, **kw) -> ServerArgs:
@@ -32,10 +33,10 @@ def _args(sglang_dir, name: str, impl: str, path, **kw) -> ServerArgs:
     return ServerArgs(model_path=str(path), max_total_tokens=512, **kw)
 
 
-def greedy(runner: ModelRunner, steps: int, use_graph: bool = True):
-    """Prefill three prompts, then `steps` greedy decode steps: (logits per forward [B, V],
-    each request's tokens)."""
-    prompts, _ = make_prompts(runner.model_config.vocab_size, lens=PROMPT_LENS, steps=0)
+def greedy(runner: ModelRunner, steps: int, use_graph: bool = True, lens=PROMPT_LENS):
+    """Prefill prompts of lengths `lens`, then `steps` greedy decode steps: (logits per forward
+    [B, V], each request's tokens)."""
+    prompts, _ = make_prompts(runner.model_config.vocab_size, lens=lens, steps=0)
     sb = ScheduleBatch.from_runner(runner)
     reqs = [Req(i, p, SamplingParams(max_new_tokens=steps + 2)) for i, p in enumerate(prompts)]
     logits = [runner.forward(sb.prepare_for_extend(reqs)).clone()]
@@ -46,9 +47,9 @@ def greedy(runner: ModelRunner, steps: int, use_graph: bool = True):
     return logits, [r.output_ids for r in reqs]
 
 
-def hf_greedy(hf, steps: int) -> list[list[int]]:
+def hf_greedy(hf, steps: int, lens=PROMPT_LENS) -> list[list[int]]:
     """HF's greedy tokens (float32, no cache) for the prompts of `greedy`."""
-    prompts, _ = make_prompts(hf.config.vocab_size, lens=PROMPT_LENS, steps=0)
+    prompts, _ = make_prompts(hf.config.vocab_size, lens=lens, steps=0)
     out = []
     with torch.no_grad():
         for p in prompts:
@@ -167,15 +168,15 @@ def test_gpu_bf16_cuda_graphs_same_tokens(request, sglang_dir, name):
     sgl = ModelRunner(_args(sglang_dir, name, "sglang", path, **kw))
     assert sgl.cuda_graph_runner is not None
     with count_rope_calls(sgl.model) as rope:
-        eager = greedy(sgl, 6, use_graph=False)
+        eager = greedy(sgl, 6, use_graph=False, lens=GPU_LENS)
     if name == "gpt_oss":
         assert rope.fused == rope.total == 3 * 7
-    graphs = greedy(sgl, 6, use_graph=True)
+    graphs = greedy(sgl, 6, use_graph=True, lens=GPU_LENS)
     assert all(torch.equal(x, y) for x, y in zip(eager[0], graphs[0], strict=True))
     assert eager[1] == graphs[1]
-    ours = greedy(ModelRunner(_args(sglang_dir, name, "srt", path, **kw)), 6)
+    ours = greedy(ModelRunner(_args(sglang_dir, name, "srt", path, **kw)), 6, lens=GPU_LENS)
     _agree(graphs[1], ours[0], ours[1])
-    _agree(graphs[1], ours[0], hf_greedy(hf, 6))
+    _agree(graphs[1], ours[0], hf_greedy(hf, 6, GPU_LENS))
 
 
 @gpu
@@ -186,7 +187,7 @@ def test_gpu_gpt_oss_fp8_hybrid_pool_graphs(sglang_dir, gpt_oss_ckpt):
     runner = ModelRunner(_args(sglang_dir, "gpt_oss", "sglang", gpt_oss_ckpt[0], **kw))
     assert type(runner.token_to_kv_pool).__name__ == "SWAKVPool"
     with count_rope_calls(runner.model) as rope:
-        eager = greedy(runner, 5, use_graph=False)
+        eager = greedy(runner, 5, use_graph=False, lens=GPU_LENS)
     assert rope.fused == rope.total == 3 * 6
-    graphs = greedy(runner, 5, use_graph=True)
+    graphs = greedy(runner, 5, use_graph=True, lens=GPU_LENS)
     assert all(torch.equal(x, y) for x, y in zip(eager[0], graphs[0], strict=True))
