@@ -34,6 +34,11 @@ def qwen3_ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen2_ckpt(tmp_path_factory):
+    return _ckpt(tmp_path_factory, "qwen2")
+
+
+@pytest.fixture(scope="session")
 def gpt_oss_ckpt(tmp_path_factory):
     return _ckpt(tmp_path_factory, "gpt_oss")
 

@@ -69,6 +69,31 @@ def qwen3_checkpoint(root: Path) -> tuple[Path, Any]:
     return root, hf
 
 
+def qwen2_checkpoint(root: Path) -> tuple[Path, Any]:
+    """Qwen2: biases on q/k/v (none on o_proj), untied embeddings."""
+    import transformers
+
+    cfg = transformers.Qwen2Config(
+        vocab_size=160,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        rope_theta=1000.0,
+    )
+    hf = save_hf_checkpoint(root, transformers.Qwen2ForCausalLM, cfg)
+    with torch.no_grad():  # HF starts the biases at 0
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.2)
+    hf.save_pretrained(str(root))
+    return root, hf
+
+
 def gpt_oss_config(intermediate_size: int = 32) -> Any:
     """Sliding window on even layers, YaRN, 5 experts top-2, biases, clamped SwiGLU."""
     import transformers

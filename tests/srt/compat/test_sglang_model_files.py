@@ -1,7 +1,8 @@
 """SGLang 0.5.23's own llama.py, qwen3.py (+ qwen2.py) and gpt_oss.py, unmodified, through
 srt.compat.sglang's import remap and srt's real loader: on CPU in float32 they give srt's own
-model files' logits and KV cache bit for bit, extend + decode, and HF's logits; gpt_oss.py's RoPE
-calls all go through srt's fused RoPE + KV-cache write (counted).
+model files' logits and KV cache bit for bit, extend + decode, and HF's logits (qwen2.py, which
+srt has no file for, HF's); gpt_oss.py's RoPE calls all go through srt's fused RoPE + KV-cache
+write (counted).
 
 The files are fetched from the package index at test time (`sglang_wheel.py`); these tests skip
 when it cannot be reached.
@@ -83,6 +84,18 @@ def test_qwen3_file_imports_its_sibling_qwen2(sglang_dir, qwen3_ckpt):
     assert qwen2.__file__ == str(sglang_dir / "qwen2.py")
     assert isinstance(model.model, qwen2.Qwen2Model)
     assert model.lm_head is model.model.embed_tokens  # tied embeddings
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_qwen2_file_matches_hf(sglang_dir, qwen2_ckpt, page_size):
+    """qwen2.py as a model of its own (srt has no Qwen2 file): HF's logits, q/k/v biases."""
+    path, hf = qwen2_ckpt
+    model, config = load_sglang(sglang_dir, "qwen2", path)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.model.layers[0].self_attn.qkv_proj.bias is not None
+    prompts, dec = make_prompts(config.vocab_size)
+    got = run_model(model, config, prompts, dec, page_size=page_size)
+    compare_with_hf(hf, prompts, dec, got[0], got[1], ref=_hf_ref("qwen2", hf, prompts, dec))
 
 
 def test_gpt_oss_file_builds_srt_layers_with_sglang_names(sglang_dir, gpt_oss_ckpt):
