@@ -109,13 +109,14 @@ class SGLangFinder(importlib.abc.MetaPathFinder):
         ours = srt_name(fullname)
         if ours is None and fullname.startswith(MODELS_PACKAGE + "."):
             return self._model_file_spec(fullname)
-        if ours is None or importlib.util.find_spec(ours) is None:
+        spec = None if ours is None else importlib.util.find_spec(ours)
+        if ours is None or spec is None:
             raise ModuleNotFoundError(
                 f"{fullname}: srt has no counterpart ({ours or 'unmapped name'}); this SGLang "
                 "module is not provided by srt.compat.sglang",
                 name=fullname,
             )
-        is_pkg = importlib.util.find_spec(ours).submodule_search_locations is not None  # type: ignore[union-attr]
+        is_pkg = spec.submodule_search_locations is not None
         return importlib.machinery.ModuleSpec(fullname, _AliasLoader(ours), is_package=is_pkg)
 
     def _model_file_spec(self, fullname: str) -> importlib.machinery.ModuleSpec:
