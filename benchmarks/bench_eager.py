@@ -56,7 +56,7 @@ def layer_ops(preset: str, t: int) -> dict:
     qw = torch.rand(d, device=dev, dtype=bf16) + 0.5
     kw = torch.rand(d, device=dev, dtype=bf16) + 0.5
     k3, v3 = k.view(t, hkv, d), v.view(t, hkv, d)
-    norm_layer = RMSNorm(hidden, 1e-5).to(dev, bf16)
+    norm_layer = RMSNorm(hidden, 1e-5, weight_in_fp32=False).to(dev, bf16)
     act_layer = SiluAndMul()
     rope, qk_rope = (
         sgl_ext.apply_rope_with_cos_sin_cache_inplace,

@@ -54,8 +54,8 @@ class NormCase(brk.Case):
         super().__init__(shape, t, kv_dtype, 1.0, True)
         self.qw = (torch.randn(self.d, device="cuda") * 0.3 + 1).bfloat16()
         self.kw = (torch.randn(self.d, device="cuda") * 0.3 + 1).bfloat16()
-        self.q_norm = RMSNorm(self.d, EPS).cuda().bfloat16()
-        self.k_norm = RMSNorm(self.d, EPS).cuda().bfloat16()
+        self.q_norm = RMSNorm(self.d, EPS, weight_in_fp32=False).cuda().bfloat16()
+        self.k_norm = RMSNorm(self.d, EPS, weight_in_fp32=False).cuda().bfloat16()
         self.q_norm.weight.data.copy_(self.qw)
         self.k_norm.weight.data.copy_(self.kw)
 

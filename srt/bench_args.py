@@ -15,7 +15,13 @@ import torch
 
 from srt.model_executor.model_builder import PRESETS
 from srt.server_args import DTYPES
-from srt.utils.cli import ArgumentParser, CLIError, check_positive
+from srt.utils.cli import (
+    ArgumentParser,
+    CLIError,
+    add_model_impl_args,
+    check_model_impl_args,
+    check_positive,
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -74,6 +80,7 @@ def build_parser() -> ArgumentParser:
         "--cuda-graph-max-bs", type=int, default=None, help="largest graph (default: max bs)"
     )
     m.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts")
+    add_model_impl_args(m)
     b = p.add_argument_group("benchmark")
     b.add_argument("--run-name", default="default", help="run_name of the result rows")
     b.add_argument("--batch-size", type=int, nargs="+", default=[1, 8], help="batch sizes")
@@ -131,6 +138,7 @@ def validate_args(args: argparse.Namespace) -> None:
     check_positive("--output-len", args.output_len)
     check_positive("--page-size", args.page_size)
     check_positive("--tp-size", args.tp_size)
+    check_model_impl_args(args)
     if args.context_length is not None:
         check_positive("--context-length", args.context_length)
     if args.cuda_graph_max_bs is not None:

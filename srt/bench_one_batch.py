@@ -19,6 +19,7 @@ all variants produced the same output tokens, and exits 1 when they did not.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
 import json
@@ -27,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -78,6 +80,8 @@ def build_server_args(
         random_seed=args.seed,
         tp_size=getattr(args, "tp_size", 1),
         json_model_override_args=preset_overrides(preset) if preset else "{}",
+        model_impl=getattr(args, "model_impl", "srt"),
+        model_file=getattr(args, "model_file", None),
     ).resolved()
 
 
@@ -281,7 +285,8 @@ def latency_test(args: argparse.Namespace, model_config: Any) -> list[dict[str, 
             warmed: set[tuple[int, int]] = set()
             for bs, il, ol in shapes:
                 if (bs, il) not in warmed:  # compile/tune this prefill and decode shape first
-                    run_batch(runner, bs, il, min(ol, 4), use_graph, args.seed)
+                    with _rope_report(sargs, runner, use_graph, say):
+                        run_batch(runner, bs, il, min(ol, 4), use_graph, args.seed)
                     warmed.add((bs, il))
                 trace = _trace_path(args, name, use_graph, (bs, il, ol)) if args.profile else None
                 r = run_batch(runner, bs, il, ol, use_graph, args.seed, trace)
@@ -309,6 +314,19 @@ def latency_test(args: argparse.Namespace, model_config: Any) -> list[dict[str, 
     if _is_rank0():
         _summary(results)
     return results
+
+
+@contextlib.contextmanager
+def _rope_report(sargs: ServerArgs, runner: Any, use_graph: bool, say: Any) -> Iterator[None]:
+    """With an SGLang model file (eager runs): say how many of its RoPE calls went fused."""
+    if sargs.model_impl != "sglang" or use_graph:
+        yield
+        return
+    from srt.compat.sglang_model import count_rope_calls
+
+    with count_rope_calls(runner.model) as counts:
+        yield
+    say(f"# SGLang model file {sargs.model_file}: {counts.describe()}", flush=True)
 
 
 def kv_report_fields(report: Any) -> dict[str, Any]:

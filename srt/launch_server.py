@@ -28,7 +28,15 @@ from srt.server_args import (
     LOG_LEVELS,
     ServerArgs,
 )
-from srt.utils.cli import EXIT_USAGE, ArgumentParser, CLIError, check_positive, error_line
+from srt.utils.cli import (
+    EXIT_USAGE,
+    ArgumentParser,
+    CLIError,
+    add_model_impl_args,
+    check_model_impl_args,
+    check_positive,
+    error_line,
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -70,6 +78,7 @@ def build_parser() -> ArgumentParser:
         help="/generate streams send only the new text and ids (default: all so far, as SGLang)",
     )
     a("--log-level", default="info", choices=LOG_LEVELS, help="log level")
+    add_model_impl_args(p)
     return p
 
 
@@ -98,6 +107,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         disable_overlap_schedule=args.disable_overlap_schedule,
         log_level=args.log_level,
+        model_impl=args.model_impl,
+        model_file=args.model_file,
     )
 
 
@@ -149,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             raise CLIError("--port must be in [0, 65535]", args.port)
         if args.context_length is not None:
             check_positive("--context-length", args.context_length)
+        check_model_impl_args(args)
         _check_args(kwargs)
         sock = bind_socket(args.host, args.port)
         engine = Engine(**kwargs)
-    except (ValueError, TypeError, OSError) as e:
+    except (ValueError, TypeError, OSError, NotImplementedError) as e:
         if sock is not None:
             sock.close()
         if args.debug:

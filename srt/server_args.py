@@ -13,6 +13,7 @@ from srt.configs.load_config import LOAD_FORMATS
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 ATTENTION_BACKENDS = ("torch_native", "triton")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+MODEL_IMPLS = ("srt", "sglang")  # srt.models.registry.MODEL_IMPLS
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16")
 
 
@@ -61,6 +62,11 @@ class ServerArgs:
         local port); torchrun-launched ranks use its env:// instead.
     dist_timeout : seconds a rank waits for the others (collectives, start-up, each request)
         before the engine fails instead of hanging.
+    model_impl : "srt" (srt's own model files) or "sglang": SGLang's own model file
+        `model_file`, imported unmodified through `srt.compat.sglang`'s import remap, serves the
+        checkpoint's architecture (TP 1).
+    model_file : path of that SGLang model file (e.g. SGLang's llama.py); files it imports
+        (`sglang.srt.models.qwen2` for qwen3.py) are looked up beside it.
     """
 
     model_path: str | None = None
@@ -90,6 +96,8 @@ class ServerArgs:
     disable_hybrid_swa_memory: bool = False
     disable_overlap_schedule: bool = False
     log_level: str | None = None
+    model_impl: str = "srt"
+    model_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -134,12 +142,29 @@ class ServerArgs:
             raise ValueError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         if self.log_level is not None and str(self.log_level).lower() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        self._check_model_impl()
         try:
             overrides = json.loads(self.json_model_override_args)
         except json.JSONDecodeError as e:
             raise ValueError(f"json_model_override_args is not valid JSON: {e}") from e
         if not isinstance(overrides, dict):
             raise ValueError("json_model_override_args must encode a JSON object")
+
+    def _check_model_impl(self) -> None:
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
+        if self.model_impl == "sglang" and self.model_file is None:
+            raise ValueError("model_impl 'sglang' needs model_file (an SGLang model file)")
+        if self.model_impl == "sglang" and self.tp_size != 1:
+            raise ValueError(
+                f"tensor parallelism (tp_size={self.tp_size}) with SGLang model files is not "
+                "supported: use model_impl 'srt' or tp_size 1"
+            )
+        if self.model_file is not None:
+            if self.model_impl != "sglang":
+                raise ValueError("model_file is an SGLang model file: it needs model_impl 'sglang'")
+            if not os.path.isfile(self.model_file) or not self.model_file.endswith(".py"):
+                raise ValueError(f"model_file is not a .py file: {self.model_file!r}")
 
     @property
     def model_overrides(self) -> dict[str, Any]:

@@ -21,9 +21,12 @@ from srt.distributed.parallel_state import (
     resolve_tp,
     set_multicast_off_env,
 )
+from srt.distributed.utils import get_pp_group, get_pp_indices
 
 __all__ = [
     "destroy_distributed_environment",
+    "get_pp_group",
+    "get_pp_indices",
     "get_tensor_model_parallel_rank",
     "get_tensor_model_parallel_world_size",
     "get_tp_group",

@@ -43,6 +43,9 @@ def make_engine(args: argparse.Namespace, fused: bool) -> Any:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    impl: dict[str, Any] = {}
+    if getattr(args, "model_impl", "srt") == "sglang":  # SGLang's own model file
+        impl = {"model_impl": "sglang", "model_file": args.model_file}
     return _engine_class()(
         model_path=args.model_path,
         load_format=args.load_format,
@@ -53,6 +56,7 @@ def make_engine(args: argparse.Namespace, fused: bool) -> Any:
         enable_fused_rope_kv=fused,
         cuda_graph=device.startswith("cuda") and not args.disable_cuda_graph,
         random_seed=args.seed,
+        **impl,
     )
 
 

@@ -59,7 +59,13 @@ from srt.eval.multichoice import (
     mean_and_stderr,
 )
 from srt.server_args import DTYPES
-from srt.utils.cli import ArgumentParser, CLIError, run_cli
+from srt.utils.cli import (
+    ArgumentParser,
+    CLIError,
+    add_model_impl_args,
+    check_model_impl_args,
+    run_cli,
+)
 
 DEFAULT_MAX_NEW_TOKENS = 2048  # what --max-new-tokens is capped from when not given
 
@@ -255,6 +261,7 @@ def build_parser() -> ArgumentParser:
     e.add_argument("--page-size", type=int, default=1, help="KV-cache page size in tokens")
     e.add_argument("--disable-cuda-graph", action="store_true", help="decode eagerly")
     e.add_argument("--compare-unfused", action="store_true", help="also run unfused, compare")
+    add_model_impl_args(e)
     s = p.add_argument_group("OpenAI-compatible server")
     s.add_argument(
         "--base-url",
@@ -299,6 +306,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if args.base_url is not None and args.compare_unfused:
         parser.error("--compare-unfused needs the offline engine, not --base-url")
+    try:
+        check_model_impl_args(args)
+    except CLIError as e:
+        parser.error(str(e))
     for name in ("num_repeats", "max_new_tokens", "batch_size", "page_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 ({getattr(args, name)})")

@@ -23,19 +23,65 @@ from srt.layers.moe.topk_pairs import TopKPairs
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32.
 
-    Parameters
+    Parameters (SGLang's order)
     ----------
     hidden_size : size of the normalised (last) dim.
     eps : variance epsilon.
-    weight_in_fp32 : multiply by the weight before casting back (gpt-oss) instead of after
-        (Llama / Qwen); the two differ only in rounding for low-precision dtypes.
+    var_hidden_size : SGLang's partial-variance option; only None (or hidden_size).
+    cast_x_before_out_mul : cast the normalised x to the input dtype, then multiply by the weight
+        (HF Llama / Qwen); False (SGLang's default, HF gpt-oss) multiplies in float32 first. The
+        two differ only in rounding for low-precision dtypes.
+    fp32_residual, has_weight, override_orig_dtype : SGLang's options for its deterministic
+        RL mode; only the defaults (False, True, None) are served, others raise.
+    weight_dtype : the weight's dtype (default: torch's default dtype).
+    x_pad_to_multiple : SGLang pads the output only on ROCm's aiter path; here, as on CUDA, the
+        output is never padded.
+    force_native : always run the torch-native reference.
+    weight_in_fp32 : (keyword) srt's name, `not cast_x_before_out_mul`; wins when given.
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, weight_in_fp32: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        var_hidden_size: int | None = None,
+        cast_x_before_out_mul: bool = False,
+        fp32_residual: bool = False,
+        has_weight: bool = True,
+        weight_dtype: torch.dtype | None = None,
+        override_orig_dtype: torch.dtype | None = None,
+        x_pad_to_multiple: int = 0,
+        force_native: bool = False,
+        *,
+        weight_in_fp32: bool | None = None,
+    ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        unsupported = {
+            "var_hidden_size": var_hidden_size not in (None, hidden_size),
+            "fp32_residual": fp32_residual,
+            "has_weight": not has_weight,
+            "override_orig_dtype": override_orig_dtype is not None,
+        }
+        for name, asked in unsupported.items():
+            if asked:
+                raise NotImplementedError(f"RMSNorm({name}=...) other than the default")
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=weight_dtype), requires_grad=False)
         self.variance_epsilon = eps
-        self.weight_in_fp32 = weight_in_fp32
+        self.hidden_size = hidden_size
+        self.weight_in_fp32 = (
+            not cast_x_before_out_mul if weight_in_fp32 is None else bool(weight_in_fp32)
+        )
+        self.x_pad_to_multiple = x_pad_to_multiple
+        self.force_native = force_native
+        # The projection reading this norm's output (SGLang's fuse_input_quant); see there.
+        self.__dict__["_quant_linear"] = None
+
+    def fuse_input_quant(self, linear: nn.Module) -> None:
+        """SGLang's hook to fuse the static fp8 input quantisation of `linear`, the projection
+        that consumes this norm's output. srt's linear layers are unquantized (a quantized one
+        raises when built), so there is nothing to fuse: the projection is only remembered
+        (outside this module's children)."""
+        self.__dict__["_quant_linear"] = linear
 
     def forward(
         self,
@@ -91,7 +137,7 @@ class RMSNorm(nn.Module):
     def _fits(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
         """Whether the sgl_ext ops take these operands as they are (else: native math)."""
         w: torch.Tensor = self._parameters["weight"]  # type: ignore[assignment]
-        if not self.weight_in_fp32 and x.dtype != w.dtype:
+        if (not self.weight_in_fp32 and x.dtype != w.dtype) or self.force_native:
             return False
         if x.stride(-1) != 1 or not (x.ndim == 2 or x.is_contiguous()):
             return False

@@ -1,11 +1,17 @@
-"""Linear layers with SGLang's names and tensor parallelism, shard-aware weight loaders.
+"""Linear layers with SGLang's names, signatures and tensor parallelism, shard-aware loaders.
 
 Each layer returns `(output, output_bias)` like SGLang (output_bias is None unless
 `skip_bias_add`). Parameters carry a `weight_loader(param, loaded_weight, shard_id=None)` so a
 model's `load_weights` can put checkpoint tensors (q_proj, k_proj, v_proj / gate_proj, up_proj)
 into the packed parameters; shard_id=None takes the full packed tensor of a TP-1 model.
 
-Tensor parallelism (tp_rank / tp_size passed by the model; default TP 1): column
+Constructors take SGLang's arguments in SGLang's order (an unmodified SGLang model file builds
+them): `quant_config` (None, or a config that leaves linear layers unquantized; anything else
+raises at build time), `prefix`, `parallel_group` ("tp" / "attn_tp": the TP group, the same
+without DP attention; "replicated": TP 1), `reduce_results`, `gather_output`, ... Options srt
+lacks (`use_presharded_weights`, another `kv_parallel_group`) raise at build time, naming them.
+
+Tensor parallelism (tp_rank / tp_size passed by the model as keywords; default TP 1): column
 layers keep rows [tp_rank * out/tp, (tp_rank+1) * out/tp) of each packed shard, row layers the
 matching input columns and all-reduce their partial outputs (bias added once, after the sum).
 QKV replicates KV heads when tp_size exceeds their number.
@@ -13,13 +19,28 @@ QKV replicates KV heads when tp_size exceeds their number.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
-from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
+from srt.distributed import (
+    get_tp_rank,
+    get_tp_size,
+    resolve_tp,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
+from srt.distributed.utils import LogicalGroup
 from srt.layers.gemm_choice import dispatch_linear
+from srt.layers.quantization.base_config import QuantizationConfig, require_unquantized
+
+if TYPE_CHECKING:
+    from srt.model_executor.forward_batch_info import ForwardBatch
+
+# SGLang's group names. Without DP attention the attention-TP group is the TP group.
+LinearParallelGroup = Literal["tp", "attn_tp", "replicated"]
+PARALLEL_GROUPS = ("tp", "attn_tp", "replicated")
 
 
 def _check_loaded(name: str, param: torch.Tensor, loaded: torch.Tensor) -> None:
@@ -30,27 +51,71 @@ def _check_loaded(name: str, param: torch.Tensor, loaded: torch.Tensor) -> None:
         )
 
 
+def _group_tp(parallel_group: str | None, tp_rank: int, tp_size: int) -> tuple[int, int]:
+    """A layer's (tp_rank, tp_size) for its parallel_group: the given ones, or TP 1 replicated."""
+    if parallel_group not in (None, *PARALLEL_GROUPS):
+        raise ValueError(
+            f"parallel_group must be one of {PARALLEL_GROUPS} or None, got {parallel_group!r}"
+        )
+    if parallel_group == "replicated":
+        return 0, 1
+    return resolve_tp(tp_rank, tp_size)
+
+
+def resolve_linear_parallel_group(parallel_group: LinearParallelGroup) -> tuple[int, int]:
+    """(rank, size) of a group in this process: the TP group for "tp" / "attn_tp" (rank 0 of 1
+    without one), (0, 1) for "replicated"."""
+    return _group_tp(parallel_group, get_tp_rank(), get_tp_size())
+
+
+def _refuse(flag: bool, name: str) -> None:
+    if flag:
+        raise NotImplementedError(f"{name}=True is not supported by srt's linear layers")
+
+
 class LinearBase(nn.Module):
-    """y = x W^T (+ b). weight: [output_size_per_partition, input_size_per_partition]."""
+    """y = x W^T (+ b). weight: [output_size_per_partition, input_size_per_partition].
+
+    Parameters (SGLang's order)
+    ----------
+    input_size, output_size : full (TP-1) sizes.
+    skip_bias_add : return the bias beside the output instead of adding it.
+    params_dtype : parameter dtype (default: torch's default dtype).
+    quant_config : None or a config that leaves linear layers unquantized.
+    prefix : the layer's name in the model (messages).
+    bias, tp_rank, tp_size, parallel_group : keywords (see the module docstring).
+    """
 
     def __init__(
         self,
         input_size: int,
         output_size: int,
-        bias: bool = True,
         skip_bias_add: bool = False,
         params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        *,
+        bias: bool = True,
         tp_rank: int = 0,
         tp_size: int = 1,
-        prefix: str = "",
+        parallel_group: LinearParallelGroup | None = None,
     ) -> None:
         super().__init__()
+        require_unquantized(quant_config, "linear", prefix)
         self.input_size, self.output_size = input_size, output_size
         self.skip_bias_add = skip_bias_add
-        self.tp_rank, self.tp_size = resolve_tp(tp_rank, tp_size)
+        self.tp_rank, self.tp_size = _group_tp(parallel_group, tp_rank, tp_size)
+        self.parallel_group = parallel_group
         self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.quant_config = quant_config
         self.prefix = prefix
         self._has_bias = bias
+        self._gather = False  # column layers with gather_output at tp > 1 all-gather outputs
+
+    @property
+    def tp_group(self) -> LogicalGroup:
+        """This layer's weight partition (SGLang's `tp_group`; see `get_group_rank_size`)."""
+        return LogicalGroup(self.tp_rank, self.tp_size)
 
     def _create(self, out_part: int, in_part: int) -> None:
         self.weight = nn.Parameter(
@@ -72,9 +137,13 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded_weight)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: [..., in] -> ([..., out_part], bias or None)."""
+        """x: [..., in] -> ([..., out_part] (all ranks' parts with gather_output), bias or None)."""
         p: dict[str, Any] = self._parameters  # read directly: no nn.Module.__getattr__ per call
         bias = p["bias"]
+        if self._gather:
+            out = dispatch_linear(x, p["weight"], None if self.skip_bias_add else bias)
+            out = tensor_model_parallel_all_gather(out, dim=-1)
+            return out, bias if self.skip_bias_add else None
         if self.skip_bias_add:
             return dispatch_linear(x, p["weight"]), bias
         return dispatch_linear(x, p["weight"], bias), None  # F.linear unless gemm_choice says so
@@ -83,18 +152,63 @@ class LinearBase(nn.Module):
 class ReplicatedLinear(LinearBase):
     """The full weight on every rank."""
 
-    def __init__(self, input_size: int, output_size: int, **kw) -> None:
-        super().__init__(input_size, output_size, **kw)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = True,
+        skip_bias_add: bool = False,
+        params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(
+            input_size, output_size, skip_bias_add, params_dtype, quant_config, prefix, bias=bias
+        )
         self._create(output_size, input_size)
 
 
 class ColumnParallelLinear(LinearBase):
-    """Output dim split over ranks; weight [out / tp, in]."""
+    """Output dim split over ranks; weight [out / tp, in]. gather_output concatenates the ranks'
+    outputs (all-gather) instead of leaving each its slice."""
 
-    def __init__(self, input_size: int, output_size: int, **kw) -> None:
-        super().__init__(input_size, output_size, **kw)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = True,
+        gather_output: bool = False,
+        skip_bias_add: bool = False,
+        params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+        output_sizes: list[int] | None = None,
+        prefix: str = "",
+        *,
+        use_presharded_weights: bool = False,
+        skip_block_quant_check: bool = False,  # no block quantization here: nothing to check
+        parallel_group: LinearParallelGroup | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        _refuse(use_presharded_weights, "use_presharded_weights")
+        super().__init__(
+            input_size,
+            output_size,
+            skip_bias_add,
+            params_dtype,
+            quant_config,
+            prefix,
+            bias=bias,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            parallel_group=parallel_group,
+        )
         if output_size % self.tp_size:
             raise ValueError(f"output_size {output_size} not divisible by tp_size {self.tp_size}")
+        self.gather_output = gather_output
+        self._gather = gather_output and self.tp_size > 1
+        if output_sizes is not None and not hasattr(self, "output_sizes"):
+            self.output_sizes = list(output_sizes)
         self._create(output_size // self.tp_size, input_size)
 
     def weight_loader(
@@ -106,12 +220,48 @@ class ColumnParallelLinear(LinearBase):
 
 
 class RowParallelLinear(LinearBase):
-    """Input dim split over ranks (the all-reduce of partial outputs goes here once tp > 1)."""
+    """Input dim split over ranks (the all-reduce of partial outputs goes here once tp > 1).
 
-    def __init__(self, input_size: int, output_size: int, reduce_results: bool = True, **kw):
-        super().__init__(input_size, output_size, **kw)
+    reduce_results=False leaves each rank its partial sum (the caller reduces: SGLang's layer
+    boundaries do); input_is_parallel=False takes the full input and keeps this rank's columns.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = True,
+        input_is_parallel: bool = True,
+        skip_bias_add: bool = False,
+        params_dtype: torch.dtype | None = None,
+        reduce_results: bool = True,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        *,
+        use_presharded_weights: bool = False,
+        use_dp_attention_reduce: bool = False,
+        parallel_group: LinearParallelGroup | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        _refuse(use_presharded_weights, "use_presharded_weights")
+        if use_dp_attention_reduce:
+            raise NotImplementedError("use_dp_attention_reduce=True needs DP attention")
+        super().__init__(
+            input_size,
+            output_size,
+            skip_bias_add,
+            params_dtype,
+            quant_config,
+            prefix,
+            bias=bias,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            parallel_group=parallel_group,
+        )
         if input_size % self.tp_size:
             raise ValueError(f"input_size {input_size} not divisible by tp_size {self.tp_size}")
+        self.input_is_parallel = input_is_parallel
         self.reduce_results = reduce_results
         self._create(output_size, input_size // self.tp_size)
 
@@ -123,23 +273,41 @@ class RowParallelLinear(LinearBase):
             loaded_weight = loaded_weight.narrow(1, self.tp_rank * n, n)
         super().weight_loader(param, loaded_weight)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: [..., in / tp] (this rank's columns) -> ([..., out], bias or None).
+    def forward(
+        self,
+        input_: torch.Tensor,
+        skip_all_reduce: bool = False,
+        forward_batch: ForwardBatch | None = None,
+        output_tensor: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_: [..., in / tp] (this rank's columns; [..., in] with input_is_parallel=False)
+        -> ([..., out], bias or None).
 
-        With reduce_results=False the output is this rank's partial sum, bias on rank 0 only.
+        With reduce_results=False or skip_all_reduce=True the output is this rank's partial sum,
+        bias on rank 0 only. forward_batch is SGLang's hint for DP-attention reductions (none
+        here, so it changes nothing). output_tensor, if given, receives the result.
         """
         p: dict[str, Any] = self._parameters  # read directly: no nn.Module.__getattr__ per call
         bias = p["bias"]
-        if self.tp_size == 1 and not self.skip_bias_add:  # bias inside the GEMM: one launch
-            return dispatch_linear(x, p["weight"], bias), None
+        if self.tp_size == 1 and not self.skip_bias_add and output_tensor is None:
+            return dispatch_linear(input_, p["weight"], bias), None  # bias in the GEMM: 1 launch
+        x = input_
+        if not self.input_is_parallel and self.tp_size > 1:
+            n = x.shape[-1] // self.tp_size
+            x = x.narrow(-1, self.tp_rank * n, n)
         out = dispatch_linear(x, p["weight"])  # [..., out], partial over ranks when tp > 1
-        if self.tp_size > 1 and self.reduce_results:
+        reduce = self.reduce_results and not skip_all_reduce
+        if self.tp_size > 1 and reduce:
             out = tensor_model_parallel_all_reduce(out)
+        out_bias = None
         if self.skip_bias_add:
-            return out, bias
-        if bias is not None and (self.reduce_results or self.tp_rank == 0):
+            out_bias = bias
+        elif bias is not None and (reduce or self.tp_rank == 0):
             out = out + bias
-        return out, None
+        if output_tensor is not None:
+            output_tensor.copy_(out)
+            out = output_tensor
+        return out, out_bias
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -149,9 +317,38 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     shard_id is the index (0, 1, ...); None loads the full packed tensor [sum(output_sizes), in].
     """
 
-    def __init__(self, input_size: int, output_sizes: list[int], **kw) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = True,
+        gather_output: bool = False,
+        skip_bias_add: bool = False,
+        params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        *,
+        use_presharded_weights: bool = False,
+        parallel_group: LinearParallelGroup | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
         self.output_sizes = list(output_sizes)
-        super().__init__(input_size, sum(output_sizes), **kw)
+        super().__init__(
+            input_size,
+            sum(output_sizes),
+            bias,
+            gather_output,
+            skip_bias_add,
+            params_dtype,
+            quant_config,
+            None,
+            prefix,
+            use_presharded_weights=use_presharded_weights,
+            parallel_group=parallel_group,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+        )
         if any(n % self.tp_size for n in self.output_sizes):
             raise ValueError(f"output_sizes {output_sizes} not divisible by tp_size {self.tp_size}")
 
@@ -196,12 +393,27 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_heads: int,
         total_num_kv_heads: int | None = None,
         bias: bool = True,
+        skip_bias_add: bool = False,
+        params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        *,
+        load_presharded_attn: bool = False,
         v_head_size: int | None = None,
-        **kw,
+        skip_block_quant_check: bool = False,  # no block quantization here: nothing to check
+        parallel_group: LinearParallelGroup | None = None,
+        kv_parallel_group: LinearParallelGroup | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
     ) -> None:
+        _refuse(load_presharded_attn, "load_presharded_attn")
+        if kv_parallel_group not in (None, parallel_group):
+            raise NotImplementedError(
+                f"kv_parallel_group {kv_parallel_group!r} other than parallel_group "
+                f"{parallel_group!r} is not supported"
+            )
         total_num_kv_heads = total_num_kv_heads or total_num_heads
-        kw["tp_rank"], kw["tp_size"] = resolve_tp(kw.get("tp_rank", 0), kw.get("tp_size", 1))
-        tp_size = kw["tp_size"]
+        tp_rank, tp_size = _group_tp(parallel_group, tp_rank, tp_size)
         if total_num_heads % tp_size:
             raise ValueError(f"tp_size {tp_size} must divide num_heads {total_num_heads}")
         if total_num_kv_heads % tp_size and tp_size % total_num_kv_heads:
@@ -218,7 +430,20 @@ class QKVParallelLinear(ColumnParallelLinear):
         # The local output is (Hq/tp + 2 * Hkv_local) heads; ColumnParallel divides by tp.
         out = (self.num_heads + self.num_kv_heads) * head_size
         out += self.num_kv_heads * self.v_head_size
-        super().__init__(hidden_size, out * tp_size, bias=bias, **kw)
+        super().__init__(
+            hidden_size,
+            out * tp_size,
+            bias,
+            False,
+            skip_bias_add,
+            params_dtype,
+            quant_config,
+            None,
+            prefix,
+            parallel_group=parallel_group,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+        )
         self.q_size = self.num_heads * head_size
         self.kv_size = self.num_kv_heads * head_size
         self.v_size = self.num_kv_heads * self.v_head_size

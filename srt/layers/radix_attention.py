@@ -6,15 +6,46 @@ KV-cache scales) and forwards to `forward_batch.attn_backend.forward(...)`.
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from srt.layers.quantization.base_config import QuantizationConfig, require_unquantized
+
 if TYPE_CHECKING:
     from srt.model_executor.forward_batch_info import ForwardBatch
 
 Scale = float | torch.Tensor | None
+
+
+class AttentionType(enum.Enum):
+    """SGLang's attention types; srt serves DECODER (causal self-attention)."""
+
+    DECODER = "decoder"
+    ENCODER_ONLY = "encoder_only"
+
+
+def _refuse_unsupported(
+    is_cross_attention: bool,
+    pos_encoding_mode: str,
+    logit_capping_method: str,
+    attn_type: AttentionType,
+    use_irope: bool,
+) -> None:
+    asked = {
+        "is_cross_attention": (is_cross_attention, False),
+        "pos_encoding_mode": (pos_encoding_mode, "NONE"),
+        "logit_capping_method": (logit_capping_method, "tanh"),
+        "attn_type": (attn_type, AttentionType.DECODER),
+        "use_irope": (use_irope, False),
+    }
+    for name, (value, served) in asked.items():
+        if value != served:
+            raise NotImplementedError(
+                f"RadixAttention({name}={value!r}) is not supported; srt serves {served!r}"
+            )
 
 
 class RadixAttention(nn.Module):
@@ -27,15 +58,22 @@ class RadixAttention(nn.Module):
     scaling : softmax scale, usually D ** -0.5.
     num_kv_heads : K/V heads on this rank (Hkv); Hq % Hkv == 0 (GQA).
     layer_id : index of the layer in the KV pool.
+    logit_cap : > 0 applies cap * tanh(logits / cap) before the softmax.
+    v_head_dim : V head size (Dv); -1 means head_dim.
     sliding_window_size : -1 for full attention; otherwise SGLang's "window left" W: a query at
         position p sees keys at positions k with p - W <= k <= p (W + 1 keys). HF's
         `sliding_window` S corresponds to W = S - 1.
-    logit_cap : > 0 applies cap * tanh(logits / cap) before the softmax.
-    v_head_dim : V head size (Dv); -1 means head_dim.
+    is_cross_attention, pos_encoding_mode, logit_capping_method, attn_type, use_irope : SGLang's
+        options; srt serves decoder self-attention with tanh capping only ("NONE", "tanh",
+        AttentionType.DECODER, False): anything else raises at build time.
+    quant_config : None, or a config that leaves attention unquantized (KV-cache scales are
+        k_scale / v_scale).
+    prefix : the layer's name in the model (messages).
+    use_prefill_attention_wrapper : SGLang's prefill-graph option; no effect here.
     sinks : optional [Hq] per-head sink logits (gpt-oss): an extra softmax column with no value.
         Kept as a plain reference (not registered), so the owning module keeps the parameter.
-    k_scale, v_scale : KV-cache scales (None, positive float, or 1-element float tensor); an fp8
-        cache stores x * (1 / scale).
+    k_scale, v_scale : (keywords, like sinks) KV-cache scales: None, a positive float or a
+        1-element float tensor; an fp8 cache stores x * (1 / scale).
     """
 
     def __init__(
@@ -45,14 +83,27 @@ class RadixAttention(nn.Module):
         scaling: float,
         num_kv_heads: int,
         layer_id: int,
-        sliding_window_size: int = -1,
         logit_cap: float = 0.0,
         v_head_dim: int = -1,
+        sliding_window_size: int = -1,
+        is_cross_attention: bool = False,
+        pos_encoding_mode: str = "NONE",
+        logit_capping_method: str = "tanh",
+        quant_config: QuantizationConfig | None = None,
+        attn_type: AttentionType = AttentionType.DECODER,
+        use_irope: bool = False,
+        prefix: str = "",
+        use_prefill_attention_wrapper: bool = True,
+        *,
         sinks: torch.Tensor | None = None,
         k_scale: Scale = None,
         v_scale: Scale = None,
     ) -> None:
         super().__init__()
+        _refuse_unsupported(
+            is_cross_attention, pos_encoding_mode, logit_capping_method, attn_type, use_irope
+        )
+        require_unquantized(quant_config, "attention", prefix)
         if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
@@ -76,6 +127,8 @@ class RadixAttention(nn.Module):
         self.__dict__["sinks"] = sinks
         self.k_scale: Scale = k_scale
         self.v_scale: Scale = v_scale
+        self.attn_type = attn_type
+        self.prefix = prefix
 
     def forward(
         self,

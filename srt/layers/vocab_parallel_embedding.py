@@ -11,6 +11,8 @@ TP masking: ids outside this rank's slice give zero rows.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -21,6 +23,7 @@ from sgl_ext._backend import interpreting
 from sgl_ext.triton.launcher import cached_launcher
 from sgl_ext.triton.pdl import pdl_enter
 from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
+from srt.layers.quantization.base_config import QuantizationConfig, require_unquantized
 
 GATHER_BLOCK = 1024  # hidden elements a program
 
@@ -83,11 +86,20 @@ def embedding_rows(ids: torch.Tensor, weight: torch.Tensor, start: int = 0) -> t
 class VocabParallelEmbedding(nn.Module):
     """Embedding table [Vp, hidden] of this rank's vocabulary slice.
 
-    Parameters
+    Parameters (SGLang's; keywords after embedding_dim)
     ----------
     num_embeddings : vocabulary size V.
     embedding_dim : hidden size.
     params_dtype : parameter dtype (default: torch's default dtype).
+    output_dtype : cast the embeddings to it (default: the parameter dtype).
+    org_num_embeddings : SGLang's LoRA extra-vocabulary option; only None or V.
+    padding_size : each rank's slice is rounded up to a multiple of it (SGLang pads to 64; the
+        default 1 pads only to divide V by tp). Padded rows are zero; their logits are dropped.
+    quant_config : None, or a config that leaves embeddings unquantized.
+    prefix : the layer's name in the model (messages).
+    enable_tp : False keeps the whole table on every rank (TP 1 for this layer).
+    use_attn_tp_group : split over the attention-TP group: the TP group (no DP attention).
+    use_presharded_weights : not supported (raises).
     tp_rank, tp_size : this rank's TP position (default: TP 1).
     """
 
@@ -95,16 +107,34 @@ class VocabParallelEmbedding(nn.Module):
         self,
         num_embeddings: int,
         embedding_dim: int,
+        *,
         params_dtype: torch.dtype | None = None,
+        output_dtype: torch.dtype | None = None,
+        org_num_embeddings: int | None = None,
+        padding_size: int = 1,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        enable_tp: bool = True,
+        use_attn_tp_group: bool = False,
+        use_presharded_weights: bool = False,
         tp_rank: int = 0,
         tp_size: int = 1,
-        prefix: str = "",
     ) -> None:
         super().__init__()
-        tp_rank, tp_size = resolve_tp(tp_rank, tp_size)
+        require_unquantized(quant_config, "embedding", prefix)
+        if org_num_embeddings not in (None, num_embeddings):
+            raise NotImplementedError("org_num_embeddings != num_embeddings (LoRA extra vocab)")
+        if use_presharded_weights:
+            raise NotImplementedError("use_presharded_weights=True is not supported")
+        if padding_size < 1:
+            raise ValueError(f"padding_size must be >= 1, got {padding_size}")
+        tp_rank, tp_size = resolve_tp(tp_rank, tp_size) if enable_tp else (0, 1)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.tp_rank, self.tp_size, self.prefix = tp_rank, tp_size, prefix
-        self.num_embeddings_per_partition = -(-num_embeddings // tp_size)
+        self.output_dtype = output_dtype
+        self.use_attn_tp_group = use_attn_tp_group
+        per = -(-num_embeddings // tp_size)
+        self.num_embeddings_per_partition = -(-per // padding_size) * padding_size
         self.num_embeddings_padded = self.num_embeddings_per_partition * tp_size
         self.vocab_start_index = tp_rank * self.num_embeddings_per_partition
         # Real rows of this slice (the last ranks may own padding only).
@@ -132,18 +162,26 @@ class VocabParallelEmbedding(nn.Module):
         """input_ids: int64 [T] -> [T, hidden] (all-reduced over the TP ranks)."""
         if self.tp_size == 1:
             if input_ids.is_cuda:
-                return embedding_rows(input_ids, self.weight)
-            return F.embedding(input_ids, self.weight)
-        # [T, hidden]: this slice's rows, zeros for ids of other ranks
-        out = embedding_rows(input_ids, self.weight, self.vocab_start_index)
-        return tensor_model_parallel_all_reduce(out)
+                out = embedding_rows(input_ids, self.weight)
+            else:
+                out = F.embedding(input_ids, self.weight)
+        else:
+            # [T, hidden]: this slice's rows, zeros for ids of other ranks
+            out = embedding_rows(input_ids, self.weight, self.vocab_start_index)
+            out = tensor_model_parallel_all_reduce(out)
+        if self.output_dtype is not None:
+            out = out.to(self.output_dtype)
+        return out
 
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection [Vp, hidden] of this rank's vocabulary slice; LogitsProcessor does the
     matmul and gathers the slices."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, **kw) -> None:
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, *, bias: bool = False, **kw: Any
+    ) -> None:
+        """SGLang's ParallelLMHead: VocabParallelEmbedding's keywords, plus an optional bias."""
         super().__init__(num_embeddings, embedding_dim, **kw)
         if bias:
             b = torch.zeros(self.num_embeddings_per_partition, dtype=self.weight.dtype)

@@ -123,6 +123,10 @@ class ForwardBatch:
     # (pool, answer) of srt.models.utils.enable_fused_set_kv_buffer for this batch's pool, so
     # the layers after the first skip the pool's layout checks; None until the first layer.
     fused_kv_memo: tuple[Any, bool] | None = field(default=None, init=False, repr=False)
+    # The residual stream of SGLang-style stage boundaries during one forward pass
+    # (srt.layers.layer_boundary: started by the model, closed by its final norm); None between
+    # passes.
+    residual_stream: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.positions is None and self.forward_mode.is_decode():
@@ -137,6 +141,20 @@ class ForwardBatch:
     @property
     def device(self) -> torch.device:
         return self.input_ids.device
+
+
+class PPProxyTensors:
+    """Tensors handed from one pipeline stage to the next (SGLang's name). srt runs one stage,
+    so model files only name this type; it holds a dict of tensors."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = dict(tensors)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def __len__(self) -> int:
+        return len(self.tensors)
 
 
 def compute_extend_metadata(

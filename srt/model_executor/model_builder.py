@@ -158,7 +158,8 @@ def build_model(
     tp_size: int = 1,
 ) -> torch.nn.Module:
     """The registry's model class in `dtype` on `device` (this rank's TP shard), with checkpoint
-    or dummy weights (`srt.model_loader.loader.get_model`).
+    or dummy weights (`srt.model_loader.loader.get_model`). With model_impl "sglang" the class
+    comes from SGLang's model file `args.model_file` (`srt.compat.sglang.register_model_file`).
 
     Dummy weights are the loader's seeded CPU-generated ones (identical on every device), except
     for big models on CUDA (the bench presets), which are drawn on the device: generating
@@ -173,7 +174,12 @@ def build_model(
 
     config = dataclasses.replace(model_config, dtype=dtype)
     load_format = "dummy" if args.model_path is None else args.load_format
-    footprint = weight_footprint(config, dtype, args.tp_size)
+    if args.model_impl == "sglang":  # SGLang's own model file: import it, register its classes
+        from srt.compat.sglang import register_model_file
+
+        assert args.model_file is not None  # ServerArgs checks
+        register_model_file(args.model_file)
+    footprint = weight_footprint(config, dtype, args.tp_size, args.model_impl)
     what = config.path or (
         f"a {config.num_hidden_layers}-layer, {config.hidden_size}-wide model (no checkpoint)"
     )
@@ -181,7 +187,14 @@ def build_model(
     check_weight_memory(footprint, device, what)
     on_device = device.type == "cuda" and _num_params(config) >= 2e8
     return get_model(
-        config, load_format, device, args.random_seed, tp_rank, tp_size, dummy_on_device=on_device
+        config,
+        load_format,
+        device,
+        args.random_seed,
+        tp_rank,
+        tp_size,
+        dummy_on_device=on_device,
+        model_impl=args.model_impl,
     )
 
 

@@ -85,10 +85,17 @@ def iterate_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield from state.items()
 
 
-def full_parameter_shapes(cls: type[nn.Module], config: ModelConfig) -> list[tuple[str, tuple]]:
+def full_parameter_shapes(
+    cls: type[nn.Module], config: ModelConfig, model_impl: str = "srt"
+) -> list[tuple[str, tuple]]:
     """(name, shape) of every parameter of the TP-1 model (a meta-device build: no memory)."""
     with torch.device("meta"):
-        ref = cls(config)
+        if model_impl == "sglang":
+            from srt.compat.sglang_model import build_sglang_model
+
+            ref = build_sglang_model(cls, config)
+        else:
+            ref = cls(config)
     return [(n, tuple(p.shape)) for n, p in ref.named_parameters()]
 
 
@@ -160,6 +167,7 @@ def get_model(
     tp_rank: int = 0,
     tp_size: int = 1,
     dummy_on_device: bool = False,
+    model_impl: str = "srt",
 ) -> nn.Module:
     """Instantiate the registry's class for `config` on `device` in `config.dtype`, load weights.
 
@@ -171,12 +179,20 @@ def get_model(
     seed : seed of the dummy weights.
     tp_rank, tp_size : this rank's tensor-parallel position (its shard of every parallel layer).
     dummy_on_device : draw dummy weights on `device` (see `init_dummy_weights`).
+    model_impl : "srt" (srt's model files) or "sglang" (a registered SGLang model file, built
+        and loaded by `srt.compat.sglang_model`).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
-    cls = get_model_class(config.architecture)
+    cls = get_model_class(config.architecture, model_impl)
+    sglang = model_impl == "sglang"
     with _default_dtype(config.dtype), torch.device(device):
-        model = cls(config, tp_rank=tp_rank, tp_size=tp_size)
+        if sglang:
+            from srt.compat.sglang_model import build_sglang_model
+
+            model = build_sglang_model(cls, config, tp_rank, tp_size)
+        else:
+            model = cls(config, tp_rank=tp_rank, tp_size=tp_size)
     if load_format == "dummy":
         # TP > 1: draw the full tensors and shard them (the same model at every TP size).
         full = full_parameter_shapes(cls, config) if tp_size > 1 else None
@@ -188,7 +204,12 @@ def get_model(
             weights = iterate_pt(config.path)
         else:
             weights = iterate_safetensors(safetensors_files(config.path))
-        loaded: set[str] = model.load_weights(weights)  # type: ignore[operator]
+        if sglang:
+            from srt.compat.sglang_model import load_sglang_weights
+
+            loaded = load_sglang_weights(model, weights)
+        else:
+            loaded = model.load_weights(weights)  # type: ignore[operator]
         missing = sorted(n for n, _ in model.named_parameters() if n not in loaded)
         if missing:
             raise ValueError(

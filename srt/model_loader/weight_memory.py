@@ -38,18 +38,22 @@ class WeightFootprint:
     dtype: torch.dtype
 
 
-def count_parameters(model_config: Any) -> int:
-    """Exact parameter count of the TP-1 model (a meta-device build: no memory, no weights)."""
+def count_parameters(model_config: Any, model_impl: str = "srt") -> int:
+    """Exact parameter count of the TP-1 model (a meta-device build: no memory, no weights);
+    model_impl "sglang": the registered SGLang model file's class."""
     from srt.model_loader.loader import full_parameter_shapes
     from srt.models.registry import get_model_class
 
-    shapes = full_parameter_shapes(get_model_class(model_config.architecture), model_config)
+    cls = get_model_class(model_config.architecture, model_impl)
+    shapes = full_parameter_shapes(cls, model_config, model_impl)
     return sum(math.prod(shape) for _, shape in shapes)
 
 
-def weight_footprint(model_config: Any, dtype: torch.dtype, tp_size: int = 1) -> WeightFootprint:
+def weight_footprint(
+    model_config: Any, dtype: torch.dtype, tp_size: int = 1, model_impl: str = "srt"
+) -> WeightFootprint:
     """The footprint of one TP rank's weights in ``dtype``."""
-    n = count_parameters(model_config) // max(1, tp_size)
+    n = count_parameters(model_config, model_impl) // max(1, tp_size)
     return WeightFootprint(n, n * torch.empty((), dtype=dtype).element_size(), dtype)
 
 

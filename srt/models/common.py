@@ -50,9 +50,13 @@ class GatedMLP(nn.Module):
         tp_size: int = 1,
     ) -> None:
         super().__init__()
-        tp = {"tp_rank": tp_rank, "tp_size": tp_size}
         self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, [intermediate_size] * 2, bias=bias, prefix="gate_up_proj", **tp
+            hidden_size,
+            [intermediate_size] * 2,
+            bias=bias,
+            prefix="gate_up_proj",
+            tp_rank=tp_rank,
+            tp_size=tp_size,
         )
         self.down_proj = RowParallelLinear(
             intermediate_size, hidden_size, bias=bias, tp_rank=tp_rank, tp_size=tp_size
@@ -90,7 +94,6 @@ class RopeAttention(nn.Module):
         self, config: ModelConfig, layer_id: int, tp_rank: int = 0, tp_size: int = 1
     ) -> None:
         super().__init__()
-        tp = {"tp_rank": tp_rank, "tp_size": tp_size}
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
@@ -99,7 +102,8 @@ class RopeAttention(nn.Module):
             config.num_key_value_heads,
             bias=config.attention_bias,
             prefix=f"layers.{layer_id}.qkv_proj",
-            **tp,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
         )
         # Heads on this TP rank (KV heads replicated when tp exceeds them).
         self.num_heads = self.qkv_proj.num_heads
@@ -115,8 +119,8 @@ class RopeAttention(nn.Module):
             tp_size=tp_size,
         )
         if self.has_qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, weight_in_fp32=False)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, weight_in_fp32=False)
         sinks = None
         if self.has_sinks:  # float32 like HF (the sink logit joins the softmax in float32)
             sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), False)
@@ -369,7 +373,7 @@ class CausalLM(nn.Module):
             self.lm_head = ParallelLMHead(
                 config.vocab_size, config.hidden_size, tp_rank=tp_rank, tp_size=tp_size
             )
-        self.logits_processor = LogitsProcessor(config.vocab_size, config.final_logit_softcapping)
+        self.logits_processor = LogitsProcessor(config)
 
     @torch.no_grad()
     def forward(

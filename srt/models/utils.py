@@ -20,6 +20,7 @@ import torch
 from sgl_ext import FP8_DTYPES, INPUT_DTYPES, FusedSetKVBufferArg
 
 if TYPE_CHECKING:
+    from srt.layers.layernorm import RMSNorm
     from srt.layers.radix_attention import RadixAttention
     from srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -102,3 +103,25 @@ def create_fused_set_kv_buffer_arg(
         v_scale=layer.v_scale if fp8 else None,
         cache_loc=cache_loc,
     )
+
+
+def apply_qk_norm(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_norm: RMSNorm,
+    k_norm: RMSNorm,
+    head_dim: int,
+    alt_stream: torch.cuda.Stream | None = None,
+    allow_inplace: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm of q [T, Hq*D] and k [T, Hkv*D] (SGLang's helper, used by its Qwen3).
+
+    Returns new tensors of the same shapes (allow_inplace permits, never requires, in-place
+    work). alt_stream: SGLang overlaps k's norm with q's on it; srt runs both on the current
+    stream (SGLang's files pass None here: `srt.runtime_context.get_stream`). srt's own Qwen3
+    does this norm, RoPE and the KV write in one kernel (`RopeAttention.norm_and_rope`).
+    """
+    T = q.shape[0]
+    q_out = q_norm(q.reshape(-1, head_dim)).view(T, -1)  # [T * Hq, D] -> [T, Hq * D]
+    k_out = k_norm(k.reshape(-1, head_dim)).view(T, -1)
+    return q_out, k_out

@@ -27,7 +27,11 @@ LLAMA_STACKED_PARAMS: StackedParams = (
 
 
 def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor, shard_id=None):
-    """Copy a whole tensor into a parameter of the same shape."""
+    """Copy a whole tensor into a parameter of the same shape (one element into one: any
+    shapes, as SGLang's loader allows)."""
+    if param.numel() == 1 and loaded_weight.numel() == 1:
+        param.data.fill_(loaded_weight.item())
+        return
     if param.shape != loaded_weight.shape:
         raise ValueError(
             f"checkpoint tensor shape {tuple(loaded_weight.shape)} != parameter shape "

@@ -9,6 +9,7 @@ for the device, ...) into that one line. ``--debug`` prints the traceback first.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ EXIT_USAGE = 2
 # Exceptions that mean "the input was wrong", not "the program is broken".
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
+    NotImplementedError,  # a feature the model or the flags ask for and srt does not have
     TypeError,
     FileNotFoundError,
     NotADirectoryError,
@@ -82,6 +84,33 @@ def check_positive(flag: str, values: int | Sequence[int], minimum: int = 1) -> 
             raise CLIError(f"{flag} must be >= {minimum}", v)
 
 
+def add_model_impl_args(group: Any) -> None:
+    """--model-impl and --model-file (an SGLang model file run unmodified through
+    srt.compat.sglang's import remap) on a parser or argument group."""
+    group.add_argument(
+        "--model-impl",
+        default="srt",
+        choices=["srt", "sglang"],
+        help="srt: srt's model files; sglang: SGLang's own model file given by --model-file",
+    )
+    group.add_argument(
+        "--model-file",
+        default=None,
+        help="with --model-impl sglang: SGLang's model file (e.g. its llama.py, unmodified)",
+    )
+
+
+def check_model_impl_args(args: argparse.Namespace) -> None:
+    """Raise CLIError for an inconsistent --model-impl / --model-file pair."""
+    if args.model_impl == "sglang" and args.model_file is None:
+        raise CLIError("--model-impl sglang needs --model-file PATH", args.model_impl)
+    if args.model_file is not None:
+        if args.model_impl != "sglang":
+            raise CLIError("--model-file needs --model-impl sglang", args.model_file)
+        if not os.path.isfile(args.model_file) or not args.model_file.endswith(".py"):
+            raise CLIError("--model-file is not a .py file", args.model_file)
+
+
 def run_cli(body: Callable[[], int], debug: bool) -> int:
     """Run ``body``; a user error prints one ``error:`` line (and the traceback with --debug).
 
@@ -104,4 +133,13 @@ def run_cli(body: Callable[[], int], debug: bool) -> int:
         return 130
 
 
-__all__ = ["ArgumentParser", "CLIError", "check_positive", "error_line", "one_line", "run_cli"]
+__all__ = [
+    "ArgumentParser",
+    "CLIError",
+    "add_model_impl_args",
+    "check_model_impl_args",
+    "check_positive",
+    "error_line",
+    "one_line",
+    "run_cli",
+]

@@ -7,9 +7,12 @@ program per token: at decode sizes torch's `topk` + `softmax` + cast were 4-5 la
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 import triton
 import triton.language as tl
+from torch import nn
 
 from sgl_ext.triton.launcher import cached_launcher
 from sgl_ext.triton.pdl import pdl_enter
@@ -205,3 +208,88 @@ def _topk_softmax_triton(
         num_warps=4 if max(block_e, block_x) > 128 else 1,
     )
     return weights, ids
+
+
+class StandardTopKOutput(NamedTuple):
+    """SGLang's top-k output: routing weights [T, k], expert ids int64 [T, k], the logits."""
+
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    router_logits: torch.Tensor
+
+
+class TopK(nn.Module):
+    """SGLang's routing module: router logits -> each token's top-k experts and weights.
+
+    renormalize=True (gpt-oss, Mixtral): softmax over the k selected logits (= softmax over all,
+    renormalised over the k); False: softmax over all experts, the k kept as they are. The
+    weights come in the hidden states' dtype, as srt's experts take them. SGLang's other
+    routings (grouped top-k, custom functions, sigmoid scoring, correction bias, routed
+    scaling, fused shared experts) are not supported and raise at build time.
+    """
+
+    def __init__(
+        self,
+        top_k: int,
+        *,
+        layer_id: int,
+        is_draft: bool | None = None,
+        use_grouped_topk: bool = False,
+        topk_group: int | None = None,
+        num_expert_group: int | None = None,
+        renormalize: bool = True,
+        custom_routing_function: Any = None,
+        scoring_func: str = "softmax",
+        correction_bias: torch.Tensor | None = None,
+        quant_config: Any = None,
+        routed_scaling_factor: float | None = None,
+        apply_routed_scaling_factor_on_output: bool | None = False,
+        output_format: Any = None,
+        fused_shared_experts_scaling_factor: float | None = None,
+        is_fp4_experts: bool = False,
+        allow_routed_experts_capture: bool = True,
+        sqrtsoftplus_log1p: bool = False,
+        fused_gate_packed_ids: bool = False,
+    ) -> None:
+        super().__init__()
+        unsupported = {
+            "use_grouped_topk": use_grouped_topk,
+            "custom_routing_function": custom_routing_function is not None,
+            "scoring_func": scoring_func != "softmax",
+            "correction_bias": correction_bias is not None,
+            "routed_scaling_factor": routed_scaling_factor not in (None, 1.0),
+            "fused_shared_experts_scaling_factor": fused_shared_experts_scaling_factor is not None,
+            "sqrtsoftplus_log1p": sqrtsoftplus_log1p,
+            "fused_gate_packed_ids": fused_gate_packed_ids,
+        }
+        asked = [name for name, on in unsupported.items() if on]
+        if asked:
+            raise NotImplementedError(f"TopK routing options not supported: {asked}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        self.top_k, self.layer_id, self.renormalize = top_k, layer_id, renormalize
+        self.runner_backend: Any = None
+
+    def bind_runner_backend(self, runner_backend: Any) -> None:
+        """The experts' runner backend (SGLang picks the output format from it; srt has one)."""
+        self.runner_backend = runner_backend
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor,
+        *,
+        num_token_non_padded: torch.Tensor | None = None,
+        expert_location_dispatch_info: Any = None,
+    ) -> StandardTopKOutput:
+        """hidden_states [T, H] (its dtype sets the weights'), router_logits [T, E].
+
+        SGLang's padding count and expert-location hints serve DP attention and EPLB (not in
+        srt): only None.
+        """
+        if num_token_non_padded is not None or expert_location_dispatch_info is not None:
+            raise NotImplementedError("TopK: DP-attention padding / EPLB dispatch hints")
+        weights, ids = select_experts(
+            router_logits, self.top_k, self.renormalize, weights_dtype=hidden_states.dtype
+        )
+        return StandardTopKOutput(weights, ids, router_logits)

@@ -48,6 +48,7 @@ def get_rope(
     rope_scaling: dict[str, Any] | None = None,
     dtype: torch.dtype | None = None,
     partial_rotary_factor: float = 1.0,
+    dual_chunk_attention_config: dict[str, Any] | None = None,
 ) -> RotaryEmbedding:
     """The rotary embedding for a model config.
 
@@ -69,7 +70,11 @@ def get_rope(
         Activation dtype (default: torch.get_default_dtype()); the cache is float32 regardless.
     partial_rotary_factor : float
         rotary_dim is scaled by it (e.g. 0.5 rotates half of each head).
+    dual_chunk_attention_config : dict, optional
+        SGLang's dual-chunk attention RoPE (long-context Qwen); not supported (raises).
     """
+    if dual_chunk_attention_config is not None:
+        raise NotImplementedError("dual chunk attention (dual_chunk_attention_config) RoPE")
     if dtype is None:
         dtype = torch.get_default_dtype()
     if not 0 < partial_rotary_factor <= 1:

@@ -1,0 +1,1 @@
+"""SGLang's runner-backend helpers that model files import (see the submodules)."""
