@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
-from sgl_ext._plans import PlanCache, optional_key, tensor_key
 from sgl_ext.fast_launch import OpTable
+from sgl_ext.plan_cache import PlanCache, optional_key, tensor_key
 
 if TYPE_CHECKING:
     from sgl_ext.triton.launcher import KernelLauncher

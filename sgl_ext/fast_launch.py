@@ -28,14 +28,23 @@ import sysconfig
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from sgl_ext import settings
 
-if TYPE_CHECKING:
-    from sgl_ext.triton.launcher import KernelLauncher
+
+class LaunchPlan(Protocol):
+    """What the C path reads of a launch plan (`triton/launcher.py`'s KernelLauncher)."""
+
+    compiled: Any  # the kernel Triton compiled on the plan's first launch (None before)
+    fixed: tuple  # the plan's fixed runtime arguments
+    tail: tuple  # the arguments after the per-call pointers (constexprs last)
+    order: Any  # the kernel's parameter order over (pointers, fixed), or None
+    grid3: tuple[int, ...]
+    device_index: int
+
 
 _SRC = Path(__file__).parent / "csrc" / "fast_launch.c"
 _NAME = "sgl_ext_fast_launch"
@@ -209,7 +218,7 @@ def _new_table(expand: tuple, grad: tuple[int, ...], light: bool) -> Any:
     return None if mod is None else mod.Table(expand=expand, grad=grad, light=light)
 
 
-def plan_launch(launcher: KernelLauncher) -> Any:
+def plan_launch(launcher: LaunchPlan) -> Any:
     """The C launch of a launcher's compiled kernel: `f(*ptrs)` -> True (launched) or False
     (launch hooks set: launch through Triton); None where it cannot launch from C."""
     mod = _launch_module()
@@ -233,7 +242,7 @@ def _reset_tables() -> None:
 settings.on_change(_reset_tables)
 
 
-def launch_spec(launcher: KernelLauncher, ptr_leaves: tuple[int, ...] | None) -> tuple | None:
+def launch_spec(launcher: LaunchPlan, ptr_leaves: tuple[int, ...] | None) -> tuple | None:
     """The C plan of a launcher whose kernel has been compiled: (compiled kernel, function,
     grid, threads, shared, pdl, device, params), with ptr_leaves[i] the leaf whose data
     pointer is the i-th per-call pointer (None: leaf i, as `Plan.launch(*ptrs)` takes them).

@@ -13,9 +13,10 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
-from sgl_ext._plans import PlanCache, kv_key, kv_present, rope_kv_launcher, scale_tensor
+from sgl_ext._plans import kv_key, kv_present, rope_kv_launcher, scale_tensor
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import kv_write_native
+from sgl_ext.plan_cache import PlanCache
 from sgl_ext.rope import RopeKVPlan
 from sgl_ext.rope_kv_schema import SET_KV_OP
 

@@ -26,9 +26,10 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall
-from sgl_ext._plans import PlanCache, kv_present, rope_kv_launcher
+from sgl_ext._plans import kv_present, rope_kv_launcher
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import rms_norm_heads_native, rotate_native
+from sgl_ext.plan_cache import PlanCache
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
     RopeKVPlan,

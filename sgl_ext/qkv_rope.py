@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
-from sgl_ext._plans import PlanCache, optional_key, tensor_key
 from sgl_ext.gemm import MAX_M, GemmConfig, _check, linear_small_m
+from sgl_ext.plan_cache import PlanCache, optional_key, tensor_key
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
     apply_rope_native,

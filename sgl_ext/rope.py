@@ -24,10 +24,11 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall, Scale
-from sgl_ext._plans import PlanCache, kv_key, kv_present, rope_kv_launcher, scale_tensor
+from sgl_ext._plans import kv_key, kv_present, rope_kv_launcher, scale_tensor
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.fused_arg import FusedSetKVBufferArg, sglang_call
 from sgl_ext.native import kv_write_native, rotate_native
+from sgl_ext.plan_cache import PlanCache
 from sgl_ext.rope_kv_schema import ROPE_OP
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext import settings
-from sgl_ext.gemm import GemmConfig
+from sgl_ext.gemm_config import GemmConfig
 from sgl_ext.triton.launcher import KernelLauncher, make_launcher
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from sgl_ext import rope_kv_schema, settings
 from sgl_ext._common import RopeCall
-from sgl_ext.gemm import GemmConfig
+from sgl_ext.gemm_config import GemmConfig
 from sgl_ext.triton.key_value import _slot_rows, clamp_position
 from sgl_ext.triton.launcher import KernelLauncher, make_launcher, runtime_param_names
 from sgl_ext.triton.pairs import load_scale, quantize, reciprocal, rotate_pair

@@ -278,8 +278,8 @@ class CachedLauncher:
     __slots__ = ("fn", "_plans", "_params", "_fast")
 
     def __init__(self, fn: Any) -> None:
-        from sgl_ext._plans import PlanCache
         from sgl_ext.fast_launch import OpTable
+        from sgl_ext.plan_cache import PlanCache
 
         self.fn = fn
         self._plans = PlanCache()
