@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
-from sgl_ext._plans import PlanCache, optional_key, tensor_key
+from sgl_ext._plans import KEY_ERRORS, PlanCache, optional_key, tensor_key
 from sgl_ext.fast_launch import OpTable
 
 MAX_M = 64  # more rows: F.linear
@@ -219,7 +219,7 @@ def linear_small_m(
     try:
         key = (tensor_key(x), tensor_key(weight), optional_key(bias), config, out_dtype)
         plan = _PLANS.get(key)
-    except (AttributeError, TypeError):  # not a tensor / unhashable: the checks will say
+    except KEY_ERRORS:  # not a (dense) tensor / unhashable: the checks will say
         key = None
     if plan is None:
         plan = _PLANS.put(key, _plan(x, weight, bias, config, out_dtype))

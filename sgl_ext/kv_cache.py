@@ -13,7 +13,14 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
-from sgl_ext._plans import PlanCache, kv_key, kv_ptr_leaves, rope_kv_launcher, scale_tensor
+from sgl_ext._plans import (
+    KEY_ERRORS,
+    PlanCache,
+    kv_key,
+    kv_ptr_leaves,
+    rope_kv_launcher,
+    scale_tensor,
+)
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import kv_write_native
 from sgl_ext.rope import RopeKVPlan
@@ -119,7 +126,7 @@ def set_kv_buffer(
             kv,
         )
         plan = _PLANS.get(plan_key)
-    except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+    except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
         plan_key = plan = None
     if plan is None:
         plan = _new_plan(plan_key, *args)

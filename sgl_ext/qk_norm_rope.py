@@ -18,7 +18,6 @@ inputs, whatever the layout).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -26,7 +25,7 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall
-from sgl_ext._plans import PlanCache, kv_ptr_leaves, rope_kv_launcher
+from sgl_ext._plans import KEY_ERRORS, PlanCache, kv_ptr_leaves, rope_kv_launcher
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import rms_norm_heads_native, rotate_native
 from sgl_ext.rope import (
@@ -66,11 +65,7 @@ def _check_norm(
             )
         if w.stride(0) != 1 and head_size > 1:
             raise ValueError(f"{name} must be contiguous (stride {w.stride(0)})")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a finite positive number, got {eps}")
-    return float(eps)
+    return C.check_eps("eps", eps)
 
 
 def check(
@@ -218,7 +213,7 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
         the dims past rotary_dim): y = weight * (x / sqrt(mean(x^2) + eps)) with x in float32,
         the normalised value rounded to the input dtype before the weight multiply (Qwen3).
     eps : float
-        Variance epsilon, positive and finite.
+        Variance epsilon: positive, finite and normal in float32 (the norm adds it in float32).
     is_neox : bool
         True rotates the two halves of the rotary dims; False rotates interleaved (GPT-J) pairs.
     fused_set_kv_buffer_arg : FusedSetKVBufferArg or None
@@ -260,7 +255,7 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
             eps,
         )
         plan = _PLANS.get(plan_key)
-    except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+    except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
         plan_key = plan = None
     if plan is None:
         args = (positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox, a)

@@ -24,7 +24,14 @@ from sgl_ext import _common as C
 from sgl_ext import settings
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall, Scale
-from sgl_ext._plans import PlanCache, kv_key, kv_ptr_leaves, rope_kv_launcher, scale_tensor
+from sgl_ext._plans import (
+    KEY_ERRORS,
+    PlanCache,
+    kv_key,
+    kv_ptr_leaves,
+    rope_kv_launcher,
+    scale_tensor,
+)
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import kv_write_native, rotate_native
 
@@ -251,7 +258,7 @@ def apply_rope_with_cos_sin_cache_inplace(
             positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl
         )
         plan = _PLANS.get(plan_key)
-    except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+    except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
         plan_key = plan = None
     if plan is None:
         args = (positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl)
