@@ -7,10 +7,13 @@ directly, like the fused op (see `rope.py`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from sgl_ext import _common as C
 from sgl_ext import settings
+from sgl_ext._alias import AliasGuard, rope_kv_guard
 from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
 from sgl_ext._plans import (
@@ -29,7 +32,25 @@ _is_compiling = torch.compiler.is_compiling
 _PLANS = PlanCache()
 # The C fast path's table (see rope.py): the arguments in order are the leaves; requires_grad
 # is keyed for both buffers.
-_FAST = OpTable(grad=(2, 3))
+_FAST = OpTable(grad=(2, 3), written=(2, 3))
+# k_buffer and v_buffer in the kernels' pointer order (`_alias.ROPE_KV_NAMES`); key and value
+# are only read here, so they may be one tensor.
+_WRITTEN = frozenset((5, 6))
+
+
+def alias_check(
+    key: object,
+    value: object,
+    k_buffer: object,
+    v_buffer: object,
+    cache_loc: object,
+    k_scale: object,
+    v_scale: object,
+) -> AliasGuard:
+    """ValueError naming both when k_buffer or v_buffer may share memory with another
+    argument; the guard of that decision (after the other checks passed)."""
+    tensors = (None, None, None, key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
+    return rope_kv_guard(tensors, _WRITTEN)
 
 
 def check(
@@ -65,12 +86,13 @@ def _new_plan(plan_key: object, *args: object) -> RopeKVPlan:
     call = check(*args)
     key, k_buffer = args[0], args[2]
     assert isinstance(key, torch.Tensor) and isinstance(k_buffer, torch.Tensor)
+    alias = alias_check(*args[:7])
     s = settings.get()
     backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
         launcher = rope_kv_launcher(call, None, key, k_buffer, None)
-    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher))
+    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher, alias=alias))
 
 
 def set_kv_buffer(
@@ -100,6 +122,14 @@ def set_kv_buffer(
         finite (SGL_EXT_DEBUG checks it).
     head_size : int, optional
         D; needed only when both key and k_buffer are 2-D.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named, before anything is written. ValueError naming both when
+        k_buffer and v_buffer (written in place) may share memory with each other
+        or another argument; views of one buffer in disjoint places (q/k/v columns of one qkv
+        row, the cross-layer KV layout's K and V) are fine.
     """
     args = (key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
     if _is_compiling():
@@ -115,6 +145,7 @@ def set_kv_buffer(
     try:
         kp = key.data_ptr()
         kv, kv_ptrs = kv_key(value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, kp)
+        ptrs = (kp, kp, kp, kp, *kv_ptrs, kp, kp)
         plan_key = (
             key.dtype,
             key.shape,
@@ -130,9 +161,12 @@ def set_kv_buffer(
         plan_key = plan = None
     if plan is None:
         plan = _new_plan(plan_key, *args)
+    elif plan.alias is not None and not plan.alias.holds(ptrs):  # checked again
+        alias = alias_check(*args[:7])
+        plan = _PLANS.put(plan_key, dataclasses.replace(plan, alias=alias))
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
-        launcher.run_ptrs((kp, kp, kp, kp, *kv_ptrs, kp, kp))
+        launcher.run_ptrs(ptrs)
         if fast == 0:  # this metadata has no C plan yet: the next call launches from C
             leaves = (0, 0, 0, 0, *kv_ptr_leaves(1, 0, True, k_scale, v_scale), 0, 0)
             _FAST.register(launcher, leaves, *args)
@@ -183,6 +217,7 @@ def set_kv_buffer_native(
 ) -> None:
     """Torch-native reference of set_kv_buffer."""
     call = check(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
+    alias_check(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
     kv = call.kv
     assert kv is not None
     kv_write_native(

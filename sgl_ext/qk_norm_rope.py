@@ -35,6 +35,7 @@ from sgl_ext.rope import (
     _check_kv,
     _kv_tensors,
     _write_native,
+    alias_check,
     call_key,
     debug_checks,
     op_kv_args,
@@ -45,7 +46,7 @@ _PLANS = PlanCache()
 # The C fast path's table (see rope.py). Arguments: positions, query, key, head_size,
 # cos_sin_cache, q_norm_weight, k_norm_weight, eps, is_neox, enable_pdl,
 # fused_set_kv_buffer_arg; leaves 0-10 are those, 11-16 the argument's fields.
-_FAST = OpTable(expand=((10, KV_FIELDS),), grad=(1, 2, 12, 13))
+_FAST = OpTable(expand=((10, KV_FIELDS),), grad=(1, 2, 12, 13), written=(1, 2, 12, 13))
 
 
 def _check_norm(
@@ -120,12 +121,21 @@ def _new_plan(
     assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
     assert isinstance(q_norm_weight, torch.Tensor) and isinstance(k_norm_weight, torch.Tensor)
     norm = QKNormCall(eps_f, q_norm_weight.data_ptr() % 16, k_norm_weight.data_ptr() % 16)
+    alias = alias_check(
+        positions,
+        query,
+        key,
+        cos_sin_cache,
+        arg,
+        q_norm_weight,
+        k_norm_weight,  # type: ignore[arg-type]
+    )
     backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
         kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else None
         launcher = rope_kv_launcher(call, query, key, kb, enable_pdl, norm)
-    plan = RopeKVPlan(call, backend, settings.get().debug, launcher, norm)
+    plan = RopeKVPlan(call, backend, settings.get().debug, launcher, norm, alias)
     return _PLANS.put(plan_key, plan)
 
 
@@ -222,6 +232,14 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
         results are the same bits with and without it.
     enable_pdl : bool or None
         Programmatic dependent launch on Hopper+; None: on where supported.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named, before anything is written. ValueError naming both when
+        query, key, k_buffer and v_buffer (written in place) may share memory with each other
+        or another argument; views of one buffer in disjoint places (q/k/v columns of one qkv
+        row, the cross-layer KV layout's K and V) are fine.
     """
     a = fused_set_kv_buffer_arg
     qw, kw = q_norm_weight, k_norm_weight
@@ -239,6 +257,7 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
             positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl
         )
         qwp, kwp = qw.data_ptr(), kw.data_ptr()
+        ptrs = (*ptrs, qwp, kwp)
         plan_key = (
             rope_key,
             qw.dtype,
@@ -260,9 +279,12 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
     if plan is None:
         args = (positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox, a)
         plan = _new_plan(plan_key, *args, enable_pdl)
+    elif plan.alias is not None and not plan.alias.holds(ptrs):  # checked again
+        alias = alias_check(positions, query, key, cos_sin_cache, a, qw, kw)
+        plan = _PLANS.put(plan_key, dataclasses.replace(plan, alias=alias))
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
-        launcher.run_ptrs((*ptrs, qwp, kwp))
+        launcher.run_ptrs(ptrs)
         if fast == 0:  # this metadata has no C plan yet: the next call launches from C
             ks, vs = (a.k_scale, a.v_scale) if a is not None else (None, None)
             leaves = (0, 4, 1, 2, *kv_ptr_leaves(11, 2, a is not None, ks, vs), 5, 6)
@@ -328,5 +350,6 @@ def apply_qk_norm_rope_native(
     a = fused_set_kv_buffer_arg
     args = (positions, query, key, head_size, cos_sin_cache, q_norm_weight, k_norm_weight, eps)
     call, eps_f = check(*args, is_neox, a)
+    alias_check(positions, query, key, cos_sin_cache, a, q_norm_weight, k_norm_weight)
     plan = RopeKVPlan(call, "native", False, None, QKNormCall(eps_f, 0, 0))
     _native(positions, query, key, cos_sin_cache, q_norm_weight, k_norm_weight, a, plan)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from srt.mem_cache.scrub import SlotTable
 from sgl_ext import FP8_DTYPES, INPUT_DTYPES
 from sgl_ext._common import check_kv_write, kv_layout
+from sgl_ext.kv_cache import alias_check as kv_alias_check
 from sgl_ext.native import quantize_native, scatter_native
 from srt.mem_cache.host_copy import upload
 
@@ -387,10 +388,11 @@ class MHATokenToKVPool:
 
     def _set_kv_overlapped(self, idx, k_buf, v_buf, loc, cache_k, cache_v, k_scale, v_scale):
         """K on the current stream, V on alt_stream; events join the streams both ways."""
-        # Same metadata-only checks as the single-kernel path, before anything is enqueued.
+        # Same checks as the single-kernel path (metadata, aliasing), before anything is enqueued.
         check_kv_write(
             cache_k, cache_v, k_buf, v_buf, loc, k_scale, v_scale, cache_k.shape[0], self.head_dim
         )
+        kv_alias_check(cache_k, cache_v, k_buf, v_buf, loc, k_scale, v_scale)
         cur = torch.cuda.current_stream(cache_k.device)
         alt = self.alt_stream
         assert alt is not None

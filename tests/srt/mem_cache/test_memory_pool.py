@@ -303,6 +303,21 @@ def test_issue50_zero_slots_skips_negative_and_out_of_range(page_size, cross):
 
 
 # ----------------------------------------------------------------------------- GPU
+@needs_cuda
+@pytest.mark.parametrize("cross", [False, True])
+def test_issue50_zero_slots_device_indices_out_of_range_hit_only_padding(cross):
+    """Device indices are not read on the host: entries < 0 or past the buffers zero padding
+    slot 0 instead (no request reads it), never the last real slot or memory past it."""
+    pool = MHATokenToKVPool(6, 2, torch.bfloat16, 3, 8, 2, "cuda", cross_layer_layout=cross)
+    n = pool.num_slots
+    poison(pool)
+    pool.zero_slots(torch.tensor([-1, 3, n, -n - 1, 2**40], device="cuda"))
+    for b in pool.k_buffer + pool.v_buffer:
+        got = slot_rows(b.view(torch.uint8), torch.arange(n, device="cuda"), 2)
+        assert not got[[0, 3]].any()
+        assert (got[[s for s in range(n) if s not in (0, 3)]] == 0x7F).all()
+
+
 def _load_stream_check():
     from tests.srt.mem_cache import gpu_stream_check
 
