@@ -241,12 +241,14 @@ class PagedTokenToKVPoolAllocator:
         each in a page of its own (pages are never shared between requests here: two requests
         naming one page would fill its free rest with each other's tokens)."""
         ps, n = self.page_size, self.num_pages
-        ok = self._live[(last // ps).clamp(0, n + 1)]  # [B] in range and live (page 0 is not)
+        pages = last // ps  # [B]
+        ok = self._live[pages.clamp(0, n + 1)]  # [B] in range and live (page 0 is not)
         if ps > 1:
             ok &= (last - prev_pos) % ps == 0  # at the previous token's offset within its page
         ok |= prev_pos < 0  # no previous token: last_loc is ignored
         if bool(ok.all()):  # the hot path: a handful of vectorised host ops
-            self._check_last_pages_distinct(name, last, prev_pos)
+            if len(last) > 1:
+                self._check_last_pages_distinct(name, last, pages, prev_pos)
             return
         bad = ~ok
         i = int(bad.nonzero()[0, 0])
@@ -258,25 +260,25 @@ class PagedTokenToKVPoolAllocator:
         )
 
     def _check_last_pages_distinct(
-        self, name: str, last: torch.Tensor, prev_pos: torch.Tensor
+        self, name: str, last: torch.Tensor, pages: torch.Tensor, prev_pos: torch.Tensor
     ) -> None:
-        """ValueError naming two requests whose last_loc lie in one page (every entry with
-        prev_pos >= 0 is already known to be in a live page)."""
-        if len(last) < 2:
+        """ValueError naming two requests whose last_loc lie in one page (`pages`: last //
+        page_size; entries with prev_pos < 0 have no last_loc). On Python lists: for a batch's
+        few hundred entries one host copy and a set beat a chain of small torch ops."""
+        pv = zip(pages.tolist(), prev_pos.tolist(), strict=True)
+        held = [(p, i) for i, (p, v) in enumerate(pv) if v >= 0]  # (page, request)
+        if len({p for p, _ in held}) == len(held):
             return
-        has_prev = (prev_pos >= 0).nonzero().reshape(-1)  # [b] requests with a previous token
-        pages = last[has_prev] // self.page_size  # [b] live, so they index _page_mark
-        if bool(self._first_occurrence(self._page_mark, pages).all()):
-            return
-        for j in range(len(pages)):  # the error path: find the first repeated page in order
-            same = (pages[:j] == pages[j]).nonzero()
-            if len(same):
-                i, k = int(has_prev[int(same[0, 0])]), int(has_prev[j])
+        first: dict[int, int] = {}
+        for p, k in held:  # the error path: the first repeated page, in request order
+            if p in first:
+                i = first[p]
                 raise ValueError(
                     f"{name}[{i}] = {int(last[i])} and {name}[{k}] = {int(last[k])} are in the"
-                    f" same page {int(pages[j])}: each request's last slot must be its own"
+                    f" same page {p}: each request's last slot must be its own"
                     " (a repeated or another request's last_loc)"
                 )
+            first[p] = k
 
     def alloc_extend(
         self,
