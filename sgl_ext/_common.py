@@ -159,6 +159,8 @@ def scale_args(scale: Scale) -> tuple[int, torch.Tensor | None, float]:
 def check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...] | None = None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:  # sparse, mkldnn: no data pointer and strides to launch on
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if dtypes is not None and t.dtype not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} must have dtype in ({names}), got {t.dtype}")
@@ -253,6 +255,36 @@ def kv_layout(
     return lay
 
 
+def _as_float(name: str, x: int | float) -> float:
+    """float(x), or a ValueError naming the argument for an int past the float range."""
+    try:
+        return float(x)
+    except OverflowError:
+        bits = x.bit_length() if isinstance(x, int) else 0
+        raise ValueError(f"{name} must be finite in float32, got an int of {bits} bits") from None
+
+
+def check_eps(name: str, eps: object, allow_zero: bool = False) -> float:
+    """Check a variance epsilon as the scales are checked: a float or int that is positive,
+    finite and normal in float32 (or exactly 0 with `allow_zero`). Every backend adds it in
+    float32, where 1e-50 is 0 and 1e39 is inf, and a GPU may flush a subnormal to 0. Returns
+    it as a float."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(eps).__name__}")
+    f = _as_float(name, eps)
+    f32 = to_float32(f)
+    if not ((math.isfinite(f32) and f32 >= _FLOAT32_TINY) or (allow_zero and f == 0)):
+        zero = "0 or " if allow_zero else ""
+        raise ValueError(
+            f"{name} must be {zero}positive, finite and normal in float32"
+            f" (>= {_FLOAT32_TINY:.4g}), got {eps!r}"
+        )
+    return f
+
+
+_FLOAT32_TINY = 2.0**-126  # smallest positive normal float32
+
+
 def check_scale(name: str, scale: object, device: torch.device) -> tuple[int, float]:
     """Check a cache scale; returns (mode, the fp32 reciprocal for a float scale else 1.0).
 
@@ -265,7 +297,7 @@ def check_scale(name: str, scale: object, device: torch.device) -> tuple[int, fl
     if isinstance(scale, bool):
         raise TypeError(f"{name} must be a float, a 1-element tensor or None, got bool")
     if isinstance(scale, (int, float)):
-        f32 = to_float32(float(scale))
+        f32 = to_float32(_as_float(name, scale))
         inv = host_inverse(f32) if f32 > 0 else 0.0
         if not (math.isfinite(f32) and f32 > 0 and math.isfinite(inv) and inv > 0):
             raise ValueError(
@@ -273,8 +305,8 @@ def check_scale(name: str, scale: object, device: torch.device) -> tuple[int, fl
                 f" {scale!r}"
             )
         return SCALE_FLOAT, inv
-    if not isinstance(scale, torch.Tensor):
-        raise TypeError(f"{name} must be a float, a 1-element tensor or None, got {type(scale)}")
+    check_tensor(name, scale)  # a dense tensor
+    assert isinstance(scale, torch.Tensor)
     if not scale.dtype.is_floating_point:
         raise TypeError(f"{name} tensor must have a floating dtype, got {scale.dtype}")
     if scale.numel() != 1:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
 from sgl_ext.fast_launch import OpTable
-from sgl_ext.plan_cache import PlanCache, optional_key, tensor_key
+from sgl_ext.plan_cache import KEY_ERRORS, PlanCache, optional_key, tensor_key
 
 if TYPE_CHECKING:
     from sgl_ext.triton.launcher import KernelLauncher
@@ -107,7 +107,7 @@ def silu_and_mul(
         try:
             key = (tensor_key(input), optional_key(out))
             plan = _PLANS.get(key)
-        except (AttributeError, TypeError):  # not a tensor: the checks will say
+        except KEY_ERRORS:  # not a (dense) tensor: the checks will say
             key = None
     if plan is None:
         plan = _PLANS.put(key, _plan(input, out))

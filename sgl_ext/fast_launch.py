@@ -158,17 +158,26 @@ class OpTable:
     settings turn it off (`SGL_EXT_FAST_LAUNCH=0`, direct launches off, the interpreter).
     `expand`: ((arg index, (attribute, ...)), ...) arguments keyed by class and named
     attributes (None allowed); `grad`: leaf indexes whose requires_grad is part of the key
-    (leaves: the arguments in order, an expanded argument followed by its attributes)."""
+    (leaves: the arguments in order, an expanded argument followed by its attributes);
+    `written`: leaf indexes the op writes in place, whose overlaps with the other tensors (and
+    pointer offsets where they meet) a call must share with the registering call to launch
+    from C (else 0: the Python path checks its aliasing, `_alias.py`)."""
 
-    def __init__(self, expand: tuple = (), grad: tuple[int, ...] = (), light: bool = False) -> None:
-        self.expand, self.grad, self.light = expand, grad, light
+    def __init__(
+        self,
+        expand: tuple = (),
+        grad: tuple[int, ...] = (),
+        light: bool = False,
+        written: tuple[int, ...] = (),
+    ) -> None:
+        self.expand, self.grad, self.light, self.written = expand, grad, light, written
         self.table: Any = None
         self.made = False  # whether the table was looked for since the last reset
         self.launch: Any = self._first_launch
         _tables.append(self)
 
     def _make(self) -> None:
-        self.table = _new_table(self.expand, self.grad, self.light)
+        self.table = _new_table(self.expand, self.grad, self.light, self.written)
         self.launch = self.table.launch if self.table is not None else _never
         self.made = True
 
@@ -213,9 +222,11 @@ def _launch_module() -> Any:
     return mod if mod and _can_launch else None
 
 
-def _new_table(expand: tuple, grad: tuple[int, ...], light: bool) -> Any:
+def _new_table(expand: tuple, grad: tuple[int, ...], light: bool, written: tuple[int, ...]) -> Any:
     mod = _launch_module()
-    return None if mod is None else mod.Table(expand=expand, grad=grad, light=light)
+    if mod is None:
+        return None
+    return mod.Table(expand=expand, grad=grad, light=light, written=written)
 
 
 def plan_launch(launcher: LaunchPlan) -> Any:

@@ -24,7 +24,7 @@ from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.gemm_config import GemmConfig
-from sgl_ext.plan_cache import PlanCache, optional_key, tensor_key
+from sgl_ext.plan_cache import KEY_ERRORS, PlanCache, optional_key, tensor_key
 
 MAX_M = 64  # more rows: F.linear
 _is_compiling = torch.compiler.is_compiling
@@ -171,7 +171,7 @@ def linear_small_m(
     try:
         key = (tensor_key(x), tensor_key(weight), optional_key(bias), config, out_dtype)
         plan = _PLANS.get(key)
-    except (AttributeError, TypeError):  # not a tensor / unhashable: the checks will say
+    except KEY_ERRORS:  # not a (dense) tensor / unhashable: the checks will say
         key = None
     if plan is None:
         plan = _PLANS.put(key, _plan(x, weight, bias, config, out_dtype))

@@ -7,23 +7,44 @@ directly, like the fused op (see `rope.py`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from sgl_ext import _common as C
 from sgl_ext import settings
+from sgl_ext._alias import AliasGuard, rope_kv_guard
 from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
 from sgl_ext._plans import kv_key, kv_present, rope_kv_launcher, scale_tensor
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import kv_write_native
-from sgl_ext.plan_cache import PlanCache
+from sgl_ext.plan_cache import KEY_ERRORS, PlanCache
 from sgl_ext.rope import RopeKVPlan
 from sgl_ext.rope_kv_schema import SET_KV_OP
 
 _is_compiling = torch.compiler.is_compiling
 _PLANS = PlanCache()
 # The C fast path's table: leaves and written ones from SET_KV_OP's declaration.
-_FAST = OpTable(expand=SET_KV_OP.expand(), grad=SET_KV_OP.grad())
+_FAST = OpTable(expand=SET_KV_OP.expand(), grad=SET_KV_OP.grad(), written=SET_KV_OP.grad())
+# k_buffer and v_buffer, by their index in the kernels' pointer order; key and value are only
+# read here, so they may be one tensor.
+_WRITTEN = SET_KV_OP.written_pointers()
+
+
+def alias_check(
+    key: object,
+    value: object,
+    k_buffer: object,
+    v_buffer: object,
+    cache_loc: object,
+    k_scale: object,
+    v_scale: object,
+) -> AliasGuard:
+    """ValueError naming both when k_buffer or v_buffer may share memory with another
+    argument; the guard of that decision (after the other checks passed)."""
+    tensors = (None, None, None, key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
+    return rope_kv_guard(tensors, _WRITTEN)
 
 
 def check(
@@ -59,12 +80,13 @@ def _new_plan(plan_key: object, *args: object) -> RopeKVPlan:
     call = check(*args)
     key, k_buffer = args[0], args[2]
     assert isinstance(key, torch.Tensor) and isinstance(k_buffer, torch.Tensor)
+    alias = alias_check(*args[:7])
     s = settings.get()
     backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
         launcher = rope_kv_launcher(call, None, key, k_buffer, None)
-    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher))
+    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher, alias=alias))
 
 
 def set_kv_buffer(
@@ -94,6 +116,14 @@ def set_kv_buffer(
         finite (SGL_EXT_DEBUG checks it).
     head_size : int, optional
         D; needed only when both key and k_buffer are 2-D.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named, before anything is written. ValueError naming both when
+        k_buffer and v_buffer (written in place) may share memory with each other
+        or another argument; views of one buffer in disjoint places (q/k/v columns of one qkv
+        row, the cross-layer KV layout's K and V) are fine.
     """
     args = (key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
     if _is_compiling():
@@ -109,6 +139,7 @@ def set_kv_buffer(
     try:
         kp = key.data_ptr()
         kv, kv_ptrs = kv_key(value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, kp)
+        ptrs = (kp, kp, kp, kp, *kv_ptrs, kp, kp)
         plan_key = (
             key.dtype,
             key.shape,
@@ -120,13 +151,16 @@ def set_kv_buffer(
             kv,
         )
         plan = _PLANS.get(plan_key)
-    except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+    except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
         plan_key = plan = None
     if plan is None:
         plan = _new_plan(plan_key, *args)
+    elif plan.alias is not None and not plan.alias.holds(ptrs):  # checked again
+        alias = alias_check(*args[:7])
+        plan = _PLANS.put(plan_key, dataclasses.replace(plan, alias=alias))
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
-        launcher.run_ptrs((kp, kp, kp, kp, *kv_ptrs, kp, kp))
+        launcher.run_ptrs(ptrs)
         if fast == 0:  # this metadata has no C plan yet: the next call launches from C
             leaves = SET_KV_OP.leaves({"key"} | kv_present(True, k_scale, v_scale))
             _FAST.register(launcher, leaves, *args)
@@ -177,6 +211,7 @@ def set_kv_buffer_native(
 ) -> None:
     """Torch-native reference of set_kv_buffer."""
     call = check(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
+    alias_check(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
     kv = call.kv
     assert kv is not None
     kv_write_native(

@@ -22,7 +22,7 @@ import torch
 from sgl_ext import _common as C
 from sgl_ext._backend import select_backend
 from sgl_ext.fast_launch import OpTable
-from sgl_ext.plan_cache import PlanCache, optional_key, tensor_key
+from sgl_ext.plan_cache import KEY_ERRORS, PlanCache, optional_key, tensor_key
 
 if TYPE_CHECKING:
     from sgl_ext.triton.launcher import KernelLauncher
@@ -87,8 +87,7 @@ def _check(
     C.check_tensor(name, input, C.INPUT_DTYPES)
     C.check_tensor("weight", weight, C.INPUT_DTYPES)
     assert isinstance(input, torch.Tensor) and isinstance(weight, torch.Tensor)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+    C.check_eps("eps", eps, allow_zero=True)
     n = input.shape[-1] if input.ndim else 0
     if n == 0 or n > MAX_HIDDEN:
         raise ValueError(f"{name} must be [..., hidden], 0 < hidden <= {MAX_HIDDEN}, got {n}")
@@ -238,7 +237,7 @@ def rmsnorm(
     ----------
     input : [..., N] bf16/fp16/fp32, last dim contiguous (leading dims may be one strided dim).
     weight : [N], contiguous, the dtype of input (any float dtype with weight_in_fp32).
-    eps : variance epsilon (>= 0).
+    eps : variance epsilon: 0, or positive, finite and normal in float32.
     out : optional [..., N] output of input's dtype (may be input itself); new tensor if None.
     enable_pdl : accepted for sgl_kernel compatibility; no effect.
     weight_in_fp32 : apply the weight in float32 before the one rounding (gpt-oss order).
@@ -254,7 +253,7 @@ def rmsnorm(
             key = (tensor_key(input), tensor_key(weight), optional_key(out))
             key = (key, eps.__class__, eps, bool(weight_in_fp32))
             plan = _PLANS.get(key)
-        except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+        except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
             key = None
     if plan is None:
         plan = _PLANS.put(key, _plan(input, weight, eps, weight_in_fp32, out=out))
@@ -315,7 +314,7 @@ def fused_add_rmsnorm(
             key = (key, optional_key(out), optional_key(residual_out), eps.__class__, eps)
             key = (key, bool(weight_in_fp32), bool(inplace))
             plan = _PLANS.get(key)
-        except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+        except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
             key = None
     if plan is None:
         args = (input, weight, eps, weight_in_fp32, residual, out, residual_out, inplace)
@@ -412,7 +411,7 @@ def moe_sum_add_rmsnorm(
             key = (tensor_key(pairs), tensor_key(residual), tensor_key(weight))
             key = (key, optional_key(out), eps.__class__, eps, bool(weight_in_fp32), top_k)
             plan = _PLANS.get(key)
-        except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+        except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
             key = None
     if plan is None:
         args = (pairs, residual, weight, eps, top_k, weight_in_fp32, out)

@@ -19,6 +19,9 @@ import torch
 from sgl_ext import settings
 
 MAX_PLANS = 4096  # a cache past this size is dropped (e.g. a float scale that changes per call)
+# What building a plan key raises for an argument the checks reject (the op then runs them,
+# and they name it): not a tensor, unhashable, or a tensor without a data pointer (sparse).
+KEY_ERRORS = (AttributeError, TypeError, RuntimeError)
 
 
 class PlanCache(dict):

@@ -18,7 +18,6 @@ inputs, whatever the layout).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -29,13 +28,14 @@ from sgl_ext._common import QKNormCall, RopeCall
 from sgl_ext._plans import kv_present, rope_kv_launcher
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.native import rms_norm_heads_native, rotate_native
-from sgl_ext.plan_cache import PlanCache
+from sgl_ext.plan_cache import KEY_ERRORS, PlanCache
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
     RopeKVPlan,
     _check_kv,
     _kv_tensors,
     _write_native,
+    alias_check,
     call_key,
     debug_checks,
     op_kv_args,
@@ -45,7 +45,7 @@ from sgl_ext.rope_kv_schema import QK_NORM_OP
 _is_compiling = torch.compiler.is_compiling
 _PLANS = PlanCache()
 # The C fast path's table: leaves and written ones from QK_NORM_OP's declaration.
-_FAST = OpTable(expand=QK_NORM_OP.expand(), grad=QK_NORM_OP.grad())
+_FAST = OpTable(expand=QK_NORM_OP.expand(), grad=QK_NORM_OP.grad(), written=QK_NORM_OP.grad())
 _NORM_TENSORS = {"positions", "query", "key", "cos_sin_cache", "q_norm_weight", "k_norm_weight"}
 
 
@@ -66,11 +66,7 @@ def _check_norm(
             )
         if w.stride(0) != 1 and head_size > 1:
             raise ValueError(f"{name} must be contiguous (stride {w.stride(0)})")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a finite positive number, got {eps}")
-    return float(eps)
+    return C.check_eps("eps", eps)
 
 
 def check(
@@ -125,12 +121,21 @@ def _new_plan(
     assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
     assert isinstance(q_norm_weight, torch.Tensor) and isinstance(k_norm_weight, torch.Tensor)
     norm = QKNormCall(eps_f, q_norm_weight.data_ptr() % 16, k_norm_weight.data_ptr() % 16)
+    alias = alias_check(
+        positions,
+        query,
+        key,
+        cos_sin_cache,
+        arg,
+        q_norm_weight,
+        k_norm_weight,  # type: ignore[arg-type]
+    )
     backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
         kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else None
         launcher = rope_kv_launcher(call, query, key, kb, enable_pdl, norm)
-    plan = RopeKVPlan(call, backend, settings.get().debug, launcher, norm)
+    plan = RopeKVPlan(call, backend, settings.get().debug, launcher, norm, alias)
     return _PLANS.put(plan_key, plan)
 
 
@@ -218,7 +223,7 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
         the dims past rotary_dim): y = weight * (x / sqrt(mean(x^2) + eps)) with x in float32,
         the normalised value rounded to the input dtype before the weight multiply (Qwen3).
     eps : float
-        Variance epsilon, positive and finite.
+        Variance epsilon: positive, finite and normal in float32 (the norm adds it in float32).
     is_neox : bool
         True rotates the two halves of the rotary dims; False rotates interleaved (GPT-J) pairs.
     fused_set_kv_buffer_arg : FusedSetKVBufferArg or None
@@ -227,6 +232,14 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
         results are the same bits with and without it.
     enable_pdl : bool or None
         Programmatic dependent launch on Hopper+; None: on where supported.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named, before anything is written. ValueError naming both when
+        query, key, k_buffer and v_buffer (written in place) may share memory with each other
+        or another argument; views of one buffer in disjoint places (q/k/v columns of one qkv
+        row, the cross-layer KV layout's K and V) are fine.
     """
     a = fused_set_kv_buffer_arg
     qw, kw = q_norm_weight, k_norm_weight
@@ -244,6 +257,7 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
             positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl
         )
         qwp, kwp = qw.data_ptr(), kw.data_ptr()
+        ptrs = (*ptrs, qwp, kwp)
         plan_key = (
             rope_key,
             qw.dtype,
@@ -260,14 +274,17 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
             eps,
         )
         plan = _PLANS.get(plan_key)
-    except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+    except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
         plan_key = plan = None
     if plan is None:
         args = (positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox, a)
         plan = _new_plan(plan_key, *args, enable_pdl)
+    elif plan.alias is not None and not plan.alias.holds(ptrs):  # checked again
+        alias = alias_check(positions, query, key, cos_sin_cache, a, qw, kw)
+        plan = _PLANS.put(plan_key, dataclasses.replace(plan, alias=alias))
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
-        launcher.run_ptrs((*ptrs, qwp, kwp))
+        launcher.run_ptrs(ptrs)
         if fast == 0:  # this metadata has no C plan yet: the next call launches from C
             ks, vs = (a.k_scale, a.v_scale) if a is not None else (None, None)
             leaves = QK_NORM_OP.leaves(_NORM_TENSORS | kv_present(a is not None, ks, vs))
@@ -333,5 +350,6 @@ def apply_qk_norm_rope_native(
     a = fused_set_kv_buffer_arg
     args = (positions, query, key, head_size, cos_sin_cache, q_norm_weight, k_norm_weight, eps)
     call, eps_f = check(*args, is_neox, a)
+    alias_check(positions, query, key, cos_sin_cache, a, q_norm_weight, k_norm_weight)
     plan = RopeKVPlan(call, "native", False, None, QKNormCall(eps_f, 0, 0))
     _native(positions, query, key, cos_sin_cache, q_norm_weight, k_norm_weight, a, plan)

@@ -14,6 +14,7 @@ directly. Under torch.compile, and with autograd, the two ops.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,9 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from sgl_ext import _common as C
+from sgl_ext._alias import AliasGuard, rope_kv_guard
 from sgl_ext._backend import select_backend
 from sgl_ext.gemm import MAX_M, GemmConfig, _check, linear_small_m
-from sgl_ext.plan_cache import PlanCache, optional_key, tensor_key
+from sgl_ext.plan_cache import KEY_ERRORS, PlanCache, optional_key, tensor_key
 from sgl_ext.rope import (
     FusedSetKVBufferArg,
     apply_rope_native,
@@ -31,6 +33,7 @@ from sgl_ext.rope import (
     call_key,
 )
 from sgl_ext.rope import check as check_rope
+from sgl_ext.rope_kv_schema import POINTER_TENSORS
 
 if TYPE_CHECKING:
     from sgl_ext.triton.gemm_rope_kv import GemmRopeKVLaunch
@@ -40,11 +43,49 @@ _is_compiling = torch.compiler.is_compiling
 
 @dataclass(frozen=True)
 class QKVRopePlan:
-    """A checked call: the q / k / v column sizes and, when one kernel serves it, its launch."""
+    """A checked call: the q / k / v column sizes and, when one kernel serves it, its launch;
+    the guard of its aliasing decision (`_alias`; pointers in `_pointers`' order)."""
 
     q_size: int
     kv_size: int
     launch: GemmRopeKVLaunch | None
+    alias: AliasGuard | None = None
+
+
+# out (with its q, k, v columns) and the KV buffers are written; their indexes in the
+# pointer order of `_pointers` (the rope_kv kernel's, then x, weight, bias, out).
+_WRITTEN = frozenset(POINTER_TENSORS.index(n) for n in ("k_buffer", "v_buffer"))
+
+
+def _alias_check(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    arg: FusedSetKVBufferArg | None,
+    out: torch.Tensor,
+) -> AliasGuard:
+    """ValueError naming both when out or a KV buffer may share memory with another argument
+    (value is out's v columns by contract: it is not listed); the guard of that decision."""
+    kv: tuple = (None,) * 5
+    if arg is not None:
+        kv = (arg.k_buffer, arg.v_buffer, arg.cache_loc, arg.k_scale, arg.v_scale)
+    extra = (("x", 10, False, x), ("weight", 11, False, weight), ("bias", 12, False, bias))
+    tensors = (positions, cos_sin_cache, None, None, None, *kv)
+    return rope_kv_guard(tensors, _WRITTEN, (*extra, ("out", 13, True, out)))
+
+
+def _pointers(
+    rope_ptrs: tuple[int, ...],
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> tuple[int, ...]:
+    """A call's pointers for its aliasing guard: rope.call_key's, then x, weight, bias, out."""
+    b = 0 if bias is None else bias.data_ptr()
+    return (*rope_ptrs, x.data_ptr(), weight.data_ptr(), b, out.data_ptr())
 
 
 _PLANS = PlanCache()
@@ -96,6 +137,7 @@ def _check_call(
         if not (same and rows and heads):
             raise ValueError("fused_set_kv_buffer_arg.value must be out's v columns (a view)")
     call = check_rope(positions, q, kk, head_size, cos_sin_cache, is_neox, arg)
+    alias = _alias_check(x, weight, bias, positions, cos_sin_cache, arg, out)
     launch = None
     fused = (
         isinstance(config, GemmConfig)
@@ -111,7 +153,7 @@ def _check_call(
             stride_xm = x.reshape(m, k).stride(0)
             has_bias = bias is not None
             launch = plan_gemm_rope_kv(call, k, stride_xm, weight.stride(0), has_bias, config)
-    return QKVRopePlan(q_size, kv_size, launch)
+    return QKVRopePlan(q_size, kv_size, launch, alias)
 
 
 def qkv_proj_with_rope_kv_native(
@@ -188,7 +230,11 @@ def qkv_proj_with_rope_kv(
         key = (rk, tensor_key(x), tensor_key(weight), optional_key(bias), tensor_key(out),
                num_kv_heads, config)  # fmt: skip
         plan = _PLANS.get(key)
-    except (AttributeError, TypeError, RuntimeError):  # the checks will say
+        if plan is not None and plan.alias is not None:
+            if not plan.alias.holds(_pointers(ptrs, x, weight, bias, out)):  # checked again
+                alias = _alias_check(x, weight, bias, positions, cos_sin_cache, a, out)
+                plan = _PLANS.put(key, dataclasses.replace(plan, alias=alias))
+    except KEY_ERRORS:  # the checks will say
         key = None
     if plan is None:
         args = (x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox)

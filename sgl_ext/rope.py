@@ -8,8 +8,11 @@ Eager cost: a call is checked once per distinct metadata. The key of `_PLANS` ho
 a check reads (each tensor's dtype, shape, strides, device, requires_grad and data_ptr() % 16,
 the scalars' types and values, a float scale's value, a tensor scale's metadata); a hit returns
 the `RopeKVPlan` made when that metadata was first checked, so a changed input always misses
-and is checked. The Triton kernel of a plan is launched directly after its first launch
-(`triton/launcher.py`). Under torch.compile the op goes through `torch.ops.sgl_ext.rope_kv`.
+and is checked. Aliasing between the arguments depends on the pointers, which the key does not
+hold: a plan keeps the guard of its aliasing decision, checked on every call (`_alias.py`; the C
+fast path keeps the equivalent per plan). The Triton kernel of a plan is launched directly
+after its first launch (`triton/launcher.py`). Under torch.compile the op goes through
+`torch.ops.sgl_ext.rope_kv`.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import torch
 
 from sgl_ext import _common as C
 from sgl_ext import settings
+from sgl_ext._alias import AliasGuard, rope_kv_guard
 from sgl_ext._backend import select_backend
 from sgl_ext._common import QKNormCall, RopeCall, Scale
 from sgl_ext._plans import kv_key, kv_present, rope_kv_launcher, scale_tensor
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.fused_arg import FusedSetKVBufferArg, sglang_call
 from sgl_ext.native import kv_write_native, rotate_native
-from sgl_ext.plan_cache import PlanCache
+from sgl_ext.plan_cache import KEY_ERRORS, PlanCache
 from sgl_ext.rope_kv_schema import ROPE_OP
 
 if TYPE_CHECKING:
@@ -40,21 +44,26 @@ _is_compiling = torch.compiler.is_compiling
 @dataclass(frozen=True)
 class RopeKVPlan:
     """What a checked call launches: the call, its backend and (Triton) its kernel launch;
-    for the q/k-norm op also the checked norm."""
+    for the q/k-norm op also the checked norm; the guard of its aliasing decision (`_alias`:
+    a call whose pointers break it is checked again)."""
 
     call: RopeCall
     backend: str
     debug: bool
     launcher: KernelLauncher | None  # for backend "triton"
     norm: QKNormCall | None = None
+    alias: AliasGuard | None = None
 
 
 _PLANS = PlanCache()
 # The C fast path's table: its leaves and the written ones come from ROPE_OP's declaration
 # (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl, the argument, then the
 # argument's fields).
-_FAST = OpTable(expand=ROPE_OP.expand(), grad=ROPE_OP.grad())
+_FAST = OpTable(expand=ROPE_OP.expand(), grad=ROPE_OP.grad(), written=ROPE_OP.grad())
 _ROPE_TENSORS = {"positions", "query", "key", "cos_sin_cache"}
+# The written tensors (query, key, k_buffer, v_buffer) by their index in the kernels' pointer
+# order (rope_kv_schema.POINTER_TENSORS).
+ROPE_WRITTEN = ROPE_OP.written_pointers()
 
 
 def _check_kv(key: torch.Tensor, arg: object, head_size: int) -> C.KVWrite:
@@ -112,12 +121,29 @@ def _new_plan(
     assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
     assert isinstance(cos_sin_cache, torch.Tensor)
     s = settings.get()
+    alias = alias_check(positions, query, key, cos_sin_cache, arg)
     backend = select_backend(call.device)
     launcher = None
     if backend == "triton" and call.num_tokens > 0:
         kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else None
         launcher = rope_kv_launcher(call, query, key, kb, enable_pdl)
-    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher))
+    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher, alias=alias))
+
+
+def alias_check(
+    positions: object,
+    query: object,
+    key: object,
+    cos_sin_cache: object,
+    a: object,
+    q_norm_weight: object = None,
+    k_norm_weight: object = None,
+) -> AliasGuard:
+    """ValueError naming both when a written argument (query, key, k_buffer, v_buffer) may
+    share memory with another; the guard of that decision (once the other checks passed)."""
+    kv = _kv_tensors(a if isinstance(a, FusedSetKVBufferArg) else None)
+    tensors = (positions, cos_sin_cache, query, key, *kv)
+    return rope_kv_guard((*tensors, q_norm_weight, k_norm_weight), ROPE_WRITTEN)
 
 
 def _run(
@@ -231,6 +257,14 @@ def apply_rope_with_cos_sin_cache_inplace(
     q, k, rope_dim, fused_args
         SGLang 0.5's names: query and key [T, H, D], the rotary width, the fused write (ours,
         or any object with SGLang's four fields and optional k_scale / v_scale).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named, before anything is written. ValueError naming both when
+        query, key, k_buffer and v_buffer (written in place) may share memory with each other
+        or another argument; views of one buffer in disjoint places (q/k/v columns of one qkv
+        row, the cross-layer KV layout's K and V) are fine.
     """
     if (
         q is not None
@@ -262,11 +296,14 @@ def apply_rope_with_cos_sin_cache_inplace(
             positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl
         )
         plan = _PLANS.get(plan_key)
-    except (AttributeError, TypeError):  # not a tensor, unhashable: the checks will say
+    except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
         plan_key = plan = None
     if plan is None:
         args = (positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl)
         plan = _new_plan(plan_key, *args)
+    elif plan.alias is not None and not plan.alias.holds(ptrs):  # checked again
+        alias = alias_check(positions, query, key, cos_sin_cache, a)
+        plan = _PLANS.put(plan_key, dataclasses.replace(plan, alias=alias))
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
         kp = ptrs[3]
@@ -388,6 +425,7 @@ def apply_rope_native(
     """The torch-native reference of apply_rope_with_cos_sin_cache_inplace (same semantics)."""
     a = fused_set_kv_buffer_arg
     call = check(positions, query, key, head_size, cos_sin_cache, is_neox, a)
+    alias_check(positions, query, key, cos_sin_cache, a)
     rotate_native(positions, query, head_size, cos_sin_cache, is_neox)
     rotate_native(positions, key, head_size, cos_sin_cache, is_neox)
     if a is not None and call.kv is not None:

@@ -263,6 +263,12 @@ class OpSpec:
         written |= {f.name for a in self.fast_args for f in a.fields if f.mutable}
         return tuple(i for i, n in enumerate(self.leaf_names()) if n in written)
 
+    def written_pointers(self) -> frozenset[int]:
+        """The kernel pointers (their index in POINTER_TENSORS) of the tensors the op writes."""
+        written = {a.name for a in self.fast_args if a.mutable}
+        written |= {f.name for a in self.fast_args for f in a.fields if f.mutable}
+        return frozenset(i for i, t in enumerate(POINTER_TENSORS) if t in written)
+
     def leaves(self, present: Collection[str]) -> tuple[int, ...]:
         """For each kernel pointer, the leaf whose data pointer it is: its tensor's leaf where
         the call has that tensor (`present`: the names of the tensors it passes; a float scale

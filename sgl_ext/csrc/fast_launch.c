@@ -15,6 +15,13 @@
  * no allocation, no Python call. The stream is torch's current stream of the plan's device
  * (graph capture included). cuLaunchKernelEx is resolved from libcuda with dlsym; a plan's
  * parameter list is checked against cuFuncGetParamInfo when it is registered.
+ *
+ * The key holds data pointer % 16, not the pointer, so two calls with one key may alias their
+ * arguments differently (k_buffer being v_buffer, value being key). For the leaves a table names
+ * `written`, a plan also keeps the call's aliasing signature: each pair of a written tensor and
+ * another tensor whose byte ranges meet, with their pointer difference. A call launches from C
+ * only with the same signature (same metadata and offsets: the same overlap the Python path
+ * checked and allowed); any other returns 0, and the Python path checks it (sgl_ext/_alias.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +39,7 @@
 #define MAX_ATTRS 8
 #define MAX_TYPES 4
 #define TABLE_CAP 1024 /* slots; a table holding TABLE_CAP / 2 plans is emptied */
+#define MAX_ALIAS 16   /* meeting (written, other) pairs a plan may keep */
 
 typedef CUresult (*launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
 typedef CUresult (*param_info_t)(CUfunction, size_t, size_t *, size_t *);
@@ -60,6 +68,9 @@ typedef struct {
   int pdl, device, nparams;
   int8_t leaf[MAX_PARAMS]; /* >= 0: that leaf's data pointer; -1: value[] */
   uint64_t value[MAX_PARAMS];
+  int nalias; /* the aliasing signature (see the top of the file) */
+  int8_t alias_a[MAX_ALIAS], alias_b[MAX_ALIAS];
+  int64_t alias_d[MAX_ALIAS];
 } Entry;
 
 typedef struct {
@@ -70,8 +81,9 @@ typedef struct {
   int exp_arg[MAX_EXPAND];
   int exp_nattr[MAX_EXPAND];
   PyObject *exp_attr[MAX_EXPAND][MAX_ATTRS];
-  uint64_t grad_mask; /* leaves whose requires_grad is part of the key */
-  int light;          /* tensors keyed by dtype, device and data pointer % 16 only */
+  uint64_t grad_mask;    /* leaves whose requires_grad is part of the key */
+  uint64_t written_mask; /* leaves written in place: their aliasing is part of a plan */
+  int light;             /* tensors keyed by dtype, device and data pointer % 16 only */
 } Table;
 
 /* One call's keyed view: the key words, each leaf's data pointer, the references to release. */
@@ -79,6 +91,7 @@ typedef struct {
   int64_t key[KEY_WORDS];
   int nwords, nleaves, nheld;
   uintptr_t ptr[MAX_LEAVES];
+  uintptr_t end[MAX_LEAVES]; /* a tensor's byte range is [ptr, end); end == ptr: no elements */
   int is_tensor[MAX_LEAVES];
   PyObject *held[MAX_EXPAND * MAX_ATTRS];
 } Call;
@@ -180,6 +193,13 @@ static int key_leaf(Table *t, Call *c, PyObject *o) {
     }
     if (dl.ndim < 0 || dl.ndim > 8 || (dl.ndim > 0 && dl.strides == NULL)) return 0;
     uintptr_t p = (uintptr_t)dl.data + (uintptr_t)dl.byte_offset;
+    uint64_t elem = ((uint64_t)dl.dtype.bits * dl.dtype.lanes + 7) / 8, span = elem;
+    for (int d = 0; d < dl.ndim; d++) {
+      if (dl.shape[d] == 0) span = 0;
+      if (dl.strides[d] < 0) return 0; /* torch has none; the byte range would be wrong */
+    }
+    for (int d = 0; span && d < dl.ndim; d++)
+      span += (uint64_t)(dl.shape[d] - 1) * (uint64_t)dl.strides[d] * elem;
     int64_t grad = 0;
     if (t->grad_mask & ((uint64_t)1 << i)) {
       PyObject *rg = PyObject_GetAttr(o, s_requires_grad);
@@ -198,10 +218,44 @@ static int key_leaf(Table *t, Call *c, PyObject *o) {
     for (int d = 0; d < ndim; d++) PUSH(dl.strides[d]);
     PUSH((int64_t)(p & 15) | (grad << 8));
     c->ptr[i] = p;
+    c->end[i] = p + span;
     c->is_tensor[i] = 1;
     return 1;
   }
   return key_value(c, o, 0);
+}
+
+/* A call's aliasing signature into a, b, d: each pair (written leaf, other tensor leaf) whose
+ * byte ranges meet, in leaf order, with the pointer difference. The count, or -1 past
+ * MAX_ALIAS. */
+static int alias_signature(const Table *t, const Call *c, int8_t *a, int8_t *b, int64_t *d) {
+  int n = 0;
+  if (t->written_mask == 0) return 0;
+  for (int i = 0; i < c->nleaves; i++) {
+    if (!(t->written_mask & ((uint64_t)1 << i)) || !c->is_tensor[i] || c->end[i] == c->ptr[i])
+      continue;
+    for (int j = 0; j < c->nleaves; j++) {
+      if (j == i || !c->is_tensor[j] || c->end[j] == c->ptr[j]) continue;
+      if (j < i && (t->written_mask & ((uint64_t)1 << j))) continue; /* counted as (j, i) */
+      if (c->ptr[j] >= c->end[i] || c->ptr[i] >= c->end[j]) continue;
+      if (n >= MAX_ALIAS) return -1;
+      a[n] = (int8_t)i;
+      b[n] = (int8_t)j;
+      d[n++] = (int64_t)(c->ptr[j] - c->ptr[i]);
+    }
+  }
+  return n;
+}
+
+/* Whether a call aliases its arguments as the plan's call did (see alias_signature). */
+static int alias_matches(const Table *t, const Call *c, const Entry *e) {
+  int8_t a[MAX_ALIAS], b[MAX_ALIAS];
+  int64_t d[MAX_ALIAS];
+  int n = alias_signature(t, c, a, b, d);
+  if (n != e->nalias) return 0;
+  for (int k = 0; k < n; k++)
+    if (a[k] != e->alias_a[k] || b[k] != e->alias_b[k] || d[k] != e->alias_d[k]) return 0;
+  return 1;
 }
 
 /* Key a call's arguments (expanding the table's expanded arguments). 1: keyed; 0: not. */
@@ -341,7 +395,7 @@ static PyObject *table_launch(Table *t, PyObject *const *args, Py_ssize_t nargs)
   }
   Entry *e = find_slot(t, c.key, c.nwords, hash_key(c.key, c.nwords));
   call_release(&c);
-  if (e->key == NULL) return PyLong_FromLong(0);
+  if (e->key == NULL || !alias_matches(t, &c, e)) return PyLong_FromLong(0);
   if (e->fn == NULL || p_launch == NULL) return PyLong_FromLong(-1);
   return entry_launch(e, c.ptr);
 }
@@ -423,6 +477,11 @@ static PyObject *table_register(Table *t, PyObject *const *args, Py_ssize_t narg
   int r = parse_spec(args[0], &tmp, c.nleaves, c.is_tensor);
   if (r < 0) return NULL;
   if (r == 0) Py_RETURN_FALSE;
+  tmp.nalias = alias_signature(t, &c, tmp.alias_a, tmp.alias_b, tmp.alias_d);
+  if (tmp.nalias < 0) {
+    Py_DECREF(tmp.owner);
+    Py_RETURN_FALSE;
+  }
   if (t->count >= TABLE_CAP / 2) table_clear_slots(t);
   uint64_t h = hash_key(c.key, c.nwords);
   Entry *e = find_slot(t, c.key, c.nwords, h);
@@ -453,14 +512,14 @@ static PyObject *table_key(Table *t, PyObject *const *args, Py_ssize_t nargs) {
   return PyBytes_FromStringAndSize((const char *)c.key, sizeof(int64_t) * c.nwords);
 }
 
-/* table.probe(*args) -> whether a plan is stored under the call's key. */
+/* table.probe(*args) -> whether a plan is stored under the call's key (for its aliasing). */
 static PyObject *table_probe(Table *t, PyObject *const *args, Py_ssize_t nargs) {
   Call c;
   int ok = key_call(t, &c, args, nargs);
   call_release(&c);
   if (!ok) Py_RETURN_FALSE;
   Entry *e = find_slot(t, c.key, c.nwords, hash_key(c.key, c.nwords));
-  return PyBool_FromLong(e->key != NULL);
+  return PyBool_FromLong(e->key != NULL && alias_matches(t, &c, e));
 }
 
 static PyObject *table_clear(Table *t, PyObject *unused) {
@@ -470,12 +529,33 @@ static PyObject *table_clear(Table *t, PyObject *unused) {
 
 static Py_ssize_t table_len(Table *t) { return t->count; }
 
-/* Table(expand=((arg_index, (attr, ...)), ...), grad=(leaf, ...), light=False) */
+/* The bit mask of a sequence of leaf indexes (0 with an error set if one is out of range). */
+static int leaf_mask(PyObject *leaves, uint64_t *mask) {
+  *mask = 0;
+  if (leaves == NULL || leaves == Py_None) return 1;
+  PyObject *seq = PySequence_Fast(leaves, "leaves must be a sequence");
+  if (!seq) return 0;
+  for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+    long l = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, k));
+    if (l < 0 || l >= 64) {
+      Py_DECREF(seq);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "leaf out of range");
+      return 0;
+    }
+    *mask |= (uint64_t)1 << l;
+  }
+  Py_DECREF(seq);
+  return 1;
+}
+
+/* Table(expand=((arg_index, (attr, ...)), ...), grad=(leaf, ...), light=False,
+ *       written=(leaf, ...)) */
 static int table_init(Table *t, PyObject *args, PyObject *kwds) {
-  static char *kw[] = {"expand", "grad", "light", NULL};
-  PyObject *expand = NULL, *grad = NULL;
+  static char *kw[] = {"expand", "grad", "light", "written", NULL};
+  PyObject *expand = NULL, *grad = NULL, *written = NULL;
   int light = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOp", kw, &expand, &grad, &light)) return -1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOpO", kw, &expand, &grad, &light, &written))
+    return -1;
   if (t->slots != NULL) {
     PyErr_SetString(PyExc_RuntimeError, "Table already initialised");
     return -1;
@@ -523,21 +603,8 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     }
     Py_DECREF(seq);
   }
-  t->grad_mask = 0;
-  if (grad && grad != Py_None) {
-    PyObject *seq = PySequence_Fast(grad, "grad must be a sequence");
-    if (!seq) return -1;
-    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
-      long l = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, k));
-      if (l < 0 || l >= 64) {
-        Py_DECREF(seq);
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "grad leaf out of range");
-        return -1;
-      }
-      t->grad_mask |= (uint64_t)1 << l;
-    }
-    Py_DECREF(seq);
-  }
+  if (!leaf_mask(grad, &t->grad_mask) || !leaf_mask(written, &t->written_mask)) return -1;
+  if (light) t->written_mask = 0; /* a light key holds no shapes: no byte ranges */
   return 0;
 }
 

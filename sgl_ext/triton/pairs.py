@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from sgl_ext.triton.rounding import cast_rne
+
 
 @triton.jit
 def round_to_fp8_grid(x, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
@@ -60,7 +62,7 @@ def quantize(
         if FP8_MAX != 448.0:
             b = tl.where(x == INF, 124, tl.where(x == -INF, 252, b))  # e5m2 +-inf: 0x7C, 0xFC
         return b.to(tl.uint8).to(DT, bitcast=True)
-    return x.to(DT)
+    return cast_rne(x, DT, EMULATE)  # round to nearest even under the interpreter too
 
 
 @triton.jit

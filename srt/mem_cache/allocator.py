@@ -46,10 +46,11 @@ def _host_index(name: str, t: object) -> torch.Tensor:
 class PagedTokenToKVPoolAllocator:
     """Allocates whole pages of `page_size` slots; a request's last page may be partly filled.
 
-    Every call checks its indices against what was handed out: a double free, a free of a slot
-    never handed out (page 0 included) or out of range, and a `last_loc` that is not an
-    allocated slot at the right offset raise ValueError naming the slot, and leave the
-    allocator unchanged.
+    Every call checks its arguments before it changes anything: a double free, a free of a
+    slot never handed out (page 0 included) or out of range, a `last_loc` that is not an
+    allocated slot at the right offset, or two requests' `last_loc` in one page raise
+    ValueError naming the slot; arguments of the wrong type raise TypeError. The allocator is
+    unchanged then.
 
     Parameters
     ----------
@@ -207,19 +208,26 @@ class PagedTokenToKVPoolAllocator:
             A slot listed twice, out of range, in page 0, or in a page that is not allocated;
             nothing is freed then.
         """
+        self._free("free_index", free_index)
+
+    def _free(self, name: str, free_index: torch.Tensor) -> None:
+        """`free`, naming the argument `name` in its errors."""
         if not isinstance(free_index, torch.Tensor) or free_index.dtype not in (
             torch.int32,
             torch.int64,
         ):
-            raise TypeError("free_index must be an int32/int64 tensor")
+            raise TypeError(
+                f"{name} must be an int32/int64 tensor, got"
+                f" {getattr(free_index, 'dtype', None)} {type(free_index).__name__}"
+            )
         slots = free_index.to(_HOST, torch.int64).reshape(-1)  # [n]
         if slots.numel() == 0:
             return
-        self._check_owned("free_index", slots)
+        self._check_owned(name, slots)
         first = self._first_occurrence(self._slot_mark, slots)  # [n]
         if not bool(first.all()):
             dup = int(slots[~first][0])
-            raise ValueError(f"free_index: slot {dup} listed twice (double free)")
+            raise ValueError(f"{name}: slot {dup} listed twice (double free)")
         pages = slots // self.page_size  # [n]
         if self.page_size > 1:
             pages = pages[self._first_occurrence(self._page_mark, pages)]  # [p] distinct
@@ -229,13 +237,18 @@ class PagedTokenToKVPoolAllocator:
 
     # ------------------------------------------------------------------ paged allocation
     def _check_last_loc(self, name: str, last: torch.Tensor, prev_pos: torch.Tensor) -> None:
-        """Requests with a previous token (prev_pos >= 0) must name an allocated slot of it."""
+        """Requests with a previous token (prev_pos >= 0) must name an allocated slot of it,
+        each in a page of its own (pages are never shared between requests here: two requests
+        naming one page would fill its free rest with each other's tokens)."""
         ps, n = self.page_size, self.num_pages
-        ok = self._live[(last // ps).clamp(0, n + 1)]  # [B] in range and live (page 0 is not)
+        pages = last // ps  # [B]
+        ok = self._live[pages.clamp(0, n + 1)]  # [B] in range and live (page 0 is not)
         if ps > 1:
             ok &= (last - prev_pos) % ps == 0  # at the previous token's offset within its page
         ok |= prev_pos < 0  # no previous token: last_loc is ignored
         if bool(ok.all()):  # the hot path: a handful of vectorised host ops
+            if len(last) > 1:
+                self._check_last_pages_distinct(name, last, pages, prev_pos)
             return
         bad = ~ok
         i = int(bad.nonzero()[0, 0])
@@ -245,6 +258,27 @@ class PagedTokenToKVPoolAllocator:
             f" but token {int(prev_pos[i])} of the request sits at offset"
             f" {int(prev_pos[i]) % ps} (page_size {ps})"
         )
+
+    def _check_last_pages_distinct(
+        self, name: str, last: torch.Tensor, pages: torch.Tensor, prev_pos: torch.Tensor
+    ) -> None:
+        """ValueError naming two requests whose last_loc lie in one page (`pages`: last //
+        page_size; entries with prev_pos < 0 have no last_loc). On Python lists: for a batch's
+        few hundred entries one host copy and a set beat a chain of small torch ops."""
+        pv = zip(pages.tolist(), prev_pos.tolist(), strict=True)
+        held = [(p, i) for i, (p, v) in enumerate(pv) if v >= 0]  # (page, request)
+        if len({p for p, _ in held}) == len(held):
+            return
+        first: dict[int, int] = {}
+        for p, k in held:  # the error path: the first repeated page, in request order
+            if p in first:
+                i = first[p]
+                raise ValueError(
+                    f"{name}[{i}] = {int(last[i])} and {name}[{k}] = {int(last[k])} are in the"
+                    f" same page {p}: each request's last slot must be its own"
+                    " (a repeated or another request's last_loc)"
+                )
+            first[p] = k
 
     def alloc_extend(
         self,
@@ -260,8 +294,9 @@ class PagedTokenToKVPoolAllocator:
         prefix_lens, seq_lens : int32/int64 [B] (host, or copied there)
             Tokens already cached, and the length after this extend (seq >= prefix >= 0).
         last_loc : int32/int64 [B]
-            Slot of token prefix_lens[i] - 1, which must be allocated (any value, e.g. -1, when
-            prefix_lens[i] == 0). The free rest of its page is filled first.
+            Slot of token prefix_lens[i] - 1, which must be allocated, in a page no other
+            request's last_loc names (any value, e.g. -1, when prefix_lens[i] == 0). The free
+            rest of its page is filled first.
         extend_num_tokens : int
             sum(seq_lens - prefix_lens), known on the host.
 
@@ -270,6 +305,11 @@ class PagedTokenToKVPoolAllocator:
         host int64 [extend_num_tokens] slots in request order, or None if not enough pages are
         free (nothing changes then).
         """
+        if not isinstance(extend_num_tokens, int) or isinstance(extend_num_tokens, bool):
+            raise TypeError(
+                f"extend_num_tokens must be an int, got {type(extend_num_tokens).__name__}"
+                f" {extend_num_tokens!r}"
+            )
         prefix = _host_index("prefix_lens", prefix_lens)
         seq = _host_index("seq_lens", seq_lens)
         last = _host_index("last_loc", last_loc)
@@ -318,8 +358,8 @@ class PagedTokenToKVPoolAllocator:
         seq_lens : int32/int64 [B] (host, or copied there)
             Lengths including the new token (>= 1).
         last_loc : int32/int64 [B]
-            Slot of token seq_lens[i] - 2, which must be allocated (any value when
-            seq_lens[i] == 1).
+            Slot of token seq_lens[i] - 2, which must be allocated, in a page no other
+            request's last_loc names (any value when seq_lens[i] == 1).
 
         Returns
         -------

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from srt.mem_cache.scrub import SlotTable
 from sgl_ext import FP8_DTYPES, INPUT_DTYPES
 from sgl_ext._common import check_kv_write, kv_layout
+from sgl_ext.kv_cache import alias_check as kv_alias_check
 from sgl_ext.native import quantize_native, scatter_native
 from srt.mem_cache.host_copy import upload
 
@@ -46,6 +47,26 @@ def _positive_int(name: str, x: object) -> int:
     if not isinstance(x, int) or isinstance(x, bool) or x <= 0:
         raise ValueError(f"{name} must be a positive int, got {x!r}")
     return x
+
+
+def _request_rows(free_index: object) -> list[int]:
+    """`free_index` as a list of Python ints (TypeError for anything but ints and int
+    tensors: a tensor element or a float kept as-is would never match a free row)."""
+    if isinstance(free_index, torch.Tensor):
+        if free_index.dtype not in (torch.int32, torch.int64) or free_index.ndim > 1:
+            raise TypeError(
+                "free_index must be an int, a list of ints or an int32/int64 tensor of at most"
+                f" 1 dim, got a {free_index.dtype} tensor of shape {tuple(free_index.shape)}"
+            )
+        return [int(i) for i in free_index.reshape(-1).tolist()]
+    items = [free_index] if not isinstance(free_index, (list, tuple)) else list(free_index)
+    for i in items:
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise TypeError(
+                "free_index must be an int, a list of ints or an int32/int64 tensor, got"
+                f" {type(i).__name__} {i!r}"
+            )
+    return cast("list[int]", items)
 
 
 class ReqToTokenPool:
@@ -99,22 +120,35 @@ class ReqToTokenPool:
 
     def alloc(self, need_size: int) -> list[int] | None:
         """Take `need_size` request slots; None if not enough are free."""
-        if not isinstance(need_size, int) or need_size < 0:
+        if not isinstance(need_size, int) or isinstance(need_size, bool) or need_size < 0:
             raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
         if need_size > len(self.free_slots):
             return None
         select, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
         return select
 
-    def free(self, free_index: int | list[int]) -> None:
-        """Return request slots; their rows are reset to 0 (padding) so no stale slot survives."""
-        idx = [free_index] if isinstance(free_index, int) else list(free_index)
+    def free(self, free_index: int | list[int] | torch.Tensor) -> None:
+        """Return request slots; their rows are reset to 0 (padding) so no stale slot survives.
+
+        Parameters
+        ----------
+        free_index : int, list/tuple of ints, or an int32/int64 tensor of 0 or 1 dims
+            The rows to return (a device tensor is read on the host: a synchronisation).
+
+        Raises
+        ------
+        TypeError
+            Anything else (a float, a bool, a float tensor, ...).
+        ValueError
+            A row out of range, already free, or listed twice; nothing is freed then.
+        """
+        idx = _request_rows(free_index)
         free_set = set(self.free_slots)
         for i in idx:
             if not 0 <= i < self.size:
-                raise ValueError(f"request slot {i} out of range [0, {self.size})")
+                raise ValueError(f"free_index: request slot {i} out of range [0, {self.size})")
             if i in free_set:
-                raise ValueError(f"request slot {i} freed twice")
+                raise ValueError(f"free_index: request slot {i} freed twice")
             free_set.add(i)
         if idx:  # index_fill_ of uploaded rows: no host wait (a step may still run)
             rows = upload(torch.tensor(idx, dtype=torch.int64), self.req_to_token.device)
@@ -354,10 +388,11 @@ class MHATokenToKVPool:
 
     def _set_kv_overlapped(self, idx, k_buf, v_buf, loc, cache_k, cache_v, k_scale, v_scale):
         """K on the current stream, V on alt_stream; events join the streams both ways."""
-        # Same metadata-only checks as the single-kernel path, before anything is enqueued.
+        # Same checks as the single-kernel path (metadata, aliasing), before anything is enqueued.
         check_kv_write(
             cache_k, cache_v, k_buf, v_buf, loc, k_scale, v_scale, cache_k.shape[0], self.head_dim
         )
+        kv_alias_check(cache_k, cache_v, k_buf, v_buf, loc, k_scale, v_scale)
         cur = torch.cuda.current_stream(cache_k.device)
         alt = self.alt_stream
         assert alt is not None
@@ -389,12 +424,28 @@ class MHATokenToKVPool:
 
     # ------------------------------------------------------------------ hygiene
     def zero_slots(self, indices: torch.Tensor) -> None:
-        """Zero K and V of the given slots in every layer (scrub before a new request)."""
+        """Zero K and V of the given slots in every layer (scrub before a new request).
+
+        Parameters
+        ----------
+        indices : int32/int64 tensor, any shape, on the host or the pool's device
+            Slots to zero. Entries < 0 or >= `num_slots` are skipped, as the KV write skips a
+            slot < 0 (padding): on the host they are dropped; on the device they are zeroed as
+            padding slot 0 instead (no request reads it), which needs no synchronisation.
+        """
         if not isinstance(indices, torch.Tensor) or indices.dtype not in (torch.int32, torch.int64):
-            raise TypeError("indices must be an int32/int64 tensor")
-        idx = upload(indices, self.device, torch.int64).reshape(-1)  # no host wait
+            raise TypeError(
+                f"indices must be an int32/int64 tensor, got {getattr(indices, 'dtype', None)}"
+                f" {type(indices).__name__}"
+            )
+        idx = indices.reshape(-1)
+        if idx.device.type == "cpu":
+            idx = idx[(idx >= 0) & (idx < self.num_slots)]
+        idx = upload(idx, self.device, torch.int64)  # no host wait
         if idx.numel() == 0:
             return
+        if indices.device.type != "cpu":
+            idx = torch.where((idx >= 0) & (idx < self.num_slots), idx, 0)
         table = self.scrub_table()
         if table is not None:  # one launch for every layer (the allocator scrubs every step)
             from srt.mem_cache.scrub import zero_slots_all

@@ -184,7 +184,18 @@ class SWATokenToKVPoolAllocator:
         """Free the window pages holding `swa_index` [n] (any slot of a page frees it) and mark
         the tokens in full slots `full_index` [m] as having no window slot.
 
-        Raises ValueError (nothing freed, mapping unchanged) on a double free or a slot that
-        was never handed out."""
-        self.swa_attn_allocator.free(swa_index)
-        self._kvcache.reset_swa_mapping(full_index)
+        Raises TypeError for anything but int32/int64 tensors, and ValueError on a double free,
+        a window slot that was never handed out, or a full slot that is not allocated; nothing
+        is freed and the mapping is unchanged then (the full slots are checked first: the
+        window free checks its own slots before it frees any)."""
+        for name, t in (("swa_index", swa_index), ("full_index", full_index)):
+            if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+                raise TypeError(
+                    f"{name} must be an int32/int64 tensor, got {getattr(t, 'dtype', None)}"
+                    f" {type(t).__name__}"
+                )
+        full = full_index.to("cpu", torch.int64).reshape(-1)  # [m]
+        if full.numel():
+            self.full_attn_allocator._check_owned("full_index", full)
+        self.swa_attn_allocator._free("swa_index", swa_index)
+        self._kvcache.reset_swa_mapping(full)

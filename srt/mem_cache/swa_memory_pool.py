@@ -179,9 +179,26 @@ class SWAKVPool:
 
     def reset_swa_mapping(self, full_slots: torch.Tensor) -> None:
         """The tokens in `full_slots` [n] no longer have a window slot (mapping -> -1); with
-        `defer_mapping_resets`, host slots are kept for the next mapping access instead."""
+        `defer_mapping_resets`, host slots are kept for the next mapping access instead.
+
+        Host slots are checked first (TypeError / ValueError naming the slot, mapping
+        unchanged): a bad one kept for later would fail the next decode step instead."""
+        if not isinstance(full_slots, torch.Tensor) or full_slots.dtype not in (
+            torch.int32,
+            torch.int64,
+        ):
+            raise TypeError(
+                "full_slots must be an int32/int64 tensor, got"
+                f" {getattr(full_slots, 'dtype', None)} {type(full_slots).__name__}"
+            )
         if not full_slots.numel():
             return
+        if full_slots.device.type == "cpu":
+            n = self.full_to_swa_index_mapping.shape[0]
+            bad = (full_slots < 0) | (full_slots >= n)
+            if bool(bad.any()):
+                slot = int(full_slots.reshape(-1)[bad.reshape(-1).nonzero()[0, 0]])
+                raise ValueError(f"full_slots: slot {slot} is outside the full pool [0, {n})")
         if self.defer_mapping_resets and full_slots.device.type == "cpu":
             self._pending_resets.append(full_slots.to(torch.int64).reshape(-1))
             return

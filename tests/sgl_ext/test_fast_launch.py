@@ -159,6 +159,34 @@ def test_register_probe_clear(mod):
 
 
 @needs_cc
+def test_c_plans_launch_only_with_the_aliasing_they_were_registered_with(mod):
+    """The key holds data_ptr() % 16: k_buffer being v_buffer, or value being key, keys as the
+    call that registered the plan. A table's written leaves make such a call miss (0: the
+    Python path checks it); other storage with the same overlaps and offsets still hits."""
+    t = mod.Table(expand=((7, KV_FIELDS),), grad=(1, 2, 9, 10), written=(1, 2, 9, 10))
+    loose = _rope_table(mod)  # no written leaves: aliasing is not part of its plans
+    spec = (None, 0, (1, 1, 1), 128, 0, False, 0, ((0, 8, 0),))
+    a = make_args()
+    for table in (t, loose):
+        assert table.register(spec, *_rope_args(a))
+    assert t.probe(*_rope_args(make_args()))  # fresh tensors, same metadata
+    for bad in (dict(a, v_buffer=a["k_buffer"]), dict(a, value=a["key"])):
+        assert t.key(*_rope_args(bad)) == t.key(*_rope_args(a))
+        assert not t.probe(*_rope_args(bad)) and t.launch(*_rope_args(bad)) == 0
+        assert loose.probe(*_rope_args(bad))
+
+    # q, k, v as column views of one qkv buffer: the same offsets in another buffer hit
+    def views(qkv, shift=0):
+        q, k, v = qkv[:, :64], qkv[:, 64 + shift : 96 + shift], qkv[:, 96:]
+        return dict(a, query=q, key=k, value=v)
+
+    qkv = torch.randn(5, 128).bfloat16()
+    assert t.register(spec, *_rope_args(views(qkv)))
+    assert t.probe(*_rope_args(views(qkv.clone())))
+    assert not t.probe(*_rope_args(views(qkv, shift=-8)))  # key now overlaps query
+
+
+@needs_cc
 def test_table_fills_and_empties(mod):
     t = mod.Table()
     x = torch.randn(3)

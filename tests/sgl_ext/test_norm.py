@@ -129,6 +129,15 @@ def test_bad_input_raises_before_launch(backend, name):
         (TypeError, "weight", lambda: rmsnorm(x, w.half())),
         (TypeError, "input", lambda: rmsnorm(x.int(), w)),
         (ValueError, "eps", lambda: rmsnorm(x, w, -1.0)),
+        # issue 50: past float32 (OverflowError for a huge int), or inf / 0 there
+        (ValueError, "eps", lambda: rmsnorm(x, w, 2**2000)),
+        (ValueError, "eps", lambda: rmsnorm(x, w, float("inf"))),
+        (ValueError, "eps", lambda: rmsnorm(x, w, 1e39)),
+        (ValueError, "eps", lambda: rmsnorm(x, w, 1e-50)),
+        (ValueError, "eps", lambda: fused_add_rmsnorm(x, r, w, float("nan"))),
+        (TypeError, "eps", lambda: rmsnorm(x, w, True)),
+        (TypeError, "input", lambda: rmsnorm(x.to_sparse(), w)),
+        (TypeError, "weight", lambda: rmsnorm(x, w.to_sparse())),
         (ValueError, "out", lambda: rmsnorm(x, w, out=x[:3])),
         (ValueError, "residual", lambda: fused_add_rmsnorm(x, r[:3], w)),
         (ValueError, "residual", lambda: fused_add_rmsnorm(x, r.half().float()[:, :32], w)),
@@ -142,6 +151,7 @@ def test_bad_input_raises_before_launch(backend, name):
     ]
     _raise_each(cases)
     assert torch.equal(x, x0) and torch.equal(r, r0)
+    rmsnorm(x.clone(), w, 0.0)  # 0 stays legal for these norms
 
 
 @gpu

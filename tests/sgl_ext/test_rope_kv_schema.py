@@ -137,3 +137,14 @@ def test_plan_fixed_arguments_by_name():
     assert fixed["num_slots"] == 8 * 16 and fixed["num_q_heads"] == hq
     assert fixed["max_pos"] == 100 and fixed["eps"] == 0.0
     assert plan.call_names == rope_kv_schema.CALL_NAMES
+
+
+def test_written_pointers():
+    """The alias checks' written tensors, by their index in the kernels' pointer order."""
+    names = rope_kv_schema.POINTER_TENSORS
+    for spec, written in (
+        (ROPE_OP, {"query", "key", "k_buffer", "v_buffer"}),
+        (QK_NORM_OP, {"query", "key", "k_buffer", "v_buffer"}),
+        (SET_KV_OP, {"k_buffer", "v_buffer"}),
+    ):
+        assert {names[i] for i in spec.written_pointers()} == written

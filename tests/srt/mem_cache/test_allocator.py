@@ -71,6 +71,13 @@ class Sim:
             call()
         assert _state(self.a) == before
 
+    def rejected_type(self, call) -> None:
+        """The call raises TypeError and leaves the allocator exactly as it was."""
+        before = _state(self.a)
+        with pytest.raises(TypeError):
+            call()
+        assert _state(self.a) == before
+
     def check(self) -> None:
         ps, a = self.a.page_size, self.a
         held_pages: set[int] = set()
@@ -115,6 +122,18 @@ def _bad_op(sim: Sim, kind: int, data: st.DataObject) -> None:
         slots = sim.reqs[data.draw(st.sampled_from(live))]
         s = data.draw(st.sampled_from(slots))
         sim.rejected(lambda: a.free(_t([*slots, s])), f"slot {s} listed twice")
+    elif kind == 5 and len(live) >= 2:  # two requests name one page: a repeated last_loc
+        r, o = data.draw(st.permutations(live))[:2]
+        n, last = len(sim.reqs[r]), sim.reqs[r][-1]
+        # request o names r's last slot (at o's length: may be the wrong offset), or r twice
+        m, match = (len(sim.reqs[o]), "last_loc") if data.draw(st.booleans()) else (n, "same page")
+        if data.draw(st.booleans()):
+            call = lambda: a.alloc_decode(_t([n + 1, m + 1]), _t([last, last]))
+        else:
+            call = lambda: a.alloc_extend(_t([n, m]), _t([n + 1, m + 2]), _t([last, last]), 3)
+        sim.rejected(call, match)
+    elif kind == 6:  # a float count (takes nothing, then raises: the old leak)
+        sim.rejected_type(lambda: a.alloc_extend(_t([0]), _t([2]), _t([-1]), 2.0))
     elif kind in (3, 4) and live:  # wrong last_loc for a request that has tokens
         r = data.draw(st.sampled_from(live))
         n = len(sim.reqs[r])
@@ -158,7 +177,7 @@ def test_random_lifecycles_never_leak_share_or_accept_bad_calls(page_size, num_p
         elif op == "finish":
             sim.finish(live[seed % len(live)])
         else:
-            _bad_op(sim, seed % 5, data)
+            _bad_op(sim, seed % 7, data)
         sim.check()
     for r in list(sim.reqs):
         sim.finish(r)
@@ -202,6 +221,40 @@ def test_issue21_item5_last_loc_is_checked():
         a.alloc_decode(_t([6]), _t([19]))  # allocated, but not the request's last token
     assert a.alloc_decode(_t([6]), _t([20])).tolist() == [21]
     assert a.available_size() == 48
+
+
+# ----------------------------------------------------------------------------- issue 50
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_issue50_repeated_last_loc_is_rejected(page_size):
+    """Two requests naming one page (one slot twice, or two slots of one page) would fill its
+    free rest with each other's tokens: rejected, nothing taken."""
+    ps = page_size
+    a = PagedTokenToKVPoolAllocator(16 * ps, ps, "cpu")
+    x = a.alloc_extend(_t([0, 0]), _t([2, 2]), _t([-1, -1]), 4)  # two requests of 2 tokens
+    assert x is not None
+    s0, s1 = int(x[1]), int(x[3])  # each request's last slot
+    before = _state(a)
+    with pytest.raises(ValueError, match=r"last_loc\[0\] = .* and last_loc\[2\] .*same page"):
+        a.alloc_decode(_t([3, 3, 3, 3]), _t([s0, s1, s0, s1]))
+    with pytest.raises(ValueError, match="same page"):
+        a.alloc_extend(_t([2, 2]), _t([3, 4]), _t([s0, s0]), 3)
+    assert _state(a) == before
+    if ps > 1:  # slots 5 and 6 of one page: the old code gave request 0 slot 6, request 1's
+        b = PagedTokenToKVPoolAllocator(16, 4, "cpu")
+        assert b.alloc_extend(_t([0]), _t([3]), _t([-1]), 3).tolist() == [4, 5, 6]
+        with pytest.raises(ValueError, match=r"last_loc\[0\] = 5 and last_loc\[1\] = 6"):
+            b.alloc_decode(_t([3, 4]), _t([5, 6]))
+    got = a.alloc_decode(_t([3, 3]), _t([s0, s1]))  # each its own: fine
+    assert got is not None and len(set(got.tolist())) == 2
+
+
+def test_issue50_float_count_takes_nothing():
+    a = PagedTokenToKVPoolAllocator(8, 2, "cpu")
+    for bad in (3.0, True, torch.tensor(3)):
+        with pytest.raises(TypeError, match="extend_num_tokens must be an int"):
+            a.alloc_extend(_t([0]), _t([3]), _t([-1]), bad)
+        assert a.available_size() == 8 and not a._live.any()
+    assert a.alloc(8) is not None  # every page is still there
 
 
 # ----------------------------------------------------------------------------- edges

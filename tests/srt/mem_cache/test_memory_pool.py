@@ -250,7 +250,74 @@ def test_req_to_token_pool():
     assert p.available_size() == 3
 
 
+def test_issue50_req_to_token_free_takes_only_ints_and_checks_before_mutating():
+    """A tensor row and then the same row as an int was a double free the old set check
+    missed (a tensor never equals an int in a set), so the row was handed out twice."""
+    p = ReqToTokenPool(4, 5, "cpu")
+    rows = p.alloc(4)
+    assert rows == [0, 1, 2, 3]
+    p.req_to_token.fill_(7)
+    p.free(torch.tensor([0]))
+    with pytest.raises(ValueError, match="request slot 0 freed twice"):
+        p.free([0])
+    with pytest.raises(ValueError, match="request slot 0 freed twice"):
+        p.free(torch.tensor(0, dtype=torch.int32))
+    for bad in (1.0, True, [1, 2.0], torch.tensor([1.0]), torch.tensor([[1]]), "1", None):
+        with pytest.raises(TypeError, match="free_index"):
+            p.free(bad)
+    with pytest.raises(ValueError, match="request slot 2 freed twice"):
+        p.free([2, 2])  # listed twice in one call
+    with pytest.raises(ValueError, match="request slot 4 out of range"):
+        p.free((1, 4))
+    # every rejected call left the pool as it was: only row 0 is free and zeroed
+    assert p.free_slots == [0] and all(type(i) is int for i in p.free_slots)
+    assert not p.req_to_token[0].any() and (p.req_to_token[1:] == 7).all()
+    p.free(torch.tensor([1, 3]))
+    got = p.alloc(3)
+    assert got is not None and sorted(got) == [0, 1, 3] and p.alloc(1) is None
+    with pytest.raises(ValueError, match="need_size"):
+        p.alloc(True)
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+@pytest.mark.parametrize("cross", [False, True])
+def test_issue50_zero_slots_skips_negative_and_out_of_range(page_size, cross):
+    """zero_slots skips slots < 0 and >= num_slots as the KV write skips loc < 0; the old
+    code zeroed the last real slot for -1 (and raised midway for a slot past the end)."""
+    pool = make_pool(size=6, page_size=page_size, dtype=torch.float16, cross_layer_layout=cross)
+    n = pool.num_slots
+    poison(pool)
+    pool.zero_slots(torch.tensor([-1, -n, n, n + 5, 2**40]))
+    for b in pool.k_buffer + pool.v_buffer:
+        assert (b.view(torch.uint8) == 0x7F).all()
+    pool.zero_slots(torch.tensor([[-1, 3], [n, 5]], dtype=torch.int32))
+    for b in pool.k_buffer + pool.v_buffer:
+        got = slot_rows(b.view(torch.uint8), torch.arange(n), page_size)  # [slots, H, D]
+        assert not got[[3, 5]].any()
+        keep = [s for s in range(n) if s not in (3, 5)]
+        assert (got[keep] == 0x7F).all()
+    with pytest.raises(TypeError, match="indices"):
+        pool.zero_slots(torch.tensor([1.0]))
+    with pytest.raises(TypeError, match="indices"):
+        pool.zero_slots([1])
+
+
 # ----------------------------------------------------------------------------- GPU
+@needs_cuda
+@pytest.mark.parametrize("cross", [False, True])
+def test_issue50_zero_slots_device_indices_out_of_range_hit_only_padding(cross):
+    """Device indices are not read on the host: entries < 0 or past the buffers zero padding
+    slot 0 instead (no request reads it), never the last real slot or memory past it."""
+    pool = MHATokenToKVPool(6, 2, torch.bfloat16, 3, 8, 2, "cuda", cross_layer_layout=cross)
+    n = pool.num_slots
+    poison(pool)
+    pool.zero_slots(torch.tensor([-1, 3, n, -n - 1, 2**40], device="cuda"))
+    for b in pool.k_buffer + pool.v_buffer:
+        got = slot_rows(b.view(torch.uint8), torch.arange(n, device="cuda"), 2)
+        assert not got[[0, 3]].any()
+        assert (got[[s for s in range(n) if s not in (0, 3)]] == 0x7F).all()
+
+
 def _load_stream_check():
     from tests.srt.mem_cache import gpu_stream_check
 
