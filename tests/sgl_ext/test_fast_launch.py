@@ -163,7 +163,7 @@ def test_c_plans_launch_only_with_the_aliasing_they_were_registered_with(mod):
     """The key holds data_ptr() % 16: k_buffer being v_buffer, or value being key, keys as the
     call that registered the plan. A table's written leaves make such a call miss (0: the
     Python path checks it); other storage with the same overlaps and offsets still hits."""
-    t = mod.Table(expand=((7, KV_FIELDS),), grad=(1, 2, 9, 10), written=(1, 2, 9, 10))
+    t = mod.Table(expand=ROPE_OP.expand(), grad=ROPE_OP.grad(), written=ROPE_OP.grad())
     loose = _rope_table(mod)  # no written leaves: aliasing is not part of its plans
     spec = (None, 0, (1, 1, 1), 128, 0, False, 0, ((0, 8, 0),))
     a = make_args()
