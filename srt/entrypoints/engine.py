@@ -377,6 +377,9 @@ class Engine:
         finally:
             if bar is not None:
                 bar.close()
+        first = batch.items[0] if batch.items else None
+        if batch.single and isinstance(first, Req) and first.error is not None:
+            raise first.error  # failed inside a step (in a list: that entry's `error`)
         outs = [self.output(x) for x in batch.items]
         return outs[0] if batch.single else outs
 

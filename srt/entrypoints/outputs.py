@@ -3,6 +3,8 @@
 Format as SGLang's: `text` (with a tokenizer), `output_ids`, `meta_info` (`id` a string,
 `finish_reason`, `prompt_tokens`, `completion_tokens`, `cached_tokens`, `e2e_latency`, plus
 `truncation` when allow_auto_truncate cut the request), `output_token_logprobs` on request.
+A request that failed alone inside a step also has `error` (its finish reason is abort with the
+message and status_code 500; its tokens so far are kept).
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def final_output(req: Req, tokenizer: Any) -> dict[str, Any]:
         pairs = zip(req.output_token_logprobs, req.output_ids, strict=True)
         meta["output_token_logprobs"] = [(lp, tok, None) for lp, tok in pairs]
     out["meta_info"] = meta
+    if req.error is not None:
+        out["error"] = req.finished_reason["message"] if req.finished_reason else str(req.error)
     return out
 
 
@@ -132,6 +136,8 @@ class StreamState:
             chunk["text"] = text[self.sent_chars :]
             self.sent_chars = max(self.sent_chars, len(text))
         meta = meta_info(req)
+        if req.error is not None and req.finished_reason:
+            chunk["error"] = req.finished_reason["message"]
         if req.return_logprob:
             new_lps = req.output_token_logprobs[self.sent_ids :]
             chunk["output_token_logprobs"] = list(new_lps)
