@@ -95,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         from srt.entrypoints.engine import Engine
-        from srt.entrypoints.engine_loop import EngineLoop
         from srt.entrypoints.http_server import create_app
     except ImportError as e:
         print(
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {msg}", file=sys.stderr)
         return 2
     name = args.served_model_name or args.model_path or "default"
-    loop = EngineLoop(engine)
+    loop = engine.engine_loop()
     try:
         uvicorn.run(
             create_app(loop, name), host=args.host, port=args.port, log_level=args.log_level

@@ -26,10 +26,12 @@ class RequestError:
     ----------
     rid : the id it would have had.
     error : the ValueError / TypeError raised while checking it.
+    index : the position of its prompt in the call (0 for a single prompt).
     """
 
     rid: str
     error: Exception
+    index: int = 0
 
     @property
     def message(self) -> str:
@@ -101,16 +103,21 @@ def error_output(err: RequestError, with_text: bool) -> dict[str, Any]:
 
 
 class StreamState:
-    """Turns a running request into incremental chunks (new ids and new text per step).
+    """Turns a running request into streamed chunks, one per step that produced something.
+
+    Cumulative by default, as SGLang's streams: each chunk has every output id and the whole
+    text so far (`incremental_streaming_output=False`). With `incremental`, a chunk has only
+    the ids and the text added since the previous one.
 
     Text that could still change is held back: a trailing partial UTF-8 character, and, while
     the request has stop strings, the last (longest stop string - 1) characters, so a stop
     string is never streamed before it is cut.
     """
 
-    def __init__(self, req: Req, tokenizer: Any) -> None:
+    def __init__(self, req: Req, tokenizer: Any, incremental: bool = False) -> None:
         self.req = req
         self.tokenizer = tokenizer
+        self.incremental = incremental
         self.sent_ids = 0
         self.sent_chars = 0
         self.done = False
@@ -126,20 +133,22 @@ class StreamState:
         return text
 
     def next_chunk(self) -> dict[str, Any] | None:
-        """The increment since the last call, or None if there is nothing new."""
+        """The output so far (or, incremental, what is new since the last call), or None if
+        there is nothing new."""
         req = self.req
         if self.done or (len(req.output_ids) == self.sent_ids and not req.finished):
             return None
-        chunk: dict[str, Any] = {"output_ids": req.output_ids[self.sent_ids :]}
+        start = self.sent_ids if self.incremental else 0
+        chunk: dict[str, Any] = {"output_ids": req.output_ids[start:]}
         if self.tokenizer is not None:
             text = self._visible_text()
-            chunk["text"] = text[self.sent_chars :]
+            chunk["text"] = text[self.sent_chars :] if self.incremental else text
             self.sent_chars = max(self.sent_chars, len(text))
         meta = meta_info(req)
         if req.error is not None and req.finished_reason:
             chunk["error"] = req.finished_reason["message"]
         if req.return_logprob:
-            new_lps = req.output_token_logprobs[self.sent_ids :]
+            new_lps = req.output_token_logprobs[start:]
             chunk["output_token_logprobs"] = list(new_lps)
             meta["output_token_logprobs"] = [
                 (lp, tok, None) for lp, tok in zip(new_lps, chunk["output_ids"], strict=True)
