@@ -41,6 +41,7 @@ from srt.entrypoints import engine_client
 from srt.entrypoints.engine_loop import EngineLoop
 from srt.entrypoints.outputs import RequestError, error_output, final_output
 from srt.entrypoints.request_builder import ModelLimits, PreparedBatch, RequestBuilder
+from srt.entrypoints.server_info import server_info
 from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
 from srt.server_args import ServerArgs
@@ -347,6 +348,11 @@ class Engine:
             return engine_client.async_stream(self.engine_loop(), batch)
         outs = await engine_client.async_run(self.engine_loop(), batch)
         return outs[0] if batch.single else outs
+
+    def get_server_info(self) -> dict[str, Any]:
+        """SGLang's `get_server_info`: the server args, the KV pool's size, the model's
+        config basics, the scheduler's state and the version (`server_info.server_info`)."""
+        return server_info(self)
 
     def get_kv_memory_report(self) -> Any:
         """The KV pools' `KVMemoryReport` (bytes per token of full and window layers, tokens

@@ -306,3 +306,25 @@ def test_engine_loop_thread_replays_cuda_graphs_like_generate():
         assert [streamed[i] for i in range(6)] == ref
     finally:
         eng.shutdown()
+
+
+def test_get_server_info(make_engine):
+    """SGLang's Engine.get_server_info(): server args, KV pool size, model basics, state."""
+    import json
+
+    eng = make_engine(max_running_requests=7)
+    before = eng.get_server_info()
+    assert before["max_total_tokens"] == 512 and before["page_size"] == 1
+    assert before["max_total_num_tokens"] == eng.model_runner.max_total_num_tokens
+    assert before["max_running_requests"] == 7
+    assert before["context_length"] == CTX and before["max_req_input_len"] == CTX - 1
+    assert before["model_config"]["vocab_size"] == FakeConfig.vocab_size
+    assert isinstance(before["version"], str) and before["version"]
+    state = before["internal_states"][0]
+    assert state["num_running_reqs"] == 0 and state["token_usage"] == 0.0
+    eng.generate(input_ids=[[1, 2], [3]], sampling_params=dict(GREEDY, max_new_tokens=3))
+    after = eng.get_server_info()["internal_states"][0]
+    assert after["num_prefill_steps"] > state["num_prefill_steps"]
+    assert after["available_kv_tokens"] == state["available_kv_tokens"]
+    json.dumps(after)  # JSON-serialisable, as the HTTP endpoint will send it
+    json.dumps(before)
