@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +85,9 @@ class EngineLoop:
     """
 
     def __init__(self, engine: Any) -> None:
-        self.engine = engine
+        # A weak reference: an Engine dropped without shutdown() is still collected (its
+        # model and KV cache freed); the thread then ends.
+        self._engine_ref = weakref.ref(engine)
         self._inbox: queue.SimpleQueue[tuple[str, Submission]] = queue.SimpleQueue()
         self._active: dict[str, _Active] = {}
         # cancelled submissions whose aborted requests a pending step still references
@@ -92,6 +95,13 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="srt-engine-loop", daemon=True)
         self._thread.start()
+
+    @property
+    def engine(self) -> Any:
+        engine = self._engine_ref()
+        if engine is None:
+            raise RuntimeError("the engine of this loop was garbage-collected")
+        return engine
 
     # ---- any thread ----
     def submit(self, sub: Submission) -> None:
@@ -209,15 +219,24 @@ class EngineLoop:
                 self._send(a.sub, ("final", a.index, self.engine.output(a.req)))
         self._acknowledge_cancels()
 
-    def _run(self) -> None:
+    def _set_device(self) -> None:
         runner = getattr(self.engine, "model_runner", None)
         if runner is not None and runner.device.type == "cuda":
             torch.cuda.set_device(runner.device)  # per thread: the runner's, as at its build
+
+    def _busy(self) -> bool:
+        """Whether it has work of its own. Only its submissions' work: a scheduler driven
+        directly by its owner (tests, benchmarks) between calls is not stepped from here."""
+        engine = self._engine_ref()
+        if engine is None:  # (no local reference to it outlives this call)
+            self._stop.set()
+            return False
+        return engine.scheduler is not None and bool(self._active or self._cancelling)
+
+    def _run(self) -> None:
+        self._set_device()
         while not self._stop.is_set():
-            sched = self.engine.scheduler
-            # Only its own submissions' work: a scheduler driven directly by its owner (tests,
-            # benchmarks) between calls is not stepped from here.
-            busy = sched is not None and bool(self._active or self._cancelling)
+            busy = self._busy()
             try:
                 if busy:
                     kind, sub = self._inbox.get_nowait()
@@ -235,19 +254,22 @@ class EngineLoop:
                     finally:
                         self._send(sub, ("fatal", e))
                 continue  # take every queued message before the next step
-            if not busy:
-                continue
-            if not sched.has_work():  # (nothing pending: only events left to send)
-                self._emit()
-                continue
-            try:
-                sched.step()
-            except BaseException as e:  # noqa: BLE001 - fail the requests, keep serving
-                # (a single request's failure is isolated inside the step: this is wider, or
-                # an interrupt; KeyboardInterrupt included, so the thread survives it)
-                self._fail_all(sched, e)
-                continue
+            if busy:
+                self._step()
+
+    def _step(self) -> None:
+        sched = self.engine.scheduler
+        if not sched.has_work():  # (nothing pending: only events left to send)
             self._emit()
+            return
+        try:
+            sched.step()
+        except BaseException as e:  # noqa: BLE001 - fail the requests, keep serving
+            # (a single request's failure is isolated inside the step: this is wider, or an
+            # interrupt; KeyboardInterrupt included, so the thread survives it)
+            self._fail_all(sched, e)
+            return
+        self._emit()
 
     def _fail_all(self, sched: Any, error: BaseException) -> None:
         logger.error("step failed; aborting %d requests", len(self._active), exc_info=error)

@@ -289,7 +289,8 @@ def test_engine_loop_thread_replays_cuda_graphs_like_generate():
             subs = []
             for i, p in enumerate(prompts):
                 sink = lambda ev, i=i: events.put((i, ev))  # noqa: E731
-                sub = Submission({"input_ids": p, "sampling_params": sp}, sink, stream=True)
+                kw = {"input_ids": p, "sampling_params": sp}
+                sub = Submission(kw, sink, stream=True, incremental=True)
                 subs.append(sub)
                 loop.submit(sub)
             got, streamed = {}, {i: [] for i in range(6)}
@@ -328,3 +329,19 @@ def test_get_server_info(make_engine):
     assert after["available_kv_tokens"] == state["available_kv_tokens"]
     json.dumps(after)  # JSON-serialisable, as the HTTP endpoint will send it
     json.dumps(before)
+
+
+def test_engine_dropped_without_shutdown_is_collected(make_engine):
+    """The loop thread holds the engine weakly: a dropped engine frees its model and KV cache
+    (as before there was a loop thread), and the thread ends."""
+    import gc
+    import weakref
+
+    eng = make_engine()
+    eng.generate(input_ids=[1, 2], sampling_params=dict(GREEDY, max_new_tokens=2))
+    ref, thread = weakref.ref(eng), eng.engine_loop()._thread
+    del eng
+    gc.collect()
+    assert ref() is None
+    thread.join(timeout=10)
+    assert not thread.is_alive()

@@ -129,14 +129,19 @@ def _stop_string(text: str, rng: random.Random) -> str | None:
 
 
 def test_stress_threads_and_coroutines(engine, monkeypatch):
-    """8 threads and 16 coroutines at once, random lengths, some stop strings, some streams
-    closed early (aborts), some seeded sampling: each output equals its solo run (an aborted
-    stream: a prefix of it); both pools are back to full afterwards."""
+    """8 threads and 16 coroutines at once, random lengths, text and token prompts (the
+    tokenizer used from every thread), some stop strings, some streams closed early (aborts),
+    some seeded sampling: each output equals its solo run (an aborted stream: a prefix of it);
+    both pools are back to full afterwards."""
     seed = random.randrange(2**32)
     rng = random.Random(seed)
-    jobs = []  # (prompt ids, sampling params, abort after this many chunks or None)
+    jobs = []  # (prompt kwargs, sampling params, abort after this many chunks or None)
     for i in range(24):
-        prompt = [rng.randrange(3, 1000) for _ in range(rng.randrange(1, 40))]
+        ids = [rng.randrange(3, 1000) for _ in range(rng.randrange(1, 40))]
+        prompt = {"input_ids": ids}
+        if i % 2:
+            text = engine.tokenizer.decode(ids, skip_special_tokens=True)
+            prompt = {"prompt": text} if text.strip() else prompt
         sp = dict(GREEDY, max_new_tokens=rng.randrange(1, 10))
         if i % 5 == 4:
             sp.update(temperature=0.9, top_k=rng.choice([-1, 30]), sampling_seed=rng.randrange(99))
@@ -144,11 +149,11 @@ def test_stress_threads_and_coroutines(engine, monkeypatch):
     for job in jobs:  # stop strings taken from the solo text, for some greedy jobs
         prompt, sp, _ = job
         if rng.random() < 0.4 and sp["temperature"] == 0.0:
-            text = engine.generate(input_ids=prompt, sampling_params=sp)["text"]
+            text = engine.generate(**prompt, sampling_params=sp)["text"]
             stop = _stop_string(text, rng)
             if stop is not None:
                 job[1] = dict(sp, stop=stop)
-    solo = [engine.generate(input_ids=p, sampling_params=sp) for p, sp, _ in jobs]
+    solo = [engine.generate(**p, sampling_params=sp) for p, sp, _ in jobs]
     start = _free(engine)
     sizes = _record_batch_sizes(monkeypatch, engine)
     results: dict[int, object] = {}
@@ -157,9 +162,9 @@ def test_stress_threads_and_coroutines(engine, monkeypatch):
         prompt, sp, abort_after = jobs[i]
         try:
             if abort_after is None:
-                results[i] = engine.generate(input_ids=prompt, sampling_params=sp)
+                results[i] = engine.generate(**prompt, sampling_params=sp)
                 return
-            it = engine.generate(input_ids=prompt, sampling_params=sp, stream=True)
+            it = engine.generate(**prompt, sampling_params=sp, stream=True)
             chunks = [c for _, c in zip(range(abort_after), it, strict=False)]
             it.close()  # aborts the request if it still runs
             results[i] = chunks
@@ -170,9 +175,9 @@ def test_stress_threads_and_coroutines(engine, monkeypatch):
         prompt, sp, abort_after = jobs[i]
         await asyncio.sleep(rng.random() * 0.02)
         if abort_after is None:
-            results[i] = await engine.async_generate(input_ids=prompt, sampling_params=sp)
+            results[i] = await engine.async_generate(**prompt, sampling_params=sp)
             return
-        it = await engine.async_generate(input_ids=prompt, sampling_params=sp, stream=True)
+        it = await engine.async_generate(**prompt, sampling_params=sp, stream=True)
         chunks = []
         async for chunk in it:
             chunks.append(chunk)

@@ -108,3 +108,17 @@ def test_stop_strings_need_a_tokenizer():
     eng = srt.Engine(device="cpu", max_total_tokens=256, skip_tokenizer_init=True)
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         eng.generate(input_ids=[1, 2], sampling_params={"stop": "x", "max_new_tokens": 2})
+
+
+def test_eval_engine_io_gets_rejections_as_errors(engine):
+    """srt/eval/engine_io.py retries a refused batch one prompt at a time: an over-long prompt
+    becomes an error Completion, the others their texts (no silent empty answer)."""
+    from srt.eval.engine_io import generate_completions
+
+    ctx = engine.model_runner.context_len
+    prompts = [[5, 6, 7], [4] * (ctx - 3), [8, 9]]  # the second: over the context with 8 new
+    sp = dict(GREEDY, max_new_tokens=8)
+    done = generate_completions(engine, prompts, sp, batch_size=3)
+    assert done[1].text is None and "context length" in done[1].error
+    solo = [engine.generate(input_ids=p, sampling_params=sp)["text"] for p in prompts[::2]]
+    assert [done[0].text, done[2].text] == solo
