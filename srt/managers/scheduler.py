@@ -178,6 +178,12 @@ class Scheduler:
                 )
 
     def add_request(self, req: Req) -> None:
+        """Queue a request (ValueError, nothing queued, if it has no prompt token, already
+        holds memory or could never fit)."""
+        if not req.origin_input_ids:
+            raise ValueError(f"request {req.rid} has no input tokens")
+        if req.finished or req.req_pool_idx is not None or req.kv_pages:
+            raise ValueError(f"request {req.rid} was already run (finished or holding memory)")
         self.check_fits(req)
         if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
             req.check_finished()

@@ -172,3 +172,22 @@ def test_error_mid_run_is_retried_and_frees_everything(make_engine, fail_at):
     runner.forward = real_forward
     out = eng.generate(input_ids=[1, 2], sampling_params=dict(GREEDY, max_new_tokens=3))
     assert len(out["output_ids"]) == 3
+
+
+def test_scheduler_refuses_what_no_step_could_run(make_engine):
+    """A hand-built request with no prompt token (it failed the prefill for its whole batch)
+    or one that already ran is refused when added, and nothing is queued."""
+    from srt.managers.schedule_batch import Req
+    from srt.sampling.sampling_params import SamplingParams
+
+    eng = make_engine()
+    sched = eng.scheduler
+    with pytest.raises(ValueError, match="has no input tokens"):
+        sched.add_request(Req("empty", [], SamplingParams(max_new_tokens=2)))
+    done = eng.make_requests(input_ids=[1, 2], sampling_params=dict(GREEDY, max_new_tokens=2))
+    req = done.items[0]
+    sched.add_request(req)
+    sched.run_until_idle()
+    with pytest.raises(ValueError, match="already run"):
+        sched.add_request(req)
+    assert not sched.has_work()
