@@ -163,3 +163,48 @@ def test_step_isolation_undoes_the_slots_a_failed_decode_took(engine, monkeypatc
     assert all(isinstance(r.error, RuntimeError) for r in reqs)
     assert all(r.req_pool_idx is None and not r.kv_pages for r in reqs)
     assert _free(engine) == start and not sched.has_work()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_failed_decode_gives_back_window_pages_too(monkeypatch, page_size):
+    """The hybrid sliding-window pool (tiny gpt-oss, window 5): a request whose decode steps
+    fail after its window pages were evicted, each failing step taking a new page (position
+    16 starts one at page sizes 1 and 4), is undone page-exactly in both pools, and the
+    others match their solo runs."""
+    import json
+
+    from tests.srt.distributed.tp_harness import TINY_GPT_OSS
+
+    eng = srt.Engine(
+        device="cpu",
+        skip_tokenizer_init=True,
+        json_model_override_args=json.dumps(TINY_GPT_OSS),
+        max_total_tokens=256,
+        page_size=page_size,
+    )
+    sched, runner = eng.scheduler, eng.model_runner
+    assert sched.is_swa
+    alloc = runner.token_to_kv_pool_allocator
+
+    def free() -> tuple[int, int, int]:
+        return alloc.available_size(), alloc.swa_available_size(), _free(eng)[1]
+
+    start = free()
+    sp = {"max_new_tokens": 14, "temperature": 0.0, "ignore_eos": True}
+    prompts = [[MARK] + [7] * 9, [3, 4, 5], [9] * 13]
+    solo = [eng.generate(input_ids=p, sampling_params=sp)["output_ids"] for p in prompts[1:]]
+    real = runner.forward
+
+    def forward(fb):
+        rows = set(fb.req_pool_indices.tolist())
+        for r in sched.running:
+            if r.origin_input_ids[0] == MARK and r.req_pool_idx in rows and r.kv_len >= 16:
+                raise RuntimeError("poisoned row")
+        return real(fb)
+
+    monkeypatch.setattr(runner, "forward", forward)
+    outs = eng.generate(input_ids=prompts, sampling_params=sp)
+    assert "poisoned row" in outs[0]["error"] and len(outs[0]["output_ids"]) >= 5
+    assert [o["output_ids"] for o in outs[1:]] == solo
+    assert free() == start and not sched.has_work()
+    eng.shutdown()
