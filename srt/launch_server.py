@@ -134,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         from srt.entrypoints.engine import Engine
-        from srt.entrypoints.engine_loop import EngineLoop
         from srt.entrypoints.http_server import create_app
     except ImportError as e:
         print(
@@ -160,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print(error_line(e), file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or args.model_path or "default"
-    loop = EngineLoop(engine)
+    loop = engine.engine_loop()
     app = create_app(loop, name, args.incremental_streaming_output)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
     try:

@@ -66,7 +66,7 @@ async def _events(
         except RuntimeError:  # the event loop is closed: nobody is listening
             pass
 
-    sub = Submission(kwargs, sink, stream)
+    sub = Submission(kwargs, sink, stream, incremental=True)  # the handlers send deltas
     loop.submit(sub)
     remaining: int | None = None  # outputs still to come; None until the "start" event
     try:
@@ -338,8 +338,8 @@ class ServerThread:
 
     Parameters
     ----------
-    engine : the Engine to serve (an EngineLoop is started for it; `close` stops both but
-        leaves the engine to its owner).
+    engine : the Engine to serve (through its EngineLoop, which `close` stops with the server;
+        the engine is left to its owner).
     host, port : where to listen; port 0 picks a free port (see `url`).
     model_name : the name /v1/models reports.
     incremental_streaming_output : see `create_app`.
@@ -355,7 +355,7 @@ class ServerThread:
     ) -> None:
         import uvicorn
 
-        self.loop = EngineLoop(engine)
+        self.loop = engine.engine_loop()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))

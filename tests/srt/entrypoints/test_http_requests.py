@@ -204,11 +204,6 @@ ENGINE_POISONS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="float32 underflow of temperature / repetition_penalty is checked by the Engine-side "
-    "isolation work (SamplingParams); remove this marker once it is merged",
-)
 @pytest.mark.parametrize("body", ENGINE_POISONS)
 def test_engine_side_poisons_never_500(server, body):
     start = free_slots(server.engine)
