@@ -208,3 +208,61 @@ def test_failed_decode_gives_back_window_pages_too(monkeypatch, page_size):
     assert [o["output_ids"] for o in outs[1:]] == solo
     assert free() == start and not sched.has_work()
     eng.shutdown()
+
+
+def _logprob_view(out: dict) -> tuple:
+    """The ids and every logprob list of an output (values apart, to compare them approx)."""
+    meta = out["meta_info"]
+    keys = ("input_token_logprobs", "output_token_logprobs")
+    ids = tuple(tuple(t for _, t, _ in meta[k]) for k in keys)
+    tops = tuple(
+        tuple(None if row is None else tuple(t for _, t, _ in row) for row in meta[k])
+        for k in ("input_top_logprobs", "output_top_logprobs")
+    )
+    values = [lp for k in keys for lp, _, _ in meta[k] if lp is not None]
+    values += [
+        lp
+        for k in ("input_top_logprobs", "output_top_logprobs")
+        for row in meta[k]
+        if row is not None
+        for lp, _, _ in row
+    ]
+    return (out["output_ids"], ids, tops), values
+
+
+@pytest.mark.parametrize("at", [1, 3], ids=["prefill", "decode"])
+def test_poison_beside_logprob_requests_keeps_their_logprobs(engine, monkeypatch, at):
+    """Logprob requests sharing a step with a request that fails inside it (after the rows
+    before it recorded their token's logprob and top list): the step is undone and retried,
+    and each logprob request's prompt and output logprobs and top lists are its solo run's,
+    none duplicated and none lost (ReqSnapshot restores every logprob list)."""
+    rng = random.Random(random.randrange(2**32))
+    prompts = [[rng.randrange(3, 999) for _ in range(n)] for n in (5, rng.randrange(2, 12))]
+    sp = {"max_new_tokens": 7, "temperature": 0.0, "ignore_eos": True}
+    lp_args = dict(top_logprobs_num=3, logprob_start_len=0)
+    start = _free(engine)
+    solo = [
+        engine.generate(input_ids=p, sampling_params=sp, return_logprob=True, **lp_args)
+        for p in prompts
+    ]
+    real = scheduler_mod.record_output_logprob
+
+    def record(req, lp):  # the poison raises once its token is appended (the others' are)
+        real(req, lp)
+        if req.origin_input_ids[0] == MARK and len(req.output_ids) >= at:
+            raise RuntimeError("poisoned row")
+
+    monkeypatch.setattr(scheduler_mod, "record_output_logprob", record)
+    outs = engine.generate(
+        input_ids=[prompts[0], [MARK, 4, 4, 4], prompts[1]],
+        sampling_params=sp,
+        return_logprob=[True, False, True],
+        **lp_args,
+    )
+    monkeypatch.undo()
+    assert "poisoned row" in outs[1]["error"] and len(outs[1]["output_ids"]) == at - 1
+    for got, want in zip([outs[0], outs[2]], solo, strict=True):
+        (got_view, got_values), (want_view, want_values) = _logprob_view(got), _logprob_view(want)
+        assert got_view == want_view
+        assert got_values == pytest.approx(want_values, abs=1e-5)
+    assert _free(engine) == start and not engine.scheduler.has_work()
