@@ -97,6 +97,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         allow_auto_truncate=args.allow_auto_truncate,
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         disable_overlap_schedule=args.disable_overlap_schedule,
+        incremental_streaming_output=args.incremental_streaming_output,
         log_level=args.log_level,
     )
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     name = args.served_model_name or args.model_path or "default"
     loop = engine.engine_loop()
-    app = create_app(loop, name, args.incremental_streaming_output)
+    app = create_app(loop, name)  # streaming mode: the engine's incremental_streaming_output
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
     try:
         uvicorn.Server(config).run(sockets=[sock])
