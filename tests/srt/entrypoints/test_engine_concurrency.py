@@ -211,3 +211,60 @@ def test_stress_threads_and_coroutines(engine, monkeypatch):
         time.sleep(0.01)  # (a stream closed by the garbage collector may still be aborting)
     assert _free(engine) == start, seed
     assert max(sizes) > 1, seed
+
+
+def test_logprob_arguments_through_threads_and_coroutines(engine):
+    """logprob_start_len / top_logprobs_num / return_logprob (per request too) reach the loop
+    thread from threads, coroutines and streams alike: each call gets its solo run's logprobs
+    while the others share its batch."""
+    rng = random.Random()
+    prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(2, 20))] for _ in range(6)]
+    sp = dict(GREEDY, max_new_tokens=5)
+    kw = dict(return_logprob=True, top_logprobs_num=3, logprob_start_len=1)
+    solo = [engine.generate(input_ids=p, sampling_params=sp, **kw) for p in prompts]
+    start = _free(engine)
+
+    def view(out: dict) -> tuple:
+        meta = out["meta_info"]
+        keys = ("input_token_logprobs", "output_token_logprobs", "output_top_logprobs")
+        return out["output_ids"], [len(meta[k]) for k in keys], meta["output_top_logprobs"]
+
+    got: dict[int, dict] = {}
+    go = threading.Barrier(3)
+
+    def worker(i: int) -> None:
+        go.wait(timeout=30)
+        got[i] = engine.generate(input_ids=prompts[i], sampling_params=sp, **kw)
+
+    async def coroutines() -> list:
+        calls = [engine.async_generate(input_ids=p, sampling_params=sp, **kw) for p in prompts[2:4]]
+        stream = await engine.async_generate(
+            input_ids=prompts[4:], sampling_params=sp, stream=True, **kw
+        )
+        last: dict[int, dict] = {}
+        async for chunk in stream:  # cumulative: the last chunk of each is its output
+            last[chunk["index"]] = chunk
+        return [*await asyncio.gather(*calls), last[0], last[1]]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    go.wait(timeout=30)
+    outs = asyncio.run(coroutines())
+    for t in threads:
+        t.join(timeout=120)
+    outs = [got[0], got[1], *outs]
+    for out, ref in zip(outs, solo, strict=True):
+        ids, lens, tops = view(out)
+        ref_ids, ref_lens, ref_tops = view(ref)
+        assert (ids, lens) == (ref_ids, ref_lens)
+        assert [[t for _, t, _ in row] for row in tops] == [[t for _, t, _ in r] for r in ref_tops]
+        lps = [e[0] for e in out["meta_info"]["output_token_logprobs"]]
+        ref_lps = [e[0] for e in ref["meta_info"]["output_token_logprobs"]]
+        assert lps == pytest.approx(ref_lps, abs=1e-5)
+    per_request = engine.generate(
+        input_ids=prompts[:2], sampling_params=sp, return_logprob=[False, True], top_logprobs_num=2
+    )
+    assert "input_token_logprobs" not in per_request[0]["meta_info"]
+    assert len(per_request[1]["meta_info"]["output_top_logprobs"][0]) == 2
+    assert _free(engine) == start and not engine.scheduler.has_work()
