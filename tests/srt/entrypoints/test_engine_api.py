@@ -272,18 +272,24 @@ def test_log_level(make_engine):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_engine_loop_thread_replays_cuda_graphs_like_generate():
-    """The server's loop thread replays graphs captured on the main thread: same tokens."""
+    """The engine's loop thread (the one generate and the server submit to) replays graphs
+    captured on the main thread as the main thread does: same tokens, streamed or whole."""
     import queue
 
-    from srt.entrypoints.engine_loop import EngineLoop, Submission
+    from srt.entrypoints.engine_loop import Submission
 
     eng = srt.Engine(device="cuda", dtype="float32", max_total_tokens=8192, cuda_graph_max_bs=8)
     try:
         assert eng.model_runner.cuda_graph_runner is not None
         prompts = [[5 + i] * (3 + 5 * i) for i in range(6)]
         sp = dict(GREEDY, max_new_tokens=12)
-        ref = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sp)]
-        loop = EngineLoop(eng)
+        reqs = eng.make_requests(input_ids=prompts, sampling_params=sp).reqs
+        for r in reqs:  # the reference: the scheduler driven on this (the capturing) thread
+            eng.scheduler.add_request(r)
+        eng.scheduler.run_until_idle()
+        ref = [r.output_ids for r in reqs]
+        assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sp)] == ref
+        loop = eng.engine_loop()  # the one generate ran on, as the HTTP server's
         events: queue.Queue = queue.Queue()
         try:
             subs = []
