@@ -106,6 +106,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         allow_auto_truncate=args.allow_auto_truncate,
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         disable_overlap_schedule=args.disable_overlap_schedule,
+        incremental_streaming_output=args.incremental_streaming_output,
         log_level=args.log_level,
         model_impl=args.model_impl,
         model_file=args.model_file,
@@ -145,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         from srt.entrypoints.engine import Engine
-        from srt.entrypoints.engine_loop import EngineLoop
         from srt.entrypoints.http_server import create_app
     except ImportError as e:
         print(
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         print(error_line(e), file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or args.model_path or "default"
-    loop = EngineLoop(engine)
-    app = create_app(loop, name, args.incremental_streaming_output)
+    loop = engine.engine_loop()
+    app = create_app(loop, name)  # streaming mode: the engine's incremental_streaming_output
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
     try:
         uvicorn.Server(config).run(sockets=[sock])

@@ -56,6 +56,8 @@ class ServerArgs:
     disable_overlap_schedule : read every decode step's tokens back before preparing the next
         one. By default (SGLang's overlap schedule) greedy decode steps are prepared and
         launched while the previous step still runs, its tokens fed from the device.
+    incremental_streaming_output : streamed chunks carry only the ids and text added since the
+        previous chunk. By default (SGLang's) every chunk has the whole output so far.
     log_level : level of the "srt" loggers ("debug" ... "critical"); None leaves logging alone.
     tp_size : tensor-parallel ranks (one process each; NCCL on CUDA, gloo on CPU).
     dist_init_addr : "host:port" of the TP rendezvous for Engine-spawned ranks (None: a free
@@ -95,6 +97,7 @@ class ServerArgs:
     allow_auto_truncate: bool = False
     disable_hybrid_swa_memory: bool = False
     disable_overlap_schedule: bool = False
+    incremental_streaming_output: bool = False
     log_level: str | None = None
     model_impl: str = "srt"
     model_file: str | None = None

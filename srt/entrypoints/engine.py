@@ -1,9 +1,11 @@
 """Engine: the offline entry point, `srt.Engine(...).generate(...)` as in SGLang.
 
-The engine owns a ModelRunner and a Scheduler (continuous batching with admission control) and
-runs submitted requests to completion; `generate(..., stream=True)` yields increments and
-`async_generate` serves asyncio code. The HTTP server (http_server.py) drives the same engine
-from one EngineLoop thread.
+The engine owns a ModelRunner and a Scheduler (continuous batching with admission control). One
+EngineLoop thread runs the scheduler (engine_loop.py); `generate` from any thread,
+`async_generate` coroutines and the HTTP server (http_server.py) all submit to it, so their
+requests share one continuous batch (engine_client.py is the callers' side). Requests are
+checked when they are built (request_builder.py); one that still fails inside a step fails
+alone (the scheduler retries the step without it).
 
 Tensor parallelism (tp_size > 1), two ways:
 - launched by torchrun (or inside an initialised TP group): this process is one rank; every rank
@@ -15,15 +17,15 @@ Tensor parallelism (tp_size > 1), two ways:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
 import os
 import sys
-import time
-import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,14 +37,13 @@ from srt.distributed import (
     launched_by_torchrun,
     model_parallel_is_initialized,
 )
-from srt.entrypoints.logprob_io import logprob_req_fields, per_request_logprob_args
-from srt.entrypoints.outputs import RequestError, StreamState, error_output, final_output
-from srt.entrypoints.request_checks import check_input_ids, fit_context
+from srt.entrypoints import engine_client
+from srt.entrypoints.engine_loop import EngineLoop
+from srt.entrypoints.outputs import RequestError, error_output, final_output
+from srt.entrypoints.request_builder import ModelLimits, PreparedBatch, RequestBuilder
 from srt.entrypoints.server_info import server_info
 from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
-from srt.sampling.logit_bias import check_logit_bias_vocab
-from srt.sampling.sampling_params import SamplingParams
 from srt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -62,20 +63,6 @@ def _load_tokenizer(path: str | None) -> Any:
     except (ValueError, ImportError) as e:  # a model without a usable tokenizer still runs
         logger.warning("no tokenizer loaded from %s: %s", path, e)
         return None
-
-
-@dataclass(frozen=True)
-class PreparedBatch:
-    """The checked requests of one `generate` call.
-
-    Attributes
-    ----------
-    single : the call named one request (one prompt, n = 1): return a dict, not a list.
-    items : one Req or RequestError per output, prompt-major (n per prompt).
-    """
-
-    single: bool
-    items: tuple[Req | RequestError, ...]
 
 
 async def _async_chunks(chunks: Iterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
@@ -144,6 +131,9 @@ class Engine:
         self._tp_workers: TpWorkerGroup | None = None
         self._owns_tp_group = False
         self._closed = False
+        self._loop: EngineLoop | None = None
+        self._loop_lock = threading.Lock()
+        self._call_lock = threading.Lock()  # TP: one call at a time (see _serial)
         if args.tp_size > 1 and not model_parallel_is_initialized():
             if launched_by_torchrun():
                 if int(os.environ["WORLD_SIZE"]) != args.tp_size:
@@ -170,7 +160,15 @@ class Engine:
             tok_path = str(args.tokenizer_path or args.model_path or TINY_TOKENIZER_DIR)
             self.tokenizer = _load_tokenizer(tok_path)
         self.eos_token_ids = self._eos_token_ids()
-        self._seed_rng = torch.Generator().manual_seed(args.random_seed)
+        runner = self.model_runner
+        limits = ModelLimits(
+            vocab_size=int(runner.model_config.vocab_size),
+            context_len=runner.context_len,
+            allow_auto_truncate=args.allow_auto_truncate,
+            device=runner.device,
+            check_fits=self.scheduler.check_fits,
+        )
+        self._builder = RequestBuilder(self.tokenizer, self.eos_token_ids, limits, args.random_seed)
 
     def _start_tp_workers(self) -> None:
         """Spawn one process per TP rank; this process only forwards calls (and tokenizes)."""
@@ -196,66 +194,6 @@ class Engine:
         return frozenset(ids)
 
     # ---- requests ----
-    def _new_reqs(
-        self, raw: Any, sampling_params: Any, logprob_args: dict[str, Any]
-    ) -> list[Req | RequestError]:
-        """The `n` requests of one prompt (str) or token list, or their errors (logprob_args:
-        this prompt's, see srt/entrypoints/logprob_io.py)."""
-        now = time.perf_counter()
-        rids = [uuid.uuid4().hex]
-        try:
-            params = SamplingParams.from_dict(sampling_params)
-            rids += [uuid.uuid4().hex for _ in range(params.n - 1)]
-            if isinstance(raw, str):
-                ids = self._tokenize(raw)
-            else:
-                ids = check_input_ids(raw, int(self.model_runner.model_config.vocab_size))
-            if params.stop and self.tokenizer is None:
-                raise ValueError("stop strings need a tokenizer: use stop_token_ids")
-            ids, params, meta = fit_context(
-                ids, params, self.model_runner.context_len, self.server_args.allow_auto_truncate
-            )
-            check_logit_bias_vocab(params.logit_bias, self.model_runner.model_config.vocab_size)
-            logprob_fields = logprob_req_fields(logprob_args, len(ids))
-            reqs: list[Req | RequestError] = []
-            for j, rid in enumerate(rids):
-                seed = params.sampling_seed
-                if seed is None:
-                    seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-                else:
-                    seed += j
-                generator = None
-                if not params.is_greedy:
-                    device = self.model_runner.device
-                    generator = torch.Generator(device=device).manual_seed(seed)
-                req = Req(
-                    rid=rid,
-                    origin_input_ids=list(ids),
-                    sampling_params=params,
-                    **logprob_fields,
-                    generator=generator,
-                    eos_token_ids=self.eos_token_ids,
-                    max_total_len=self.model_runner.context_len,
-                    decode=self._decode_for_stop if params.stop else None,
-                    created_time=now,
-                    meta=dict(meta),
-                )
-                self.scheduler.check_fits(req)
-                reqs.append(req)
-            return reqs
-        except (ValueError, TypeError) as e:
-            return [RequestError(rid, e) for rid in rids]
-
-    def _decode_for_stop(self, ids: list[int]) -> str:
-        tokenizer = self.tokenizer
-        assert tokenizer is not None  # _new_reqs refuses stop strings without a tokenizer
-        return tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _tokenize(self, prompt: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this engine has no tokenizer: pass input_ids instead of prompt")
-        return list(self.tokenizer.encode(prompt))
-
     def make_requests(
         self,
         prompt: str | list[str] | None = None,
@@ -266,57 +204,44 @@ class Engine:
         top_logprobs_num: int | list[int] | None = None,
         return_text_in_logprobs: bool = False,
     ) -> PreparedBatch:
-        """Check and build the requests of one `generate` call without running them.
-
-        A request with bad input or sampling parameters becomes a RequestError in its place
-        (its `n` places); the call itself raises only for a malformed call (both or neither of
-        prompt and input_ids, list lengths that do not match) and, for a single request, with
-        that request's error.
-        """
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt and input_ids")
-        raws: list[Any]  # prompts (str) or token lists, one per request
-        if prompt is not None:
-            single = isinstance(prompt, str)
-            raws = [prompt] if single else list(prompt)
-            if not all(isinstance(p, str) for p in raws):
-                raise TypeError("prompt must be a string or a list of strings")
-        else:
-            if isinstance(input_ids, torch.Tensor):
-                input_ids = input_ids.tolist()
-            if not isinstance(input_ids, (list, tuple)):
-                raise TypeError(
-                    f"input_ids must be a list of ints or of lists, got {type(input_ids).__name__}"
-                )
-            single = not input_ids or not isinstance(input_ids[0], (list, tuple, torch.Tensor))
-            raws = [input_ids] if single else list(input_ids)
-        n = len(raws)
-        per_req: Sequence[dict[str, Any] | None]  # one per request
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != n:
-                raise ValueError(f"{len(sampling_params)} sampling_params for {n} requests")
-            per_req = sampling_params
-        else:
-            per_req = [sampling_params] * n
-        logprob_flags = per_request_logprob_args(
-            n,
-            return_logprob=return_logprob,
+        """Check and build the requests of one `generate` call without running them
+        (`RequestBuilder.make`: a bad request becomes a RequestError in its place)."""
+        return self._builder.make(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=return_text_in_logprobs,
         )
-        items: list[Req | RequestError] = []
-        for raw, sp, lp in zip(raws, per_req, logprob_flags, strict=True):
-            items.extend(self._new_reqs(raw, sp, lp))
-        if single and isinstance(items[0], RequestError):  # (n > 1: the same error n times)
-            raise items[0].error
-        return PreparedBatch(single=single and len(items) == 1, items=tuple(items))
 
     def output(self, item: Req | RequestError) -> dict[str, Any]:
         """The result dict of a finished request or of a rejected one."""
         if isinstance(item, RequestError):
             return error_output(item, with_text=self.tokenizer is not None)
         return final_output(item, self.tokenizer)
+
+    def engine_loop(self) -> EngineLoop:
+        """The thread that runs this engine's scheduler for every caller (started on first use,
+        and again after it was closed). The HTTP server submits to it too."""
+        with self._loop_lock:
+            if self._closed:
+                raise RuntimeError("the engine is shut down")
+            if self._loop is None or not self._loop.alive:
+                self._loop = EngineLoop(self)
+            return self._loop
+
+    def _prepare(
+        self, prompt: Any, sampling_params: Any, input_ids: Any, lp: Any, lp_args: dict[str, Any]
+    ) -> PreparedBatch:
+        """The call's checked requests; a bad one refuses the whole call, naming its index
+        (lp_args: make_requests' logprob_start_len, top_logprobs_num, return_text_in_logprobs)."""
+        if self._closed:
+            raise RuntimeError("generate() after shutdown()")
+        batch = self.make_requests(prompt, sampling_params, input_ids, lp, **lp_args)
+        batch.raise_first_error()
+        return batch
 
     def generate(
         self,
@@ -330,7 +255,7 @@ class Engine:
         top_logprobs_num: int | list[int] | None = None,
         return_text_in_logprobs: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
-        """Generate for one request or a batch.
+        """Generate for one request or a batch. Safe to call from several threads at once.
 
         Parameters
         ----------
@@ -344,7 +269,7 @@ class Engine:
         return_logprob : also return log-probabilities, SGLang's meta_info fields
             (srt/entrypoints/logprob_io.py); those of the distribution a token is drawn from.
         progress_bar : show a tqdm bar (default: for 32 or more requests; not when streaming).
-        stream : return an iterator of incremental dicts instead (see below).
+        stream : return an iterator of chunks instead (see below).
         logprob_start_len, top_logprobs_num, return_text_in_logprobs : SGLang's, see
             logprob_io.py (like return_logprob, one value or a list with one per prompt).
 
@@ -354,14 +279,25 @@ class Engine:
         the n outputs of a prompt next to each other), each with `output_ids`, `text` (with a
         tokenizer), `output_token_logprobs` (on request) and `meta_info` (id, finish_reason,
         prompt_tokens, completion_tokens, cached_tokens, e2e_latency, truncation if cut).
-        In a batch, a request with bad input or parameters does not run: its entry has
-        `error` (the message), no tokens and finish_reason {"type": "abort", ...}; the others
-        run. A single bad request raises its ValueError / TypeError.
 
-        With stream=True: an iterator of chunks, each with the new `output_ids` and `text`
-        since the previous chunk of that request, `meta_info` so far (finish_reason set in its
-        last chunk) and, for a batch, `index` (its position in the list above). Closing the
-        iterator early aborts the requests still running and frees their memory.
+        Every request is checked before any is scheduled: a bad one (empty prompt, ids outside
+        the vocabulary, a sampling value out of range or beyond float32, a wrong `stop` type, a
+        seed out of range, n > 128, too long for the context) raises its ValueError / TypeError
+        for the whole call, naming it ("request 2: temperature must be ...") in a list call.
+        A request that still fails inside a forward or sampling step fails alone (the step is
+        retried without it; the others' tokens are unchanged): a single request raises that
+        error, in a list its entry has `error` (the message), the tokens it had and
+        finish_reason {"type": "abort", "message": ..., "status_code": 500}.
+
+        Calls from any thread (and `async_generate` coroutines) join one continuous batch run
+        by the engine's loop thread (`engine_loop`); each call waits for its own outputs.
+
+        With stream=True: an iterator of chunks, each with `output_ids`, `text` and
+        `meta_info` so far (finish_reason set in its last chunk) and, for a batch, `index` (its
+        position in the list above). Cumulative, as SGLang's: every chunk has the whole output
+        so far; with server arg `incremental_streaming_output=True` only what is new since
+        the request's previous chunk. Closing the iterator early aborts the requests still
+        running and frees their memory.
         """
         if self._closed:
             raise RuntimeError("generate() after shutdown()")
@@ -373,65 +309,42 @@ class Engine:
         if self._tp_workers is not None:
             if stream:
                 raise ValueError("stream=True needs tp_size=1 or ranks launched by torchrun")
-            return self._tp_workers.call(
-                "generate",
-                prompt=prompt,
-                sampling_params=sampling_params,
-                input_ids=input_ids,
-                return_logprob=return_logprob,
-                progress_bar=progress_bar,
-                **lp_args,
-            )
-        batch = self.make_requests(prompt, sampling_params, input_ids, return_logprob, **lp_args)
+            with self._call_lock:  # the workers' pipes carry one call at a time
+                return self._tp_workers.call(
+                    "generate",
+                    prompt=prompt,
+                    sampling_params=sampling_params,
+                    input_ids=input_ids,
+                    return_logprob=return_logprob,
+                    progress_bar=progress_bar,
+                    **lp_args,
+                )
+        batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, lp_args)
         if stream:
             return self._stream(batch)
-        reqs = [r for r in batch.items if isinstance(r, Req)]
-        for r in reqs:
-            self.scheduler.add_request(r)
-        show = progress_bar if progress_bar is not None else len(reqs) >= PROGRESS_MIN_REQUESTS
+        n = len(batch.items)
+        show = progress_bar if progress_bar is not None else n >= PROGRESS_MIN_REQUESTS
         bar = None
         if show:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(reqs), desc="generate", file=sys.stderr)
+            bar = tqdm(total=n, desc="generate", file=sys.stderr)
         try:
-            self.scheduler.run_until_idle(bar)
-        except BaseException:
-            self.scheduler.abort_all()  # leave no request holding KV memory
-            raise
+            with self._serial():
+                outs = engine_client.run(self.engine_loop(), batch, bar)
         finally:
             if bar is not None:
                 bar.close()
-        outs = [self.output(x) for x in batch.items]
         return outs[0] if batch.single else outs
 
+    def _serial(self) -> AbstractContextManager[Any]:
+        """TP ranks in this process (torchrun) run one call at a time, so that every rank
+        schedules the same batches; a single rank batches every caller together."""
+        return self._call_lock if self.server_args.tp_size > 1 else contextlib.nullcontext()
+
     def _stream(self, batch: PreparedBatch) -> Iterator[dict[str, Any]]:
-        """The chunks of `generate(..., stream=True)`."""
-        states: dict[int, StreamState] = {}
-        pending: list[tuple[int, dict[str, Any]]] = []
-        for i, item in enumerate(batch.items):
-            if isinstance(item, RequestError):
-                pending.append((i, self.output(item)))
-            else:
-                self.scheduler.add_request(item)
-                states[i] = StreamState(item, self.tokenizer)
-        try:
-            while True:
-                for i, chunk in pending:
-                    if not batch.single:
-                        chunk["index"] = i
-                    yield chunk
-                if not self.scheduler.has_work():
-                    return
-                self.scheduler.step()
-                pending = []
-                for i, st in states.items():
-                    update = st.next_chunk()
-                    if update is not None:
-                        pending.append((i, update))
-        except BaseException:
-            self.scheduler.abort_all()  # an error, or the consumer closed the iterator
-            raise
+        with self._serial():
+            yield from engine_client.stream(self.engine_loop(), batch)
 
     async def async_generate(
         self,
@@ -442,33 +355,31 @@ class Engine:
         stream: bool = False,
         **logprob_args: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
-        """`generate` for asyncio code: the forward passes run in a worker thread.
+        """`generate` for asyncio code; concurrent calls (asyncio.gather) join one batch.
 
         logprob_args: generate's logprob_start_len, top_logprobs_num, return_text_in_logprobs.
         Returns what `generate` returns; with stream=True an async iterator of the same
         chunks (`async for chunk in await engine.async_generate(..., stream=True)`).
-        The engine runs one call at a time: do not overlap calls on one engine.
         """
-        if not stream:
-            out = await asyncio.to_thread(
-                self.generate,
-                prompt,
-                sampling_params,
-                input_ids,
-                return_logprob,
-                False,
-                **logprob_args,
-            )
-            assert not isinstance(out, Iterator)  # stream=False
-            return out
-        chunks = self.generate(
-            prompt, sampling_params, input_ids, return_logprob, stream=True, **logprob_args
-        )
-        return _async_chunks(chunks)  # type: ignore[arg-type]
+        if self._tp_workers is not None or self.server_args.tp_size > 1:
+            # one call at a time: the blocking call runs in a worker thread
+            args = (prompt, sampling_params, input_ids, return_logprob)
+            if not stream:
+                out = await asyncio.to_thread(self.generate, *args, False, **logprob_args)
+                assert not isinstance(out, Iterator)  # stream=False
+                return out
+            chunks = self.generate(*args, stream=True, **logprob_args)
+            return _async_chunks(chunks)  # type: ignore[arg-type]
+        batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_args)
+        if stream:
+            return engine_client.async_stream(self.engine_loop(), batch)
+        outs = await engine_client.async_run(self.engine_loop(), batch)
+        return outs[0] if batch.single else outs
 
     def get_server_info(self) -> dict[str, Any]:
-        """SGLang's server information: the resolved ServerArgs, context length, KV pool size,
-        request limits, scheduler load and version (srt/entrypoints/server_info.py)."""
+        """SGLang's `get_server_info`: the resolved ServerArgs, the KV pool's size, request
+        limits, the model's config basics, the scheduler's state and the version
+        (srt/entrypoints/server_info.py). Safe from any thread."""
         return server_info(self)
 
     def get_kv_memory_report(self) -> Any:
@@ -481,7 +392,11 @@ class Engine:
         """Release the model, the KV cache and the CUDA graphs."""
         if self._closed:
             return
-        self._closed = True
+        with self._loop_lock:
+            self._closed = True
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()
         if self._tp_workers is not None:
             self._tp_workers.close()
             return

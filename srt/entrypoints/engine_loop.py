@@ -1,17 +1,22 @@
 """EngineLoop: one background thread owns an Engine and its Scheduler; other threads submit.
 
-The HTTP server's handlers run on an asyncio loop; the model runs here. A handler submits the
-arguments of a `generate` call with a sink (a callable this thread hands events to); the thread
-builds the requests, adds them to the continuous-batching scheduler next to every other
-client's, steps it, and reports through the sink. `cancel` (a client that left) aborts the
-submission's unfinished requests and frees their KV slots before the next step.
+Every caller of an Engine (`generate` from any thread, `async_generate` coroutines, the HTTP
+server's handlers) submits here; the model runs only on this thread. A submission carries the
+arguments of a `generate` call, or its requests already built (`Submission.batch`), and a sink
+(a callable this thread hands events to); the thread adds the requests to the continuous-
+batching scheduler next to every other client's, steps it, and reports through the sink.
+`cancel` (a client that left, a closed stream) aborts the submission's unfinished requests and
+frees their KV slots before the next step, then sends ("cancelled",).
 
 Events given to a sink, in order:
 - ("error", exc): the call was malformed, or its single request was rejected; nothing else.
 - ("start", count, single): count outputs will follow (single: one request, no list).
-- per output i: ("chunk", i, dict) for each increment (streaming submissions only), then
-  ("final", i, dict) once: the whole output (a rejected request's error entry included).
-- ("fatal", exc): a forward step failed; every active request was aborted.
+- per output i: ("chunk", i, dict) for each update (streaming submissions only: cumulative
+  output so far, or the increment with `incremental`), then ("final", i, dict) once: the whole
+  output (a rejected request's error entry, or one failed alone inside a step, included).
+- ("fatal", exc): a step failed beyond one request (or was interrupted); every active request
+  of every submission was aborted.
+- ("cancelled",): after `cancel`, once the submission's requests are aborted.
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from srt.entrypoints.outputs import RequestError, StreamState
 from srt.managers.schedule_batch import Req
@@ -39,15 +47,21 @@ class Submission:
     Attributes
     ----------
     kwargs : Engine.make_requests arguments (prompt/input_ids, sampling_params,
-        return_logprob).
+        return_logprob); unused when `batch` is given.
     sink : receives the events listed in the module docstring (called on the loop thread).
-    stream : also send the increments.
+    stream : also send chunks while the requests run.
+    batch : the requests already built (an Engine PreparedBatch), or None: built here.
+    incremental : chunks carry only what is new since the previous one; None takes the
+        engine's `server_args.incremental_streaming_output` (default False: cumulative, as
+        SGLang).
     rids : ids of its requests once built.
     """
 
     kwargs: dict[str, Any]
     sink: Sink
     stream: bool = False
+    batch: Any = None
+    incremental: bool | None = None
     rids: list[str] = field(default_factory=list)
 
 
@@ -71,12 +85,23 @@ class EngineLoop:
     """
 
     def __init__(self, engine: Any) -> None:
-        self.engine = engine
+        # A weak reference: an Engine dropped without shutdown() is still collected (its
+        # model and KV cache freed); the thread then ends.
+        self._engine_ref = weakref.ref(engine)
         self._inbox: queue.SimpleQueue[tuple[str, Submission]] = queue.SimpleQueue()
         self._active: dict[str, _Active] = {}
+        # cancelled submissions whose aborted requests a pending step still references
+        self._cancelling: list[tuple[Submission, list[Req]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="srt-engine-loop", daemon=True)
         self._thread.start()
+
+    @property
+    def engine(self) -> Any:
+        engine = self._engine_ref()
+        if engine is None:
+            raise RuntimeError("the engine of this loop was garbage-collected")
+        return engine
 
     # ---- any thread ----
     def submit(self, sub: Submission) -> None:
@@ -91,7 +116,13 @@ class EngineLoop:
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the thread (the engine stays; shut it down after)."""
         self._stop.set()
-        self._thread.join(timeout_s)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still serves submissions."""
+        return self._thread.is_alive() and not self._stop.is_set()
 
     @property
     def num_active(self) -> int:
@@ -108,18 +139,22 @@ class EngineLoop:
 
     def _handle(self, kind: str, sub: Submission) -> None:
         if kind == "cancel":
-            for rid in sub.rids:
-                if self._active.pop(rid, None) is not None:
-                    self.engine.scheduler.abort(rid)
+            self._cancelling.append((sub, self._abort(sub)))
+            self._acknowledge_cancels()
             return
         if self.engine.scheduler is None:  # Engine-spawned TP workers: whole calls
             self._run_whole(sub)
             return
-        try:
-            batch = self.engine.make_requests(**sub.kwargs)
-        except (ValueError, TypeError) as e:
-            self._send(sub, ("error", e))
-            return
+        batch = sub.batch
+        if batch is None:
+            try:
+                batch = self.engine.make_requests(**sub.kwargs)
+            except (ValueError, TypeError) as e:
+                self._send(sub, ("error", e))
+                return
+        incremental = sub.incremental
+        if incremental is None:
+            incremental = bool(self.engine.server_args.incremental_streaming_output)
         self._send(sub, ("start", len(batch.items), batch.single))
         for i, item in enumerate(batch.items):
             if isinstance(item, RequestError):
@@ -127,7 +162,32 @@ class EngineLoop:
                 continue
             sub.rids.append(item.rid)
             self.engine.scheduler.add_request(item)
-            self._active[item.rid] = _Active(sub, i, item, StreamState(item, self.engine.tokenizer))
+            state = StreamState(item, self.engine.tokenizer, incremental)
+            self._active[item.rid] = _Active(sub, i, item, state)
+
+    def _abort(self, sub: Submission) -> list[Req]:
+        """Abort the submission's unfinished requests (their memory is freed); returns them."""
+        gone = []
+        for rid in sub.rids:
+            a = self._active.pop(rid, None)
+            if a is not None:
+                self.engine.scheduler.abort(rid)
+                gone.append(a.req)
+        return gone
+
+    def _held(self, req: Req) -> bool:
+        sched = self.engine.scheduler
+        return sched is not None and sched.holds(req)
+
+    def _acknowledge_cancels(self) -> None:
+        """("cancelled",) to each cancelled submission that no pending step references."""
+        still = []
+        for sub, reqs in self._cancelling:
+            if any(self._held(r) for r in reqs):
+                still.append((sub, reqs))
+            else:
+                self._send(sub, ("cancelled",))
+        self._cancelling = still
 
     def _run_whole(self, sub: Submission) -> None:
         try:
@@ -146,19 +206,37 @@ class EngineLoop:
             self._send(sub, ("final", i, o))
 
     def _emit(self) -> None:
+        """Chunks and finals after a step. A request's final waits until no pending step
+        references it (the overlapped decode's extra step), so when a caller has every final
+        of its call the scheduler holds nothing of it."""
         for rid, a in list(self._active.items()):
             if a.sub.stream:
                 chunk = a.state.next_chunk()
                 if chunk is not None:
                     self._send(a.sub, ("chunk", a.index, chunk))
-            if a.req.finished:
+            if a.req.finished and not self._held(a.req):
                 del self._active[rid]
                 self._send(a.sub, ("final", a.index, self.engine.output(a.req)))
+        self._acknowledge_cancels()
+
+    def _set_device(self) -> None:
+        runner = getattr(self.engine, "model_runner", None)
+        if runner is not None and runner.device.type == "cuda":
+            torch.cuda.set_device(runner.device)  # per thread: the runner's, as at its build
+
+    def _busy(self) -> bool:
+        """Whether it has work of its own. Only its submissions' work: a scheduler driven
+        directly by its owner (tests, benchmarks) between calls is not stepped from here."""
+        engine = self._engine_ref()
+        if engine is None:  # (no local reference to it outlives this call)
+            self._stop.set()
+            return False
+        return engine.scheduler is not None and bool(self._active or self._cancelling)
 
     def _run(self) -> None:
+        self._set_device()
         while not self._stop.is_set():
-            sched = self.engine.scheduler
-            busy = sched is not None and sched.has_work()
+            busy = self._busy()
             try:
                 if busy:
                     kind, sub = self._inbox.get_nowait()
@@ -169,20 +247,38 @@ class EngineLoop:
             if kind:
                 try:
                     self._handle(kind, sub)
-                except Exception as e:  # noqa: BLE001 - reported to that client only
+                except BaseException as e:  # noqa: BLE001 - reported to that client only
                     logger.exception("could not start a submission")
-                    self._send(sub, ("fatal", e))
+                    try:
+                        self._abort(sub)
+                    finally:
+                        self._send(sub, ("fatal", e))
                 continue  # take every queued message before the next step
-            if not busy:
-                continue
-            try:
-                sched.step()
-            except Exception as e:  # noqa: BLE001 - fail the requests, keep serving
-                logger.exception("forward step failed; aborting %d requests", len(self._active))
-                sched.abort_all()
-                subs = {id(a.sub): a.sub for a in self._active.values()}
-                self._active.clear()
-                for s in subs.values():
-                    self._send(s, ("fatal", e))
-                continue
+            if busy:
+                self._step()
+
+    def _step(self) -> None:
+        sched = self.engine.scheduler
+        if not sched.has_work():  # (nothing pending: only events left to send)
             self._emit()
+            return
+        try:
+            sched.step()
+        except BaseException as e:  # noqa: BLE001 - fail the requests, keep serving
+            # (a single request's failure is isolated inside the step: this is wider, or an
+            # interrupt; KeyboardInterrupt included, so the thread survives it)
+            self._fail_all(sched, e)
+            return
+        self._emit()
+
+    def _fail_all(self, sched: Any, error: BaseException) -> None:
+        logger.error("step failed; aborting %d requests", len(self._active), exc_info=error)
+        subs = {id(a.sub): a.sub for a in self._active.values()}
+        self._active.clear()
+        try:
+            sched.abort_all()
+        except BaseException:  # noqa: BLE001 - the clients still hear of the first error
+            logger.exception("aborting the requests failed too")
+        for s in subs.values():
+            self._send(s, ("fatal", error))
+        self._acknowledge_cancels()

@@ -10,7 +10,14 @@ sends them, or only the new ones with incremental_streaming_output), GET /health
 Every request goes to the one continuous-batching scheduler of the EngineLoop; a client that
 disconnects has its requests aborted (their KV slots freed). A bad request gets HTTP 400 with
 OpenAI's error body, checked here before it reaches the engine (http_checks.py), so it never
-joins the batch other clients share; a failed forward step HTTP 500.
+joins the batch other clients share. A request that fails inside a step fails alone (the
+scheduler retries the step without it): its call gets HTTP 500 with the message, as SGLang
+answers an abort with status 500 (a stream sends an error event instead, being 200 already);
+every other request goes on untouched.
+
+Streams ask the engine for the chunks they send: /generate cumulative ones (the engine's
+default) or increments under incremental_streaming_output, OpenAI streams increments. Nothing
+is accumulated or sliced here.
 """
 
 from __future__ import annotations
@@ -32,8 +39,6 @@ from srt.entrypoints.engine_loop import EngineLoop, Submission
 from srt.entrypoints.http_checks import BadRequest, check_depth, check_generate_body
 from srt.entrypoints.logprob_io import LOGPROB_ARGS
 from srt.entrypoints.metrics import CONTENT_TYPE, ServerMetrics, scheduler_load
-from srt.entrypoints.server_info import server_info
-from srt.entrypoints.stream_output import StreamAccumulator
 
 _DISCONNECT_POLL_S = 0.5
 HEALTH_CHECK_TIMEOUT_S = 20.0
@@ -54,9 +59,11 @@ async def _events(
     kwargs: dict,
     stream: bool,
     metrics: ServerMetrics | None = None,
+    incremental: bool = True,
 ) -> AsyncGenerator:
     """The events of one submission; cancels it if the client leaves or the caller stops.
-    Each finished output is counted in `metrics`."""
+    Each finished output is counted in `metrics`. Streamed chunks are increments, or the
+    whole output so far unless `incremental`."""
     aio = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
@@ -66,7 +73,7 @@ async def _events(
         except RuntimeError:  # the event loop is closed: nobody is listening
             pass
 
-    sub = Submission(kwargs, sink, stream)
+    sub = Submission(kwargs, sink, stream, incremental=incremental)
     loop.submit(sub)
     remaining: int | None = None  # outputs still to come; None until the "start" event
     try:
@@ -97,6 +104,24 @@ async def _events(
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(oai.error_body(message, param, status), status_code=status)
+
+
+def _status(out: dict[str, Any]) -> int:
+    """The HTTP status of an output with `error`: its abort's status_code (500: it failed
+    inside a step; 400: the engine rejected it), 400 where it names none."""
+    reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+    code = reason.get("status_code")
+    return code if isinstance(code, int) and 400 <= code < 600 else 400
+
+
+def _failed(outs: list[dict[str, Any]], min_status: int = 400) -> JSONResponse | None:
+    """The error response of a call whose outputs include an error entry of at least
+    `min_status` (the worst status wins), or None."""
+    bad = [o for o in outs if "error" in o and _status(o) >= min_status]
+    if not bad:
+        return None
+    worst = max(bad, key=_status)
+    return _error(_status(worst), worst["error"])
 
 
 def _sse(payload: Any) -> str:
@@ -139,16 +164,19 @@ def _include_usage(body: dict[str, Any]) -> bool:
 
 
 def create_app(
-    loop: EngineLoop, model_name: str, incremental_streaming_output: bool = False
+    loop: EngineLoop, model_name: str, incremental_streaming_output: bool | None = None
 ) -> FastAPI:
     """The FastAPI app serving `loop`'s engine under the name `model_name`.
 
     incremental_streaming_output : /generate streams send only what is new in each event
-        (SGLang's --incremental-streaming-output); by default each event holds the whole text
-        and output_ids so far, as SGLang's do.
+        (SGLang's --incremental-streaming-output); otherwise each event holds the whole text
+        and output_ids so far, as SGLang's do. None: the engine's ServerArgs field of that name.
     """
     app = FastAPI(title="srt")
     engine = loop.engine
+    incremental = incremental_streaming_output
+    if incremental is None:
+        incremental = bool(engine.server_args.incremental_streaming_output)
     metrics = ServerMetrics(model_name)
     vocab_size = _vocab_size(engine)
 
@@ -185,7 +213,7 @@ def create_app(
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def get_server_info() -> JSONResponse:
-        return JSONResponse(server_info(engine))
+        return JSONResponse(engine.get_server_info())
 
     @app.get("/metrics")
     async def get_metrics() -> Response:
@@ -214,7 +242,7 @@ def create_app(
             }
             kwargs.update({k: body[k] for k in LOGPROB_ARGS[1:] if body.get(k) is not None})
             stream = bool(body.get("stream"))
-            events = _events(loop, request, kwargs, stream, metrics)
+            events = _events(loop, request, kwargs, stream, metrics, incremental)
             start = await _first(events)
         except BadRequest as e:
             return _error(400, str(e), e.param)
@@ -226,16 +254,21 @@ def create_app(
                 outs = await _collect(events, start)
             except _Failed as e:
                 return _error(e.status, str(e))
+            # a request that failed inside a step: 500, as SGLang (an entry the engine
+            # rejected stays an entry of the list; a single one was a 400 already)
+            failed = _failed(outs, min_status=500)
+            if failed is not None:
+                return failed
             return JSONResponse(outs[0] if single else outs)
 
         async def native_stream() -> AsyncIterator[str]:
-            accs = [StreamAccumulator() for _ in range(start[1])]
+            ended: set[int] = set()  # outputs whose last chunk was sent
             try:
                 async for kind, i, out in events:
                     if kind == "chunk":
-                        whole, new = accs[i].add(out)
-                        out = new if incremental_streaming_output else whole
-                    elif "error" not in out:
+                        if out["meta_info"]["finish_reason"] is not None:
+                            ended.add(i)
+                    elif i in ended or "error" not in out:
                         continue  # its last chunk had it all
                     yield _sse(out if single else {**out, "index": i})
             except _Failed as e:
@@ -274,9 +307,9 @@ def create_app(
                 outs = await _collect(events, start)
             except _Failed as e:
                 return _error(e.status, str(e))
-            bad = next((o for o in outs if "error" in o), None)
-            if bad is not None:
-                return _error(400, bad["error"])
+            failed = _failed(outs)
+            if failed is not None:
+                return failed
             build = oai.chat_response if chat else oai.completion_response
             return JSONResponse(
                 oai_lp.add_logprobs(build(rid, model, outs, n), outs, chat, echo, n)
@@ -284,21 +317,23 @@ def create_app(
 
         async def openai_stream() -> AsyncIterator[str]:
             finals: dict[int, dict[str, Any]] = {}
-            accs = [StreamAccumulator() for _ in range(start[1])]
+            failed: set[int] = set()  # choices whose error event was sent
             lp_stream = oai_lp.StreamLogprobs(chat, echo, n)
             if chat:
                 for i in range(start[1]):
                     yield _sse(oai.stream_chunk(rid, model, True, i, None, None))
             try:
-                async for kind, index, out in events:
+                async for kind, index, out in events:  # chunks: increments (the default)
+                    if "error" in out:  # rejected, or failed inside a step: SGLang's error
+                        if index not in failed:  # event in place of the choice's chunk
+                            failed.add(index)
+                            yield _sse(oai.error_body(out["error"], code=_status(out)))
                     if kind == "final":
                         finals[index] = out
-                        if "error" in out:
-                            yield _sse(oai.error_body(out["error"]))
+                    if kind == "final" or "error" in out:
                         continue
-                    new = accs[index].add(out)[1]
                     reason = oai.finish_reason(out["meta_info"]["finish_reason"])
-                    text = new.get("text", "")
+                    text = out.get("text", "")
                     payload = oai.stream_chunk(rid, model, chat, index, text, reason)
                     yield _sse(lp_stream.fill(payload, out))
             except _Failed as e:
@@ -338,8 +373,8 @@ class ServerThread:
 
     Parameters
     ----------
-    engine : the Engine to serve (an EngineLoop is started for it; `close` stops both but
-        leaves the engine to its owner).
+    engine : the Engine to serve (through its EngineLoop, which `close` stops with the server;
+        the engine is left to its owner).
     host, port : where to listen; port 0 picks a free port (see `url`).
     model_name : the name /v1/models reports.
     incremental_streaming_output : see `create_app`.
@@ -351,11 +386,11 @@ class ServerThread:
         host: str = "127.0.0.1",
         port: int = 0,
         model_name: str = "default",
-        incremental_streaming_output: bool = False,
+        incremental_streaming_output: bool | None = None,
     ) -> None:
         import uvicorn
 
-        self.loop = EngineLoop(engine)
+        self.loop = engine.engine_loop()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))

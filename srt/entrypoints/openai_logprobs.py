@@ -92,16 +92,16 @@ def _top_dict(row: list | None) -> dict[str, float] | None:
 
 
 def completion_logprobs(
-    meta: dict[str, Any], with_input: bool, new_from: int = 0, text_offset: int = 0
+    meta: dict[str, Any], with_input: bool, text_offset: int = 0
 ) -> dict[str, Any]:
-    """A completions choice's `logprobs` from meta_info (prompt tokens too with_input; output
-    entries from new_from on; text offsets counted from text_offset)."""
+    """A completions choice's `logprobs` from meta_info (prompt tokens too with_input; text
+    offsets counted from text_offset)."""
     entries = list(meta.get("input_token_logprobs") or []) if with_input else []
-    entries += list(meta.get("output_token_logprobs") or [])[new_from:]
+    entries += list(meta.get("output_token_logprobs") or [])
     tops: list = []
     if "output_top_logprobs" in meta:
         tops = list(meta.get("input_top_logprobs") or []) if with_input else []
-        tops += list(meta["output_top_logprobs"])[new_from:]
+        tops += list(meta["output_top_logprobs"])
     offsets = []
     for entry in entries:
         offsets.append(text_offset)
@@ -119,10 +119,10 @@ def _chat_entry(entry: Any) -> dict[str, Any]:
     return {"token": text, "logprob": entry[0], "bytes": list(text.encode("utf-8"))}
 
 
-def chat_logprobs(meta: dict[str, Any], new_from: int = 0) -> dict[str, Any]:
-    """A chat choice's `logprobs` ({"content": [...]}) from meta_info (entries from new_from)."""
-    entries = list(meta.get("output_token_logprobs") or [])[new_from:]
-    tops = list(meta.get("output_top_logprobs") or [])[new_from:]
+def chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
+    """A chat choice's `logprobs` ({"content": [...]}) from meta_info."""
+    entries = list(meta.get("output_token_logprobs") or [])
+    tops = list(meta.get("output_top_logprobs") or [])
     content = []
     for i, entry in enumerate(entries):
         item = _chat_entry(entry)
@@ -154,38 +154,34 @@ def add_logprobs(
 
 
 class StreamLogprobs:
-    """Per-choice state of a streamed response: the logprob entries and text sent so far.
+    """Per-choice state of a streamed response: the echo sent, the text offset so far.
 
-    A chunk's meta_info may list its own new output entries or all of them so far; both are
-    read right (the list is cumulative when it is as long as completion_tokens).
+    Fed the engine's incremental chunks (the server asks for them): a chunk's meta_info lists
+    only its own new output entries.
     """
 
     def __init__(self, chat: bool, echo: list[str] | None, n: int) -> None:
         self.chat, self.echo, self.n = chat, echo, n
-        self.sent: dict[int, int] = {}  # choice index -> output entries sent
+        self.started: set[int] = set()  # choice indices with a chunk sent
         self.offset: dict[int, int] = {}  # choice index -> characters sent (completions)
 
     def fill(self, payload: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
         """Add the logprobs (and, first, the echo) of chunk `out` to its SSE payload."""
         choice = payload["choices"][0]
         index = choice["index"]
-        first = index not in self.sent
+        first = index not in self.started
+        self.started.add(index)
         meta = out.get("meta_info", {})
         if first and self.echo is not None:
             choice["text"] = self.echo[index // self.n] + (choice.get("text") or "")
-        sent = self.sent.get(index, 0)
-        lps = meta.get("output_token_logprobs")
-        if lps is not None:
-            cumulative = len(lps) == meta.get("completion_tokens", -1)
-            new_from = sent if cumulative else 0
-            if self.chat:
-                choice["logprobs"] = chat_logprobs(meta, new_from)
-            else:
-                with_input = first and self.echo is not None
-                got = completion_logprobs(meta, with_input, new_from, self.offset.get(index, 0))
-                choice["logprobs"] = got
-                if got["tokens"]:
-                    self.offset[index] = got["text_offset"][-1] + len(got["tokens"][-1])
-            sent = (len(lps) if cumulative else sent + len(lps)) if lps else sent
-        self.sent[index] = sent
+        if meta.get("output_token_logprobs") is None:
+            return payload
+        if self.chat:
+            choice["logprobs"] = chat_logprobs(meta)
+        else:
+            with_input = first and self.echo is not None
+            got = completion_logprobs(meta, with_input, self.offset.get(index, 0))
+            choice["logprobs"] = got
+            if got["tokens"]:
+                self.offset[index] = got["text_offset"][-1] + len(got["tokens"][-1])
         return payload

@@ -4,6 +4,8 @@ Format as SGLang's: `text` (with a tokenizer), `output_ids`, `meta_info` (`id` a
 `finish_reason`, `prompt_tokens`, `completion_tokens`, `cached_tokens`, `e2e_latency`, plus
 `truncation` when allow_auto_truncate cut the request), `output_token_logprobs` on request
 (and SGLang's logprob fields in meta_info: srt/entrypoints/logprob_io.py).
+A request that failed alone inside a step also has `error` (its finish reason is abort with the
+message and status_code 500; its tokens so far are kept).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ class RequestError:
     ----------
     rid : the id it would have had.
     error : the ValueError / TypeError raised while checking it.
+    index : the position of its prompt in the call (0 for a single prompt).
     """
 
     rid: str
     error: Exception
+    index: int = 0
 
     @property
     def message(self) -> str:
@@ -78,6 +82,8 @@ def final_output(req: Req, tokenizer: Any) -> dict[str, Any]:
         out["output_token_logprobs"] = list(req.output_token_logprobs)
         meta.update(logprob_meta(req, tokenizer))
     out["meta_info"] = meta
+    if req.error is not None:
+        out["error"] = req.finished_reason["message"] if req.finished_reason else str(req.error)
     return out
 
 
@@ -98,16 +104,21 @@ def error_output(err: RequestError, with_text: bool) -> dict[str, Any]:
 
 
 class StreamState:
-    """Turns a running request into incremental chunks (new ids and new text per step).
+    """Turns a running request into streamed chunks, one per step that produced something.
+
+    Cumulative by default, as SGLang's streams: each chunk has every output id and the whole
+    text so far (`incremental_streaming_output=False`). With `incremental`, a chunk has only
+    the ids and the text added since the previous one.
 
     Text that could still change is held back: a trailing partial UTF-8 character, and, while
     the request has stop strings, the last (longest stop string - 1) characters, so a stop
     string is never streamed before it is cut.
     """
 
-    def __init__(self, req: Req, tokenizer: Any) -> None:
+    def __init__(self, req: Req, tokenizer: Any, incremental: bool = False) -> None:
         self.req = req
         self.tokenizer = tokenizer
+        self.incremental = incremental
         self.sent_ids = 0
         self.sent_chars = 0
         self.done = False
@@ -123,19 +134,23 @@ class StreamState:
         return text
 
     def next_chunk(self) -> dict[str, Any] | None:
-        """The increment since the last call, or None if there is nothing new."""
+        """The output so far (or, incremental, what is new since the last call), or None if
+        there is nothing new."""
         req = self.req
         if self.done or (len(req.output_ids) == self.sent_ids and not req.finished):
             return None
-        chunk: dict[str, Any] = {"output_ids": req.output_ids[self.sent_ids :]}
+        start = self.sent_ids if self.incremental else 0
+        chunk: dict[str, Any] = {"output_ids": req.output_ids[start:]}
         if self.tokenizer is not None:
             text = self._visible_text()
-            chunk["text"] = text[self.sent_chars :]
+            chunk["text"] = text[self.sent_chars :] if self.incremental else text
             self.sent_chars = max(self.sent_chars, len(text))
         meta = meta_info(req)
+        if req.error is not None and req.finished_reason:
+            chunk["error"] = req.finished_reason["message"]
         if req.return_logprob:
-            chunk["output_token_logprobs"] = req.output_token_logprobs[self.sent_ids :]
-            meta.update(logprob_meta(req, self.tokenizer, out_start=self.sent_ids))
+            chunk["output_token_logprobs"] = req.output_token_logprobs[start:]
+            meta.update(logprob_meta(req, self.tokenizer, out_start=start))
         chunk["meta_info"] = meta
         self.sent_ids = len(req.output_ids)
         self.done = req.finished

@@ -84,9 +84,19 @@ def prompt_token_ids(tokenizer: Any, text: str) -> tuple[str, list[int]]:
     return text, list(tokenizer(text)["input_ids"])
 
 
+def _error_of(out: dict[str, Any]) -> str:
+    """An error entry's message: a rejected request's ValueError, or a request that failed
+    alone inside a step (status 500, its message names the exception)."""
+    reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+    if (reason.get("status_code") or 400) >= 500:
+        return f"failed inside the engine: {out['error']}"
+    return f"ValueError: {out['error']}"
+
+
 def _completions_of(engine: Any, outputs: Any, n: int) -> list[Completion]:
-    """One Completion per output: its text, or, for a per-request error entry (a list generate
-    returns one for a request it rejects and runs the others), that error."""
+    """One Completion per output: its text, or, for a per-request error entry (a request the
+    engine rejected, or one that failed alone inside a step while the others ran), that
+    error: an error row, never a text to score."""
     if isinstance(outputs, dict):  # a single request may come back unwrapped
         outputs = [outputs]
     if len(outputs) != n:
@@ -94,7 +104,7 @@ def _completions_of(engine: Any, outputs: Any, n: int) -> list[Completion]:
     done = []
     for out in outputs:
         if out.get("error") is not None:
-            done.append(Completion(None, f"ValueError: {out['error']}"))
+            done.append(Completion(None, _error_of(out)))
             continue
         text = out.get("text")
         if text is None:

@@ -78,6 +78,8 @@ class Req:
     created_time: float = 0.0  # time.perf_counter() when the request was made
     finished_time: float = 0.0  # when the scheduler finished it (0.0 while running)
     meta: dict[str, Any] = field(default_factory=dict)  # extra meta_info (e.g. truncation)
+    # The exception that failed this request alone inside a step (finish reason "abort").
+    error: BaseException | None = None
 
     @property
     def finished(self) -> bool:
@@ -211,6 +213,26 @@ class ScheduleBatch:
         finally:
             if row is not None:
                 self.req_to_token_pool.free(row)
+
+    def truncate_kv(self, req: Req, kv_len: int) -> None:
+        """Give back the KV pages of the request's tokens from `kv_len` on (those a failed step
+        took); 0 frees everything, as free_req. Host data only, no device read."""
+        if kv_len <= 0:
+            self.free_req(req)
+            return
+        if req.kv_len <= kv_len:
+            return
+        ps = self.page_size
+        keep = pages_needed(kv_len, ps)
+        pages, req.kv_pages = req.kv_pages[keep:], req.kv_pages[:keep]
+        req.kv_len = kv_len
+        # window pages cover token pages swa_page_start, swa_page_start + 1, ...
+        n_swa = max(0, keep - req.swa_page_start)
+        swa_pages, req.swa_pages = req.swa_pages[n_swa:], req.swa_pages[:n_swa]
+        if swa_pages:
+            self._free_swa_pages(swa_pages, pages[: len(swa_pages)])
+        if pages:
+            self.allocator.free(torch.tensor(pages, dtype=torch.int64) * ps)
 
     def _free_swa_pages(self, swa_pages: list[int], full_pages: list[int]) -> None:
         """Free window pages; the tokens of the matching full pages lose their window slots."""

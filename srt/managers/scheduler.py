@@ -22,18 +22,28 @@ of step N + 1; one that stops on a token at step N has run one step more, whose 
 dropped (a sampled one has drawn from its generator once more, which nothing reads again).
 Greedy and sampled requests without penalties, logit_bias or logprobs, at TP 1 and with no
 request waiting to be admitted.
+
+Isolation: a step that raises an Exception is undone (every request restored from its
+`ReqSnapshot`, the KV slots the step took given back) and retried in halves, down to single
+requests: a request whose step still fails is finished alone (finish reason abort with the
+message and status 500, `Req.error` set, its memory freed), and the others' tokens are those
+of a step without it. A failed overlapped launch falls back to the step-by-step decode.
+Anything else (KeyboardInterrupt, a failure while undoing) propagates: the caller aborts all.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from srt.distributed import tensor_model_parallel_broadcast
+from srt.managers.inflight_step import InFlightStep
+from srt.managers.req_snapshot import ReqSnapshot
 from srt.managers.schedule_batch import Req, ScheduleBatch, pages_needed
 from srt.managers.scheduler_logprobs import (
     prefill_logits,
@@ -47,6 +57,8 @@ from srt.sampling.logit_bias import apply_logit_bias
 from srt.sampling.logprobs import OutputLogprob, output_logprobs
 from srt.sampling.penalties import PenaltyInputs, apply_penalties
 from srt.sampling.sampler import sample, step_seed
+
+logger = logging.getLogger(__name__)
 
 
 def _penalty_inputs(req: Req) -> PenaltyInputs:
@@ -96,31 +108,6 @@ def _ends_by_length(req: Req) -> bool:
     return bool(req.max_total_len) and len(req.origin_input_ids) + n >= req.max_total_len
 
 
-@dataclass
-class _InFlight:
-    """A decode step launched and not yet read back (the overlapped decode)."""
-
-    reqs: list[Req]  # its batch, in row order
-    ids: torch.Tensor  # int64 [B] on the device: its tokens (the next step feeds them)
-    host: torch.Tensor  # int64 [B] on the host (pinned on CUDA): the same, once `done`
-    done: torch.cuda.Event | None  # recorded once the tokens' way to `host` is queued
-    queued: bool = False  # whether that way (a copy, or the next step's table kernel) is queued
-
-    def queue_copy(self) -> None:
-        """Queue the tokens' copy to host (before anything overwrites `ids`), unless queued."""
-        if not self.queued:
-            self.host.copy_(self.ids, non_blocking=self.done is not None)
-            if self.done is not None:
-                self.done.record()
-            self.queued = True
-
-    def tokens(self) -> list[int]:
-        self.queue_copy()
-        if self.done is not None:
-            self.done.synchronize()  # this step only: the next one keeps running
-        return self.host.tolist()
-
-
 class Scheduler:
     """Runs requests to completion on a ModelRunner.
 
@@ -156,7 +143,7 @@ class Scheduler:
             and hasattr(model_runner, "greedy_ids_device")
             and not getattr(args, "disable_overlap_schedule", True)
         )
-        self._inflight: _InFlight | None = None
+        self._inflight: InFlightStep | None = None
         if self.overlap and self.is_swa:  # evictions' mapping resets ride on the next step
             self.batch.token_to_kv_pool.defer_mapping_resets = True
         if self.overlap:  # two host buffers of tokens: step N's is read while N + 1 writes
@@ -200,6 +187,12 @@ class Scheduler:
                 )
 
     def add_request(self, req: Req) -> None:
+        """Queue a request (ValueError, nothing queued, if it has no prompt token, already
+        holds memory or could never fit)."""
+        if not req.origin_input_ids:
+            raise ValueError(f"request {req.rid} has no input tokens")
+        if req.finished or req.req_pool_idx is not None or req.kv_pages:
+            raise ValueError(f"request {req.rid} was already run (finished or holding memory)")
         self.check_fits(req)
         if req.sampling_params.max_new_tokens == 0 and not wants_input_logprobs(req):
             # nothing to generate (or score): done at once
@@ -296,7 +289,7 @@ class Scheduler:
         return self.overlap and not self.waiting and all(_plain(r) for r in reqs)
 
     def _launch_decode(
-        self, reqs: list[Req], input_ids: torch.Tensor | None, prev: _InFlight | None = None
+        self, reqs: list[Req], input_ids: torch.Tensor | None, prev: InFlightStep | None = None
     ) -> None:
         """Prepare and launch a decode step of reqs; its tokens are read by the next step.
 
@@ -324,7 +317,22 @@ class Scheduler:
         i, self._buf_i = self._buf_i, self._buf_i ^ 1
         host = self._token_bufs[i][: len(reqs)]
         done = self._events[i] if self._events is not None else None
-        self._inflight = _InFlight(reqs, ids, host, done)
+        self._inflight = InFlightStep(reqs, ids, host, done)
+
+    def _try_launch(
+        self, reqs: list[Req], input_ids: torch.Tensor | None, prev: InFlightStep | None = None
+    ) -> bool:
+        """`_launch_decode`; on an Exception the requests are restored and False returned (the
+        next step then runs them step by step, isolating the failure)."""
+        snaps = [ReqSnapshot.take(r) for r in reqs]
+        try:
+            self._launch_decode(reqs, input_ids, prev)
+            return True
+        except Exception:  # noqa: BLE001 - retried step by step, where it is isolated
+            logger.warning("an overlapped decode launch failed; retrying step by step")
+            for snap in snaps:
+                snap.restore(self.batch)
+            return False
 
     def _step_inflight(self, finished: list[Req]) -> None:
         """Launch the next decode step (if it may go), then read the in-flight one's tokens."""
@@ -338,8 +346,8 @@ class Scheduler:
                 inf.queue_copy()  # every row's token, before the next step's graph runs
                 rows = upload(torch.tensor(keep, dtype=torch.int64), ids.device)
                 ids = ids.index_select(0, rows)
-            self._launch_decode(nxt, ids, inf)
-            self.num_overlapped_steps += 1
+            if self._try_launch(nxt, ids, inf):
+                self.num_overlapped_steps += 1
         for req, tok in zip(inf.reqs, inf.tokens(), strict=True):
             if req.finished:  # aborted while its step ran: the token is dropped
                 continue
@@ -360,6 +368,52 @@ class Scheduler:
         if not still and self._inflight is None and self.is_swa:  # idle: the mapping is current
             self.batch.token_to_kv_pool.flush_mapping_resets()
 
+    # ---- isolation ----
+    def _prefill(self, reqs: list[Req]) -> None:
+        fb = self.batch.prepare_for_extend(reqs)
+        logits = prefill_logits(self.runner, fb, reqs)  # [B, V] last-position logits
+        self.num_prefill_steps += 1
+        self._sample_and_append(reqs, logits)
+
+    def _decode(self, reqs: list[Req]) -> None:
+        fb = self.batch.prepare_for_decode(reqs)
+        logits = self.runner.forward(fb)  # [B, V]
+        self.num_decode_steps += 1
+        self._sample_and_append(reqs, logits)
+
+    def _isolated(self, reqs: list[Req], run: Callable[[list[Req]], None]) -> None:
+        """run(reqs), one step; if it raises, undo it and retry each half, so that only the
+        requests whose own step fails are failed (see the module docstring)."""
+        snaps = [ReqSnapshot.take(r) for r in reqs]
+        try:
+            run(reqs)
+            return
+        except Exception as e:  # noqa: BLE001 - isolated below
+            error = e
+        for snap in snaps:
+            snap.restore(self.batch)
+        if len(reqs) == 1:
+            self._fail(reqs[0], error)
+            return
+        half = len(reqs) // 2
+        self._isolated(reqs[:half], run)
+        self._isolated(reqs[half:], run)
+
+    def _fail(self, req: Req, error: Exception) -> None:
+        """Finish one request whose step failed on its own (its memory is freed here)."""
+        logger.error(
+            "request %s failed inside a step and was dropped alone: %s: %s",
+            req.rid,
+            type(error).__name__,
+            error,
+            exc_info=error,
+        )
+        self.batch.free_req(req)
+        req.error = error
+        message = f"{type(error).__name__}: {error}"
+        req.finished_reason = {"type": "abort", "message": message, "status_code": 500}
+        req.finished_time = time.perf_counter()
+
     def step(self) -> list[Req]:
         """One prefill or decode step. Returns the requests that finished in it.
 
@@ -372,19 +426,12 @@ class Scheduler:
         new = self._admit()
         if new:
             self.running.extend(new)  # from here on they hold memory (abort_all frees it)
-            fb = self.batch.prepare_for_extend(new)
-            logits = prefill_logits(self.runner, fb, new)  # [B, V] last-position logits
-            self.num_prefill_steps += 1
-            self._sample_and_append(new, logits)
+            self._isolated(new, self._prefill)
         elif self.running:
-            reqs = self.running
-            if self._overlappable(reqs):
-                self._launch_decode(reqs, None)  # read back by the next call
-                return finished
-            fb = self.batch.prepare_for_decode(reqs)
-            logits = self.runner.forward(fb)  # [B, V]
-            self.num_decode_steps += 1
-            self._sample_and_append(reqs, logits)
+            reqs = list(self.running)
+            if self._overlappable(reqs) and self._try_launch(reqs, None):
+                return finished  # read back by the next call
+            self._isolated(reqs, self._decode)
         elif self.waiting:
             raise RuntimeError("no running request and the first waiting one cannot be admitted")
         else:
@@ -434,6 +481,13 @@ class Scheduler:
                 req.finished_reason = {"type": "abort"}
                 return req
         return None
+
+    def holds(self, req: Req) -> bool:
+        """Whether a pending step still references the request (an overlapped decode step in
+        flight, or the finished-at-once list): it is not done with, though its memory may be
+        free already (a finished or aborted request's is)."""
+        inflight = self._inflight.reqs if self._inflight is not None else ()
+        return any(r is req for r in inflight) or any(r is req for r in self.finished_early)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.finished_early or self._inflight)

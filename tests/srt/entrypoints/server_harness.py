@@ -18,9 +18,11 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 TIMEOUT_S = 120
 
 
-def start_server(**server_kwargs: Any) -> ServerThread:
-    """The embedded tiny model on CPU behind a ServerThread (skips without the tokenizer)."""
-    eng = srt.Engine(device="cpu", max_total_tokens=4096, max_running_requests=16)
+def start_server(engine_kwargs: dict[str, Any] | None = None, **server_kwargs: Any) -> ServerThread:
+    """The embedded tiny model on CPU (more Engine arguments in engine_kwargs) behind a
+    ServerThread (skips without the tokenizer)."""
+    kw: dict[str, Any] = dict(device="cpu", max_total_tokens=4096, max_running_requests=16)
+    eng = srt.Engine(**{**kw, **(engine_kwargs or {})})
     if eng.tokenizer is None:
         eng.shutdown()
         pytest.skip("tiny tokenizer not shipped")

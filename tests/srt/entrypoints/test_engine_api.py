@@ -74,22 +74,34 @@ def test_allow_auto_truncate_caps_and_reports(make_engine):
         ({"top_k": 2.5}, ValueError, "top_k must be an integer"),
         ({"top_k": "0.5"}, TypeError, "top_k must be an int"),
         ({"repetition_penalty": math.nan}, ValueError, "repetition_penalty"),
+        ({"repetition_penalty": 1e-300}, ValueError, "repetition_penalty=1e-300 underflows"),
+        ({"temperature": 1e39}, ValueError, "temperature=1e\\+39 overflows"),
+        ({"stop_token_ids": {"a": 1}}, TypeError, "stop_token_ids must be an int or a list"),
+        ({"seed": 2**64}, ValueError, "sampling_seed must be in"),
+        ({"n": 1000}, ValueError, "n must be in \\[1, 128\\]"),
     ],
 )
-def test_bad_request_in_a_batch_fails_alone(make_engine, bad, exc, match):
+def test_bad_request_in_a_batch_refuses_the_call_before_any_runs(make_engine, bad, exc, match):
+    """Issue 50: every request is checked before any is scheduled; the call raises naming the
+    bad request's index (what srt/eval/engine_io.py expects: it retries one by one)."""
     eng = make_engine()
     start = _free(eng)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     params = [dict(GREEDY, max_new_tokens=4), dict(GREEDY, **bad), dict(GREEDY, max_new_tokens=6)]
-    outs = eng.generate(input_ids=prompts, sampling_params=params)
-    assert [len(o["output_ids"]) for o in outs] == [4, 0, 6]
-    assert "error" not in outs[0] and "error" not in outs[2]
-    assert match.split()[0] in outs[1]["error"]
-    assert outs[1]["meta_info"]["finish_reason"]["type"] == "abort"
-    alone = eng.generate(input_ids=prompts[2], sampling_params=params[2])
-    assert alone["output_ids"] == outs[2]["output_ids"]
-    with pytest.raises(exc, match=match):  # a single bad request raises
+    steps = eng.scheduler.num_prefill_steps
+    with pytest.raises(exc, match="request 1: " + match) as e:
+        eng.generate(input_ids=prompts, sampling_params=params)
+    assert "\n" not in str(e.value)
+    with pytest.raises(exc, match="request 1: " + match):
+        list(eng.generate(input_ids=prompts, sampling_params=params, stream=True))
+    with pytest.raises(exc, match="request 1: " + match):
+        asyncio.run(eng.async_generate(input_ids=prompts, sampling_params=params))
+    assert eng.scheduler.num_prefill_steps == steps  # nothing ran
+    with pytest.raises(exc, match=match) as e:  # a single bad request raises its own error
         eng.generate(input_ids=prompts[1], sampling_params=params[1])
+    assert "request 1" not in str(e.value)
+    good = eng.generate(input_ids=[prompts[0], prompts[2]], sampling_params=[params[0], params[2]])
+    assert [len(o["output_ids"]) for o in good] == [4, 6]
     assert _free(eng) == start and not eng.scheduler.has_work()
 
 
@@ -99,8 +111,19 @@ def test_input_ids_must_be_ints(make_engine, ids, name):
     with pytest.raises(TypeError, match=f"input_ids must be ints, got {name}") as e:
         eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 2})
     assert "\n" not in str(e.value)
-    outs = eng.generate(input_ids=[[1, 2], ids], sampling_params=dict(GREEDY, max_new_tokens=2))
-    assert len(outs[0]["output_ids"]) == 2 and "input_ids must be ints" in outs[1]["error"]
+    with pytest.raises(TypeError, match=f"request 1: input_ids must be ints, got {name}"):
+        eng.generate(input_ids=[[1, 2], ids], sampling_params=dict(GREEDY, max_new_tokens=2))
+
+
+def test_make_requests_keeps_per_request_errors(make_engine):
+    """The HTTP loop builds with make_requests: a bad request is a RequestError in its place."""
+    eng = make_engine()
+    batch = eng.make_requests(
+        input_ids=[[1, 2], [3]],
+        sampling_params=[dict(GREEDY, max_new_tokens=2), dict(GREEDY, temperature=math.nan)],
+    )
+    assert [type(x).__name__ for x in batch.items] == ["Req", "RequestError"]
+    assert batch.items[1].index == 1 and "temperature" in eng.output(batch.items[1])["error"]
 
 
 def test_meta_info_ids_and_latency(make_engine):
@@ -182,12 +205,15 @@ def test_stream_chunks_add_up_and_close_frees(make_engine):
     got = {0: [], 1: [], 2: []}
     last = {}
     for chunk in eng.generate(input_ids=prompts, sampling_params=sp, stream=True):
-        got[chunk["index"]] += chunk["output_ids"]
-        last[chunk["index"]] = chunk["meta_info"]["finish_reason"]
+        i = chunk["index"]
+        assert chunk["output_ids"][: len(got[i])] == got[i]  # cumulative (SGLang's default)
+        got[i] = chunk["output_ids"]
+        last[i] = chunk["meta_info"]["finish_reason"]
     assert [got[i] for i in range(3)] == [o["output_ids"] for o in full]
     assert all(last[i]["type"] == "length" for i in range(3))
     single = list(eng.generate(input_ids=[5, 6, 7], sampling_params=sp[0], stream=True))
     assert "index" not in single[0] and single[-1]["meta_info"]["completion_tokens"] == 5
+    assert single[-1]["output_ids"] == full[0]["output_ids"]
     it = eng.generate(
         input_ids=prompts, sampling_params=dict(GREEDY, max_new_tokens=50), stream=True
     )
@@ -216,7 +242,20 @@ def test_async_generate(make_engine):
 
     out, chunks = asyncio.run(run())
     assert out["output_ids"] == ref["output_ids"]
-    assert [t for c in chunks for t in c["output_ids"]] == ref["output_ids"]
+    assert chunks[-1]["output_ids"] == ref["output_ids"]  # cumulative chunks
+    assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4]
+
+
+def test_incremental_streaming_output(make_engine):
+    """SGLang's incremental_streaming_output: each chunk has only what is new."""
+    eng = make_engine(incremental_streaming_output=True)
+    sp = dict(GREEDY, max_new_tokens=5)
+    ref = eng.generate(input_ids=[[1, 2, 3], [4]], sampling_params=sp)
+    got: dict[int, list[int]] = {0: [], 1: []}
+    for chunk in eng.generate(input_ids=[[1, 2, 3], [4]], sampling_params=sp, stream=True):
+        assert len(chunk["output_ids"]) == 1
+        got[chunk["index"]] += chunk["output_ids"]
+    assert [got[0], got[1]] == [o["output_ids"] for o in ref]
 
 
 def test_log_level(make_engine):
@@ -233,24 +272,31 @@ def test_log_level(make_engine):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_engine_loop_thread_replays_cuda_graphs_like_generate():
-    """The server's loop thread replays graphs captured on the main thread: same tokens."""
+    """The engine's loop thread (the one generate and the server submit to) replays graphs
+    captured on the main thread as the main thread does: same tokens, streamed or whole."""
     import queue
 
-    from srt.entrypoints.engine_loop import EngineLoop, Submission
+    from srt.entrypoints.engine_loop import Submission
 
     eng = srt.Engine(device="cuda", dtype="float32", max_total_tokens=8192, cuda_graph_max_bs=8)
     try:
         assert eng.model_runner.cuda_graph_runner is not None
         prompts = [[5 + i] * (3 + 5 * i) for i in range(6)]
         sp = dict(GREEDY, max_new_tokens=12)
-        ref = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sp)]
-        loop = EngineLoop(eng)
+        reqs = eng.make_requests(input_ids=prompts, sampling_params=sp).reqs
+        for r in reqs:  # the reference: the scheduler driven on this (the capturing) thread
+            eng.scheduler.add_request(r)
+        eng.scheduler.run_until_idle()
+        ref = [r.output_ids for r in reqs]
+        assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sp)] == ref
+        loop = eng.engine_loop()  # the one generate ran on, as the HTTP server's
         events: queue.Queue = queue.Queue()
         try:
             subs = []
             for i, p in enumerate(prompts):
                 sink = lambda ev, i=i: events.put((i, ev))  # noqa: E731
-                sub = Submission({"input_ids": p, "sampling_params": sp}, sink, stream=True)
+                kw = {"input_ids": p, "sampling_params": sp}
+                sub = Submission(kw, sink, stream=True, incremental=True)
                 subs.append(sub)
                 loop.submit(sub)
             got, streamed = {}, {i: [] for i in range(6)}
@@ -267,3 +313,41 @@ def test_engine_loop_thread_replays_cuda_graphs_like_generate():
         assert [streamed[i] for i in range(6)] == ref
     finally:
         eng.shutdown()
+
+
+def test_get_server_info(make_engine):
+    """SGLang's Engine.get_server_info(): server args, KV pool size, model basics, state."""
+    import json
+
+    eng = make_engine(max_running_requests=7)
+    before = eng.get_server_info()
+    assert before["max_total_tokens"] == 512 and before["page_size"] == 1
+    assert before["max_total_num_tokens"] == eng.model_runner.max_total_num_tokens
+    assert before["max_running_requests"] == 7
+    assert before["context_length"] == CTX and before["max_req_input_len"] == CTX - 1
+    assert before["model_config"]["vocab_size"] == FakeConfig.vocab_size
+    assert isinstance(before["version"], str) and before["version"]
+    state = before["internal_states"][0]
+    assert state["num_running_reqs"] == 0 and state["token_usage"] == 0.0
+    eng.generate(input_ids=[[1, 2], [3]], sampling_params=dict(GREEDY, max_new_tokens=3))
+    after = eng.get_server_info()["internal_states"][0]
+    assert after["num_prefill_steps"] > state["num_prefill_steps"]
+    assert after["available_kv_tokens"] == state["available_kv_tokens"]
+    json.dumps(after)  # JSON-serialisable, as the HTTP endpoint will send it
+    json.dumps(before)
+
+
+def test_engine_dropped_without_shutdown_is_collected(make_engine):
+    """The loop thread holds the engine weakly: a dropped engine frees its model and KV cache
+    (as before there was a loop thread), and the thread ends."""
+    import gc
+    import weakref
+
+    eng = make_engine()
+    eng.generate(input_ids=[1, 2], sampling_params=dict(GREEDY, max_new_tokens=2))
+    ref, thread = weakref.ref(eng), eng.engine_loop()._thread
+    del eng
+    gc.collect()
+    assert ref() is None
+    thread.join(timeout=10)
+    assert not thread.is_alive()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import srt
+from srt.entrypoints import engine_client
 from tests.conftest import gpu
 from tests.srt.models.hf_compare import save_hf_checkpoint
 
@@ -181,15 +182,22 @@ def test_stream_chunks_carry_the_same_logprobs(engine):
         logprob_start_len=2,
     )
     whole = engine.generate(**kw)
+    meta = whole["meta_info"]
+    # cumulative (the default): every chunk has the lists so far, the last one all of them
     chunks = list(engine.generate(**kw, stream=True))
-    got = [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]]
-    tops = [e for c in chunks for e in c["meta_info"]["output_top_logprobs"]]
-    assert got == whole["meta_info"]["output_token_logprobs"]
-    assert tops == whole["meta_info"]["output_top_logprobs"]
-    assert (
-        chunks[-1]["meta_info"]["input_token_logprobs"]
-        == (whole["meta_info"]["input_token_logprobs"])
-    )
+    assert len(chunks) == 6
+    for i, c in enumerate(chunks):
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            assert c["meta_info"][key] == meta[key][: i + 1]
+        assert c["output_token_logprobs"] == whole["output_token_logprobs"][: i + 1]
+        assert c["meta_info"]["input_token_logprobs"] == meta["input_token_logprobs"]
+    # incremental: each chunk has its own token's entries
+    batch = engine.make_requests(**kw)
+    inc = list(engine_client.stream(engine.engine_loop(), batch, incremental=True))
+    got = [e for c in inc for e in c["meta_info"]["output_token_logprobs"]]
+    tops = [e for c in inc for e in c["meta_info"]["output_top_logprobs"]]
+    assert got == meta["output_token_logprobs"] and tops == meta["output_top_logprobs"]
+    assert inc[-1]["meta_info"]["input_token_logprobs"] == meta["input_token_logprobs"]
 
 
 def test_prompt_only_scoring_with_max_new_tokens_0(engine, ckpt):
@@ -229,15 +237,21 @@ def test_bad_logprob_arguments_are_rejected_alone(engine):
         engine.generate(input_ids=prompt, sampling_params=dict(one, logit_bias={VOCAB: 1}))
     with pytest.raises(ValueError, match="2 logprob_start_len values for 3 requests"):
         engine.generate(input_ids=[prompt] * 3, sampling_params=one, logprob_start_len=[0, 1])
-    # in a batch, only the bad request fails; the others run
-    outs = engine.generate(
+    # in a batch, checked up front like every other value: the call is refused naming the
+    # first bad request, before any runs; the HTTP loop's make_requests keeps each error
+    batch3 = dict(
         input_ids=[prompt, prompt, prompt],
         sampling_params=[one, dict(one, logit_bias={"x": 1}), one],
         return_logprob=True,
         logprob_start_len=[0, 0, 9],
     )
-    assert "error" not in outs[0] and len(outs[0]["output_ids"]) == 2
-    assert "logit_bias" in outs[1]["error"] and "logprob_start_len" in outs[2]["error"]
+    steps = engine.scheduler.num_prefill_steps
+    with pytest.raises(ValueError, match="request 1: .*logit_bias"):
+        engine.generate(**batch3)
+    assert engine.scheduler.num_prefill_steps == steps
+    items = engine.make_requests(**batch3).items
+    assert [type(x).__name__ for x in items] == ["Req", "RequestError", "RequestError"]
+    assert "logit_bias" in items[1].message and "logprob_start_len" in items[2].message
 
 
 def test_logprob_text_with_the_tiny_tokenizer():

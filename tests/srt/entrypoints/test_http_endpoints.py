@@ -67,6 +67,84 @@ def test_incremental_streaming_output_option():
     assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"]
 
 
+LP_BODY = {
+    **BODY,
+    "return_logprob": True,
+    "logprob_start_len": 0,
+    "top_logprobs_num": 2,
+}
+LP_KEYS = ("output_token_logprobs", "output_top_logprobs")
+
+
+def _check_generate_streams(st, cumulative: bool) -> None:
+    """/generate streamed without and with logprobs, in the server's one mode: cumulative
+    chunks hold the whole output so far (its ids, text and per-token logprob lists), or
+    increments add up to it; either way nothing is counted twice."""
+    for body in (BODY, LP_BODY):
+        whole = httpx.post(st.url + "/generate", json=body, timeout=TIMEOUT_S).json()
+        chunks = list(sse_events(st.url + "/generate", {**body, "stream": True}))[:-1]
+        assert len(chunks) >= 2
+        meta = whole["meta_info"]
+        ids: list[int] = []
+        lists: dict[str, list] = {k: [] for k in LP_KEYS}
+        for c in chunks:
+            ids = c["output_ids"] if cumulative else ids + c["output_ids"]
+            assert len(ids) == c["meta_info"]["completion_tokens"]
+            if body is LP_BODY:
+                assert c["meta_info"]["input_token_logprobs"] == meta["input_token_logprobs"]
+                for k in LP_KEYS:
+                    got = c["meta_info"][k]
+                    lists[k] = got if cumulative else lists[k] + got
+                    assert lists[k] == meta[k][: len(ids)]
+        assert ids == whole["output_ids"]
+        if cumulative:
+            assert chunks[-1]["text"] == whole["text"]
+        else:
+            assert "".join(c["text"] for c in chunks) == whole["text"]
+
+
+def _check_openai_streams(st) -> None:
+    """OpenAI streams are increments in every server mode: the streamed text, and with
+    logprobs (and echo) the streamed tokens and logprobs, equal the whole response's."""
+    url = st.url + "/v1/completions"
+    base = {"model": "tiny", "prompt": "Hello world", "max_tokens": 6, "temperature": 0}
+    for extra in ({}, {"logprobs": 2}, {"logprobs": 1, "echo": True}):
+        body = {**base, **extra, "ignore_eos": True}
+        whole = httpx.post(url, json=body, timeout=TIMEOUT_S).json()["choices"][0]
+        chunks = list(sse_events(url, {**body, "stream": True}))[:-1]
+        assert len(chunks) >= 2
+        choices = [c["choices"][0] for c in chunks]
+        assert "".join(c["text"] for c in choices) == whole["text"]
+        if extra:
+            for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                assert [v for c in choices for v in c["logprobs"][key]] == whole["logprobs"][key]
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    chat.update(temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2)
+    url = st.url + "/v1/chat/completions"
+    whole = httpx.post(url, json=chat, timeout=TIMEOUT_S).json()["choices"][0]
+    chunks = list(sse_events(url, {**chat, "stream": True}))[:-1]
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]
+    assert "".join(d["delta"].get("content") or "" for d in deltas) == whole["message"]["content"]
+    streamed = [e for d in deltas if d.get("logprobs") for e in d["logprobs"]["content"]]
+    assert streamed == whole["logprobs"]["content"]
+
+
+def test_streams_of_the_default_cumulative_server(server):
+    _check_generate_streams(server, cumulative=True)
+    _check_openai_streams(server)
+
+
+def test_streams_of_an_incremental_engine():
+    """An engine built with incremental_streaming_output (launch_server's flag) streams
+    /generate increments; the HTTP layer follows it and OpenAI streams are unchanged."""
+    st = start_server(engine_kwargs={"incremental_streaming_output": True})
+    try:
+        _check_generate_streams(st, cumulative=False)
+        _check_openai_streams(st)
+    finally:
+        stop_server(st)
+
+
 def test_server_info_and_model_card(server):
     info = _get(server, "/get_server_info").json()
     assert info["model_path"] is None and info["device"] == "cpu"

@@ -204,11 +204,6 @@ ENGINE_POISONS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="float32 underflow of temperature / repetition_penalty is checked by the Engine-side "
-    "isolation work (SamplingParams); remove this marker once it is merged",
-)
 @pytest.mark.parametrize("body", ENGINE_POISONS)
 def test_engine_side_poisons_never_500(server, body):
     start = free_slots(server.engine)
@@ -219,4 +214,49 @@ def test_engine_side_poisons_never_500(server, body):
     t.join(TIMEOUT_S)
     assert r.status_code in (200, 400), r.text
     assert chunks[-2]["output_ids"] == solo["output_ids"]
+    wait_idle(server, start)
+
+
+MARK = 1000  # first prompt token of a request whose forward rows raise (not a text prompt's)
+
+
+def test_request_failing_inside_a_step_is_a_500_and_fails_alone(server, monkeypatch):
+    """A request that still fails inside a forward step (after the checks) fails alone: its
+    call is an HTTP 500 with the message on /generate and the OpenAI API (a stream ends with an
+    error event of code 500), while a stream running beside it keeps its solo tokens and every
+    slot comes back."""
+    start = free_slots(server.engine)
+    body = {"text": "The capital of", "sampling_params": dict(GREEDY, max_new_tokens=48)}
+    solo = _post(server, "/generate", body).json()
+    sched, runner = server.engine.scheduler, server.engine.model_runner
+    real = runner.forward
+
+    def forward(fb):
+        rows = set(fb.req_pool_indices.tolist())
+        if any(r.origin_input_ids[0] == MARK and r.req_pool_idx in rows for r in sched.running):
+            raise RuntimeError("poisoned row")
+        return real(fb)
+
+    monkeypatch.setattr(runner, "forward", forward)
+    t, chunks = _background_stream(server, body)
+    poison = [MARK, 5, 6]
+    sp = dict(GREEDY, max_new_tokens=4)
+    r = _post(server, "/generate", {"input_ids": poison, "sampling_params": sp})
+    assert r.status_code == 500 and "poisoned row" in r.json()["error"]["message"], r.text
+    r = _post(server, "/generate", {"input_ids": [[1, 2], poison], "sampling_params": sp})
+    assert r.status_code == 500 and "poisoned row" in r.json()["error"]["message"], r.text
+    completion = {"prompt": poison, "max_tokens": 4, "temperature": 0}
+    r = _post(server, "/v1/completions", completion)
+    assert r.status_code == 500 and r.json()["error"]["code"] == 500, r.text
+    assert "poisoned row" in r.json()["error"]["message"]
+    events = list(sse_events(server.url + "/v1/completions", {**completion, "stream": True}))
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 500
+    native = {"input_ids": poison, "sampling_params": sp, "stream": True}
+    events = list(sse_events(server.url + "/generate", native))
+    assert [e for e in events[:-1] if "error" in e] == [events[-2]]  # one error event, last
+    assert events[-2]["meta_info"]["finish_reason"]["status_code"] == 500
+    t.join(TIMEOUT_S)
+    assert chunks[-1] == "[DONE]" and "error" not in chunks[-2]
+    assert chunks[-2]["output_ids"] == solo["output_ids"]
+    monkeypatch.undo()
     wait_idle(server, start)

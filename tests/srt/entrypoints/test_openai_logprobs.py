@@ -84,36 +84,32 @@ def test_completion_and_chat_shapes():
     assert chat[1]["top_logprobs"][0]["bytes"] == list("é".encode())
 
 
-def _chunks(cumulative: bool):
-    """META's output streamed in two chunks, each token's entries alone or all so far."""
+def _chunks():
+    """META's output streamed in two incremental chunks (what the server asks the engine for):
+    each has its own token's entries only."""
     outs = []
     for n in (1, 2):
-        lo = 0 if cumulative else n - 1
         meta = dict(META, completion_tokens=n)
-        meta["output_token_logprobs"] = META["output_token_logprobs"][lo:n]
-        meta["output_top_logprobs"] = META["output_top_logprobs"][lo:n]
+        meta["output_token_logprobs"] = META["output_token_logprobs"][n - 1 : n]
+        meta["output_top_logprobs"] = META["output_top_logprobs"][n - 1 : n]
         outs.append({"meta_info": meta})
     return outs
 
 
 @pytest.mark.parametrize("chat", [False, True])
-def test_stream_reads_incremental_and_cumulative_chunks_alike(chat):
-    sent = {}
-    for cumulative in (False, True):
-        st = oai_lp.StreamLogprobs(chat, None if chat else ["Q"], n=1)
-        payloads = []
-        for out in _chunks(cumulative):
-            payload = {"choices": [{"index": 0, "text": "t", "logprobs": None}]}
-            payloads.append(st.fill(payload, out)["choices"][0])
-        sent[cumulative] = payloads
-    assert sent[False] == sent[True]
+def test_stream_logprobs_of_incremental_chunks(chat):
+    st = oai_lp.StreamLogprobs(chat, None if chat else ["Q"], n=1)
+    sent = []
+    for out in _chunks():
+        payload = {"choices": [{"index": 0, "text": "t", "logprobs": None}]}
+        sent.append(st.fill(payload, out)["choices"][0])
     if chat:
-        assert [e["token"] for p in sent[True] for e in p["logprobs"]["content"]] == [
+        assert [e["token"] for p in sent for e in p["logprobs"]["content"]] == [
             "d",
             "token_id:8",
         ]
     else:  # the echo and the prompt's logprobs come with the first chunk only
-        first, second = sent[True]
+        first, second = sent
         assert first["text"] == "Qt" and second["text"] == "t"
         assert first["logprobs"]["tokens"] == ["A", "bc", "d"]
         assert second["logprobs"]["tokens"] == ["token_id:8"]

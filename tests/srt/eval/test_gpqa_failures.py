@@ -112,6 +112,38 @@ def test_engine_io_reads_error_entries(tiny_tokenizer):
         generate_texts(eng, ids, {"max_new_tokens": 4}, batch_size=2)
 
 
+def test_engine_io_step_failure_is_an_error_row(monkeypatch):
+    """The real Engine (tiny model, CPU): a prompt whose forward rows raise fails alone inside
+    a step; engine_io makes it an error row naming the failure (not a ValueError, not a text
+    to score) and the others keep their solo texts."""
+    import srt
+
+    eng = srt.Engine(device="cpu", max_total_tokens=512)
+    try:
+        sp = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+        prompts = [[5, 6, 7], [1000, 4, 4], [8, 9]]
+        solo = [eng.generate(input_ids=p, sampling_params=sp)["output_ids"] for p in prompts]
+        sched, runner = eng.scheduler, eng.model_runner
+        real = runner.forward
+
+        def forward(fb):
+            rows = set(fb.req_pool_indices.tolist())
+            if any(r.origin_input_ids[0] == 1000 and r.req_pool_idx in rows for r in sched.running):
+                raise RuntimeError("poisoned row")
+            return real(fb)
+
+        monkeypatch.setattr(runner, "forward", forward)
+        done = generate_completions(eng, prompts, sp, batch_size=3)
+        assert done[1].text is None
+        assert done[1].error == "failed inside the engine: RuntimeError: poisoned row"
+        texts = [eng.tokenizer.decode(ids, skip_special_tokens=True) for ids in solo]
+        assert [done[0].text, done[2].text] == [texts[0], texts[2]]
+        with pytest.raises(ValueError, match="prompt 1 rejected: failed inside the engine"):
+            generate_texts(eng, prompts, sp, batch_size=3)
+    finally:
+        eng.shutdown()
+
+
 def test_question_over_the_context_with_the_real_engine(tmp_path, capsys):
     """The real Engine (tiny model, CPU): a question beyond the context is an error row."""
     rows = synthetic_rows(3)

@@ -142,23 +142,52 @@ def test_bad_requests_raise_before_running(make_engine):
 
 
 @pytest.mark.parametrize("fail_at", [1, 2, 4])  # first prefill, first decode, a later step
-def test_error_mid_run_frees_everything(make_engine, fail_at):
+def test_error_mid_run_is_retried_and_frees_everything(make_engine, fail_at):
     eng = make_engine(max_total_tokens=64)
     runner = eng.model_runner
+    sp = dict(GREEDY, max_new_tokens=8)
+    ref = [o["output_ids"] for o in eng.generate(input_ids=_prompts(6), sampling_params=sp)]
     real_forward, calls = runner.forward, []
 
     def flaky(fb):
         calls.append(fb.forward_mode)
-        if len(calls) == fail_at:
+        if len(calls) == fail_at or (fail_at == 4 and len(calls) > 40):
             raise RuntimeError("device lost")
         return real_forward(fb)
 
     runner.forward = flaky
-    with pytest.raises(RuntimeError, match="device lost"):
-        eng.generate(input_ids=_prompts(6), sampling_params=dict(GREEDY, max_new_tokens=8))
+    # once: the step is undone and retried in halves, nobody loses a token
+    outs = eng.generate(input_ids=_prompts(6), sampling_params=sp)
+    assert [o["output_ids"] for o in outs] == ref and not any("error" in o for o in outs)
+    if fail_at == 4:  # then on every try: each request fails alone, a single one raises
+        calls.clear()
+        calls.extend([None] * 40)
+        outs = eng.generate(input_ids=_prompts(6), sampling_params=sp)
+        assert all("device lost" in o["error"] for o in outs)
+        with pytest.raises(RuntimeError, match="device lost"):
+            eng.generate(input_ids=[1, 2], sampling_params=sp)
     assert not eng.scheduler.has_work()
     assert runner.token_to_kv_pool_allocator.available_size() == 64
     assert runner.req_to_token_pool.available_size() == runner.max_running_requests
     runner.forward = real_forward
     out = eng.generate(input_ids=[1, 2], sampling_params=dict(GREEDY, max_new_tokens=3))
     assert len(out["output_ids"]) == 3
+
+
+def test_scheduler_refuses_what_no_step_could_run(make_engine):
+    """A hand-built request with no prompt token (it failed the prefill for its whole batch)
+    or one that already ran is refused when added, and nothing is queued."""
+    from srt.managers.schedule_batch import Req
+    from srt.sampling.sampling_params import SamplingParams
+
+    eng = make_engine()
+    sched = eng.scheduler
+    with pytest.raises(ValueError, match="has no input tokens"):
+        sched.add_request(Req("empty", [], SamplingParams(max_new_tokens=2)))
+    done = eng.make_requests(input_ids=[1, 2], sampling_params=dict(GREEDY, max_new_tokens=2))
+    req = done.items[0]
+    sched.add_request(req)
+    sched.run_until_idle()
+    with pytest.raises(ValueError, match="already run"):
+        sched.add_request(req)
+    assert not sched.has_work()
