@@ -78,6 +78,10 @@ async def _async_chunks(chunks: Iterator[dict[str, Any]]) -> AsyncIterator[dict[
         chunks.close()  # type: ignore[attr-defined]
 
 
+def _shut_down(req: object) -> None:
+    raise RuntimeError("the engine is shut down")
+
+
 class Engine:
     """Offline inference engine.
 
@@ -402,6 +406,10 @@ class Engine:
             return
         runner = self.model_runner
         runner.cuda_graph_runner = None
+        # The request builder's pool check is the scheduler's bound method: drop it, or the
+        # builder keeps the scheduler, the runner, the KV pool and the graphs alive.
+        limits = dataclasses.replace(self._builder.limits, check_fits=_shut_down)
+        self._builder.limits = limits
         self.scheduler = None  # type: ignore[assignment]
         self.model_runner = None  # type: ignore[assignment]
         del runner

@@ -87,6 +87,21 @@ def test_progress_bar_for_long_batches(engine, capsys):
     assert "generate" in capsys.readouterr().err
 
 
+def test_shutdown_releases_the_runner_and_pool():
+    """After shutdown nothing keeps the model runner or the KV pool (on CUDA their memory is
+    what test_cuda_graph_engine_matches_eager_and_frees_memory measures): the request builder
+    held the scheduler's bound pool check."""
+    import gc
+    import weakref
+
+    eng = srt.Engine(device="cpu", dtype="float32", max_total_tokens=4096, skip_tokenizer_init=True)
+    runner, pool = weakref.ref(eng.model_runner), weakref.ref(eng.model_runner.token_to_kv_pool)
+    eng.generate(input_ids=[[5, 6, 7], [8, 9]], sampling_params=GREEDY)
+    eng.shutdown()
+    gc.collect()
+    assert runner() is None and pool() is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_engine_matches_eager_and_frees_memory():
     base = torch.cuda.memory_allocated()
