@@ -47,16 +47,21 @@ def greedy(runner: ModelRunner, steps: int, use_graph: bool = True, lens=PROMPT_
     return logits, [r.output_ids for r in reqs]
 
 
-def hf_greedy(hf, steps: int, lens=PROMPT_LENS) -> list[list[int]]:
-    """HF's greedy tokens (float32, no cache) for the prompts of `greedy`."""
+def hf_greedy(hf, steps: int, lens=PROMPT_LENS, margins: list | None = None) -> list[list[int]]:
+    """HF's greedy tokens (float32, no cache) for the prompts of `greedy`; `margins`, if given,
+    receives each request's top-1 minus top-2 logit per step."""
     prompts, _ = make_prompts(hf.config.vocab_size, lens=lens, steps=0)
     out = []
     with torch.no_grad():
         for p in prompts:
-            ids = list(p)
+            ids, gaps = list(p), []
             for _ in range(steps):
-                ids.append(int(hf(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+                top2 = hf(input_ids=torch.tensor([ids])).logits[0, -1].float().topk(2)
+                ids.append(int(top2.indices[0]))
+                gaps.append(float(top2.values[0] - top2.values[1]))
             out.append(ids[len(p) :])
+            if margins is not None:
+                margins.append(gaps)
     return out
 
 
@@ -162,8 +167,8 @@ def _agree(got: list[list[int]], ref_logits: list[torch.Tensor], ref: list[list[
 def test_gpu_bf16_cuda_graphs_same_tokens(request, sglang_dir, name):
     """bf16 with CUDA-graph decode: SGLang's file replays its graphs with the bits of its
     eager decode, its greedy tokens are srt's file's (up to bf16 near-ties: the files differ in
-    rounding only, e.g. SGLang's RMSNorm multiplies the weight in float32) and agree with HF's
-    float32 ones as srt's own bf16 models do."""
+    rounding only, e.g. SGLang's RMSNorm multiplies the weight in float32) and HF's float32
+    ones up to HF's own near-ties."""
     path, hf = request.getfixturevalue(f"{name}_ckpt")
     kw = dict(device="cuda", dtype="bfloat16", page_size=4, cuda_graph_max_bs=4)
     sgl = ModelRunner(_args(sglang_dir, name, "sglang", path, **kw))
@@ -177,12 +182,15 @@ def test_gpu_bf16_cuda_graphs_same_tokens(request, sglang_dir, name):
     assert eager[1] == graphs[1]
     ours = greedy(ModelRunner(_args(sglang_dir, name, "srt", path, **kw)), 6, lens=GPU_LENS)
     _agree(graphs[1], ours[0], ours[1])
-    # HF runs float32: bf16 trajectories part from it at its near-ties (srt's own GPU model
-    # tests hold bf16 greedy to >= 90% agreement with HF, as here).
-    hf_tokens = hf_greedy(hf, 6, GPU_LENS)
-    pairs = zip(sum(graphs[1], []), sum(hf_tokens, []), strict=True)
-    same = [x == y for x, y in pairs]
-    assert sum(same) >= 0.9 * len(same), (graphs[1], hf_tokens)
+    # HF runs float32: a bf16 trajectory may part from it where HF's own top two logits are
+    # closer than bf16's rounding of the logits (5e-2 on these random checkpoints).
+    margins: list[list[float]] = []
+    hf_tokens = hf_greedy(hf, 6, GPU_LENS, margins)
+    for i, (g, r) in enumerate(zip(graphs[1], hf_tokens, strict=True)):
+        for s, (x, y) in enumerate(zip(g, r, strict=True)):
+            if margins[i][s] < 5e-2:
+                break
+            assert x == y, (i, s, g, r, margins[i])
 
 
 @gpu
