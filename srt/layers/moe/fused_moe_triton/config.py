@@ -8,6 +8,7 @@ would not fit in shared memory (fp32), and the interpreter's tiny tiles off CUDA
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -173,12 +174,7 @@ def get_config(
     mxfp4=True; fp32 activations then take the "split" mode)."""
     if device.type != "cuda":
         return fit_mxfp4(INTERPRETER_CONFIG) if mxfp4 else INTERPRETER_CONFIG
-    experts = "mxfp4" if mxfp4 else "bf16"
-    cfg = next(
-        r.config
-        for r in _rows(moe_table(), device)
-        if r.experts == experts and r.covers(num_tokens)
-    )
+    cfg = next(c for lo, hi, c in _rows(moe_table(), device, mxfp4) if lo <= num_tokens <= hi)
     if mxfp4 and dtype not in (torch.bfloat16, torch.float16):
         cfg = replace(cfg, mxfp4_mode="split")
     if cfg.gemv:  # no shared-memory tiles
@@ -188,9 +184,14 @@ def get_config(
 
 
 @functools.cache
-def _rows(table: launch_tables.LaunchTable[MoeRow], device: torch.device) -> tuple[MoeRow, ...]:
-    """The rows a call on `device` reads, in order: its GPU's own, then the H100's."""
-    return table.rows_for(device)
+def _rows(
+    table: launch_tables.LaunchTable[MoeRow], device: torch.device, mxfp4: bool
+) -> tuple[tuple[int, float, MoeConfig], ...]:
+    """(first, last, config) of the rows a call on `device` reads, in order: its GPU's own,
+    then the H100's (one GPU per device index: cached)."""
+    experts = "mxfp4" if mxfp4 else "bf16"
+    rows = (r for r in table.rows_for(device) if r.experts == experts)
+    return tuple((r.first, math.inf if r.last is None else r.last, r.config) for r in rows)
 
 
 def fit_shared_memory(cfg: MoeConfig, act_size: int, weight_size: float) -> MoeConfig:
