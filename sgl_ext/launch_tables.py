@@ -99,8 +99,9 @@ def load(
     """Table `name`, read and checked on first use, then cached.
 
     parse_row(row) builds one row's value from a copy of the row's object without its note
-    (it may pop the keys it reads); it raises ValueError / TypeError for a bad row. check(rows, device) checks a section ("rows": device
-    None; a `devices` section: its key), raising ValueError.
+    (it may pop the keys it reads); it raises ValueError / TypeError for a bad row.
+    check(rows, device) checks a section ("rows": device None; a `devices` section: its key),
+    raising ValueError.
     """
     key = (name, parse_row, check)
     table = _cache.get(key)
