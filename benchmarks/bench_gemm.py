@@ -17,12 +17,12 @@ is skipped with a loud "SKIP" line):
             --budget-s the sweep stops (rows then time the cuBLAS candidates and --configs only);
             past --budget-s + --hard-extra-s no more rows are measured.
 
-table = today's GEMM_CHOICES row for the (N, K, M bucket), timed like the other Triton configs
+table = today's gemm.json row for the (N, K, M bucket), timed like the other Triton configs
 (empty where the table has none). floor = weight (+ bias) bytes / the device-copy bandwidth
 measured here (1 GiB copy, read + write); ratio = time / floor. The winner per (shape, M) is
-printed beside each row; at the end, "GEMM_CHOICES" lines for srt/layers/gemm_choice.py (Triton
-configurations that beat F.linear by more than --min-gain) and the per-layer sums: F.linear,
-today's table, those lines.
+printed beside each row; at the end, rows for sgl_ext/tables/gemm.json (Triton configurations
+that beat F.linear by more than --min-gain) and the per-layer sums: F.linear, today's table,
+those rows.
 
 Usage: python benchmarks/bench_gemm.py [--presets llama3-8b qwen3-8b gpt-oss-20b]
            [--m 1 2 4 8 16 32 64] [--lm-head] [--sweep full|quick|none]
@@ -50,7 +50,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_util
 from bench_util import eager_us, graph_time_us  # noqa: E402  (benchmarks/)
 
 from sgl_ext.gemm import GemmConfig, linear_small_m  # noqa: E402
-from srt.layers.gemm_choice import GEMM_CHOICES, m_bucket  # noqa: E402
+from sgl_ext.launch_tables import row_line  # noqa: E402
+from srt.layers.gemm_choice import GEMM_CHOICES, m_bucket, table_row  # noqa: E402
 from srt.utils.decode_floor import measure_copy_bandwidth  # noqa: E402
 
 
@@ -324,10 +325,10 @@ HEADER = (
 
 
 def summary(rows: list[dict], min_gain: float) -> None:
-    """GEMM_CHOICES lines and per-layer sums per preset and M."""
+    """gemm.json rows and per-layer sums per preset and M."""
     print(
-        "\n# GEMM_CHOICES lines for srt/layers/gemm_choice.py (Triton beats F.linear by "
-        f"> {min_gain:.0%}; paste inside the dict):"
+        "\n# rows for sgl_ext/tables/gemm.json (Triton beats F.linear by "
+        f"> {min_gain:.0%}; each after its measurement, which goes to RESULTS.md 6.2):"
     )
     chosen: dict[tuple[int, int, int], float] = {}
     for r in rows:
@@ -336,15 +337,16 @@ def summary(rows: list[dict], min_gain: float) -> None:
             key = (r["n"], r["k"], r["m"])
             chosen[key] = t["triton"]
             users = "/".join(u[0] for u in r["users"])
+            row = {**table_row(key, parse_tag(r["triton_config"])), "note": f"{users} {r['name']}"}
             print(
-                f"    ({r['n']}, {r['k']}, {r['m']}): {r['triton_repr']},  # {r['name']} "
-                f"{users}: {t['triton']:.1f} us vs F.linear {f:.1f} (floor {r['floor_us']:.1f})"
+                f"# {t['triton']:.1f} us vs F.linear {f:.1f} (floor {r['floor_us']:.1f})\n"
+                f"    {row_line(row)},"
             )
     if not chosen:
         print("    (none)")
     print(
-        "\n# per decoder layer (sum of its linears), µs: F.linear, today's GEMM_CHOICES, the "
-        "lines above; per step"
+        "\n# per decoder layer (sum of its linears), µs: F.linear, today's gemm.json, the "
+        "rows above; per step"
     )
     presets = sorted({u[0] for r in rows for u in r["users"]})
     for p in presets:

@@ -23,8 +23,7 @@ table); `alt` times the other MXFP4 mode ("dot_scaled" vs "split") with the same
 --sweep times alternative launch configurations (gate/up GEMM, then down GEMM; with --mxfp4 for
 each of --mxfp4-modes, default dot_scaled only, then the best with the scale prefetch off in
 either GEMM, and the default with it off in both: the kernel before the prefetch) per T, with
-the floor, and prints the best, as MOE_CONFIGS / MXFP4_CONFIGS lines for
-srt/layers/moe/fused_moe_triton/config.py.
+the floor, and prints the best as rows for sgl_ext/tables/moe.json.
 
 --sweep-gemv times only the per-pair GEMV kernels (MoeConfig.gemv, T <= 16).
 
@@ -49,8 +48,10 @@ from dataclasses import replace  # noqa: E402
 
 from bench_util import copy_bandwidth, graph_time_us  # noqa: E402  (benchmarks/)
 
+from sgl_ext.launch_tables import row_line  # noqa: E402
 from srt.layers.moe import TopKExperts, select_experts  # noqa: E402
 from srt.layers.moe.fused_moe_triton import fused_moe  # noqa: E402
+from srt.layers.moe.fused_moe_triton.config import table_row  # noqa: E402
 from srt.layers.moe.fused_moe_triton.fused_moe import (  # noqa: E402
     MXFP4_MODES,
     GemmConfig,
@@ -326,20 +327,11 @@ def gemv_candidates(mx: bool) -> list[GemmConfig]:
     return [GemmConfig(bn, bk, w, st) for bn, bk, w, st in opts]
 
 
-def config_line(T: int, t: float, c: MoeConfig, mx: bool, floor: float | None = None) -> str:
-    """A MOE_CONFIGS / MXFP4_CONFIGS entry (upper bound T -> c), its time in a comment."""
-    g, d = c.gate_up, c.down
-
-    def gemm(x: GemmConfig) -> str:
-        pf = f", {x.scale_prefetch}" if mx else ""
-        return (
-            f"GemmConfig({x.block_n}, {x.block_k}, {x.num_warps}, {x.num_stages}, {x.group_m}{pf})"
-        )
-
-    mode = f', "{c.mxfp4_mode}"' if mx else ""
-    mode += ", gemv=True" if c.gemv else ""
+def config_line(first: int, T: int, t: float, c: MoeConfig, mx: bool, floor: float | None) -> str:
+    """A moe.json row for tokens first..T -> c, after a comment with its time."""
     note = f"{t:.1f} µs" + (f", floor {floor:.1f} µs, x{t / floor:.2f}" if floor else "")
-    return f"    ({T}, MoeConfig({c.block_m}, {gemm(g)}, {gemm(d)}{mode})),  # {note}"
+    row = table_row(c, "mxfp4" if mx else "bf16", first, T)
+    return f"# T={T}: {note}\n    {row_line(row)},"
 
 
 def with_prefetch(cfg: MoeConfig, gate_up: int, down: int) -> MoeConfig:
@@ -433,10 +425,14 @@ def sweep(
         )
     for cfg, err in fused_moe._DOT_SCALED_FAILED.items():
         print(f"WARNING: dot_scaled failed for {cfg}: {err[:200]}")
-    table = "MXFP4_CONFIGS" if mx else "MOE_CONFIGS"
-    print(f"\nsuggested {table} entries (upper bound T -> best config measured):")
-    for T, (t, c, fl) in best.items():
-        print(config_line(T, t, c, mx, fl))
+    print(
+        "\nsuggested rows for sgl_ext/tables/moe.json (the best config measured at each T, for"
+        " the tokens since the previous T; the table's last row ends at null):"
+    )
+    first = 1
+    for T, (t, c, fl) in sorted(best.items()):
+        print(config_line(first, T, t, c, mx, fl))
+        first = T + 1
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ PYTHONPATH; prebuilt by prepare_peers.sh into SGL_EXT_CACHE_DIR).
 
 Usage: python benchmarks/bench_qk_norm_rope.py [--tokens 1 8 ...] [--shapes qwen3-8b qwen3-32b]
            [--kv-dtype bf16|fp8_e4m3] [--no-peers] [--json-out F]
-           [--fused-configs "block_h,num_warps[,order[,merged]]" ...]  (tuning columns)
+           [--fused-configs "block_h=4,num_warps=4,order=2d,load=pre_wait" ...]  (tuning columns)
 The launch-layout sweep of the q/k-norm op is benchmarks/tune_qk_norm.py.
 """
 

@@ -184,7 +184,7 @@ def pos_last_misplaced() -> list[str]:
 
 
 def load_barrier_misplaced() -> list[str]:
-    """POS_LAST 3 (LaunchConfig.load_barrier) in the SASS: each program path has one barrier
+    """POS_LAST 3 (LoadOrder.LOAD_BARRIER) in the SASS: each program path has one barrier
     (BAR.RED.POPC, whose result the position's clamp takes), every load of the path but the cos
     and sin rows before it and exactly those two after it. Returns the layouts where that fails
     (empty: all hold)."""

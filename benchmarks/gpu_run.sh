@@ -25,17 +25,17 @@
 #   qknorm     q/k-norm op + Qwen3 GPU tests, bench_qk_norm_rope tables (Qwen3-8B / -32B shapes)
 #   qknorm_sweep  tune_qk_norm.py (issue 17): per T (1 8 32 128 512; QKNORM_TOKENS), RoPE + KV
 #              alone vs the q/k-norm op under each candidate layout / POS_LAST of its row of
-#              rope_kv_plan.QK_NORM_LAYOUTS, both Qwen3 shapes, 2 rounds; QKNORM_ROW winners and
-#              the table as rope_kv_plan.py takes it; then the POS_LAST GPU bit tests (< 8 min)
+#              sgl_ext/tables/qk_norm.json, both Qwen3 shapes, 2 rounds; QKNORM_ROW winners and
+#              the rows as qk_norm.json takes them; then the POS_LAST GPU bit tests (< 8 min)
 #   moe        MoE tests (test_moe*.py incl. the GEMV kernels, gpt-oss MXFP4 model tests, GPU ones included) + bench_moe
 #              (gpt-oss-20b shape): routed-expert kernel vs torch, read floor; bf16 experts, then
 #              MXFP4 experts (ours = table mode, alt = the other MXFP4 mode)
 #   router     gpt-oss's fused router (router GEMM + top-k + x's fp16 words in one launch): its
 #              tests, the top-k and gpt-oss MXFP4 model GPU tests, bench_router (vs two launches)
-#   moe_sweep  bench_moe --sweep: launch configurations per T, best printed as MOE_CONFIGS lines
+#   moe_sweep  bench_moe --sweep: launch configurations per T, best printed as moe.json rows
 #              (MOE_SWEEP_ARGS=--mxfp4 for the MXFP4 kernels)
 #   moe_sweep_mxfp4  bench_moe --mxfp4 --sweep at decode sizes (T 1 8 32 64; dot_scaled, the
-#              scale prefetch on / off), floor per T, best printed as MXFP4_CONFIGS lines
+#              scale prefetch on / off), floor per T, best printed as moe.json rows
 #              (MXFP4_SWEEP_ARGS="--mxfp4-modes dot_scaled split" adds the split mode)
 #   moe_gemv   the per-pair GEMV MoE kernels: tests + bench_moe --sweep-gemv (MXFP4, bf16) at
 #              T in GEMV_TOKENS (default 1 2 4 8)
@@ -68,7 +68,7 @@
 #              sweeps (graph-timed per layer over per-layer caches, floors printed)
 #   gemm       issue 15 decode GEMMs: skinny Triton GEMM + gemm_choice GPU tests, then
 #              bench_gemm (F.linear / mv / x@w_t / Triton sweep at M 1..64, L2-cold graph timing,
-#              floors); ends with GEMM_CHOICES lines for srt/layers/gemm_choice.py and the
+#              floors); ends with rows for sgl_ext/tables/gemm.json and the
 #              per-layer sums (GEMM_ARGS: extra bench_gemm arguments; "--lm-head": the
 #              presets' LM heads instead of the decoder layers' linears)
 set -u

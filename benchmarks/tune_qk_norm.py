@@ -1,19 +1,17 @@
 """Launch-layout sweep of the q/k RMSNorm + RoPE + KV-write kernel (issue 17), Qwen3 shapes.
 
 Per (T, shape): RoPE + KV alone (our op without the norm, its default layout), then the q/k-norm
-op under each candidate of the row of `rope_kv_plan.QK_NORM_LAYOUTS` that T falls in, all in
-CUDA graphs (bench_qk_norm_rope's inputs, bf16 cache). Every timing is taken in each of
+op under each candidate of the row of `sgl_ext/tables/qk_norm.json` (D = 128) that T falls in,
+all in CUDA graphs (bench_qk_norm_rope's inputs, bf16 cache). Every timing is taken in each of
 `--rounds` rounds (the first one compiles and warms up every shape); a figure is the lowest
 round median, and the ratio is to RoPE + KV alone (goal: <= 1.05). Then, per row, the candidate
-with the lowest worst ratio over the row's T and both shapes, printed as the code's table
-(QK_NORM_LAYOUTS, QK_NORM_POS_LAST_TOKENS) to paste into rope_kv_plan.py (on a GPU with its
-own table, QK_NORM_DEVICE_LAYOUTS, that table's rows are "default").
+with the lowest worst ratio over the row's T and both shapes, printed as qk_norm.json rows (on a
+GPU with its own rows, the rows it reads: its own first, then the H100's).
 
-Candidates: "default" (the table as it is), "lc" / "lc+pl" (launch_config's bf16 layout, without
-/ with POS_LAST), or "block_h,num_warps,order,merged,spread,pos_last" (order 0: 2-D grid, 1:
-token-major, 2: key/value programs first; see rope_kv_plan.LaunchConfig), optionally followed
-by ",hoist[,early_release[,load_barrier[,kv_block_h[,pre_wait[,norm_w_pre[,slot_pre]]]]]]"
-(flags 0 / 1; kv_block_h 0: as block_h).
+Candidates: "default" (the table as it is), "lc" / "lc+pl" (the RoPE + KV table's bf16 layout,
+without / with POS_LAST: a "layout": "rope_kv" row), or a layout as SGL_EXT_TRITON_CONFIG spells
+it: "block_h=4,num_warps=4,order=2d,load=pre_wait" (sgl_ext/launch_layout.py's fields and
+values).
 
 Usage: python benchmarks/tune_qk_norm.py [--tokens 1 8 32 128 512] [--shapes ...] [--rounds 2]
            [--kv-dtype bf16|fp8_e4m3] [--candidates C ...] [--json-out F]
@@ -22,6 +20,7 @@ Usage: python benchmarks/tune_qk_norm.py [--tokens 1 8 32 128 512] [--shapes ...
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -35,159 +34,140 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_* module
 import bench_qk_norm_rope as bqn  # noqa: E402  (benchmarks/)
 from bench_util import graph_time_us  # noqa: E402  (benchmarks/)
 
-from sgl_ext import settings  # noqa: E402
+from sgl_ext import launch_tables, settings  # noqa: E402
+from sgl_ext.launch_layout import parse_tuning  # noqa: E402
+from sgl_ext.launch_tables import row_line  # noqa: E402
 from sgl_ext.triton import rope_kv_plan  # noqa: E402
-from sgl_ext.triton.rope_kv_plan import LaunchConfig  # noqa: E402
 
 BIG = 1 << 62
 
-# Candidates per row bound of QK_NORM_LAYOUTS (D = 128). From the 64 row on, the first after
-# "default" is the row's layout before LOAD_BARRIER (merged programs / POS_LAST).
+# Candidates per row bound (the last T) of qk_norm.json's D = 128 rows. From the 64 row on, the
+# first after "default" is the row's layout before LOAD_BARRIER (merged programs / POS_LAST).
 CANDIDATES: dict[int, tuple[str, ...]] = {
     8: (  # PRE_WAIT (the position and cos/sin before the PDL wait) layouts, then the old one
-        "4,4,0,0,0,0,0,1,0,0,1,1,0",  # the row before its slot moved before the wait
-        "4,4,0,0,0,0,0,1,0,0,1,0",  # ... and before its norm weights did
-        "4,4,0,0,0,0,0,0,0,0,1",
-        "1,1,0,0,0,0,0,0,0,0,1",
-        "1,1,0,0,0,0,0,1,0,0,1",
-        "2,2,0,0,0,0,0,1,0,0,1",
-        "1,4,0,0,0,0,0,1,0,0,1",
-        "4,2,0,0,0,0,0,1,0,0,1",
-        "4,4,0,0,0,1,0,1",
+        # the row before its slot moved before the wait, and before its norm weights did
+        "block_h=4,num_warps=4,order=2d,load=pre_wait,early_release=1,norm_w_pre=1",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait,early_release=1",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait",
+        "block_h=1,num_warps=1,order=2d,load=pre_wait",
+        "block_h=1,num_warps=1,order=2d,load=pre_wait,early_release=1",
+        "block_h=2,num_warps=2,order=2d,load=pre_wait,early_release=1",
+        "block_h=1,num_warps=4,order=2d,load=pre_wait,early_release=1",
+        "block_h=4,num_warps=2,order=2d,load=pre_wait,early_release=1",
+        "block_h=4,num_warps=4,order=2d,load=pos_last,early_release=1",
     ),
     32: (
-        "1,1,0,0,0,0",
-        "1,1,0,0,0,1",
-        "2,2,0,0,0,1",
-        "4,4,0,0,0,1",
-        "4,4,1,1,1,1",  # one program per GQA group: 4 query heads and its key/value head
-        "4,4,0,0,0,0,0,0,1",
-        "4,4,0,0,0,1,0,1",
+        "block_h=1,num_warps=1,order=2d",
+        "block_h=1,num_warps=1,order=2d,load=pos_last",
+        "block_h=2,num_warps=2,order=2d,load=pos_last",
+        "block_h=4,num_warps=4,order=2d,load=pos_last",
+        # one program per GQA group: 4 query heads and its key/value head
+        "block_h=4,num_warps=4,programs=spread,load=pos_last",
+        "block_h=4,num_warps=4,order=2d,load=load_barrier",
+        "block_h=4,num_warps=4,order=2d,load=pos_last,early_release=1",
         # PRE_WAIT (RoPE + KV alone's layout here), with / without the early
         # release, as the 8 row
-        "4,4,0,0,0,0,0,0,0,0,1",
-        "4,4,0,0,0,0,0,1,0,0,1",
-        "2,2,0,0,0,0,0,1,0,0,1",
-        "4,2,0,0,0,0,0,1,0,0,1",
-        "1,1,0,0,0,0,0,1,0,0,1",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait,early_release=1",
+        "block_h=2,num_warps=2,order=2d,load=pre_wait,early_release=1",
+        "block_h=4,num_warps=2,order=2d,load=pre_wait,early_release=1",
+        "block_h=1,num_warps=1,order=2d,load=pre_wait,early_release=1",
         # PRE_WAIT with the norm weights before the wait too (NORM_W_PRE)
-        "4,4,0,0,0,0,0,0,0,0,1,1",
-        "4,4,0,0,0,0,0,1,0,0,1,1",
-        "8,4,0,0,0,0,0,0,0,0,1,1",
-        "4,4,0,0,0,0,0,0,0,2,1,1",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait,norm_w_pre=1",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait,early_release=1,norm_w_pre=1",
+        "block_h=8,num_warps=4,order=2d,load=pre_wait,norm_w_pre=1",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait,kv_block_h=2,norm_w_pre=1",
     ),
     64: (
-        "4,4,0,0,0,0",
-        "4,4,0,0,0,1",
-        "4,4,1,0,0,0,0,0,1",
-        "4,4,0,0,0,0,0,0,1,2",
-        "4,4,0,0,0,0,0,0,1,1",
-        "4,2,0,0,0,0,0,0,1",
-        "8,4,0,0,0,0,0,0,1,4",
-        "8,8,0,0,0,0,0,0,1",
+        "block_h=4,num_warps=4,order=2d",
+        "block_h=4,num_warps=4,order=2d,load=pos_last",
+        "block_h=4,num_warps=4,load=load_barrier",
+        "block_h=4,num_warps=4,order=2d,load=load_barrier,kv_block_h=2",
+        "block_h=4,num_warps=4,order=2d,load=load_barrier,kv_block_h=1",
+        "block_h=4,num_warps=2,order=2d,load=load_barrier",
+        "block_h=8,num_warps=4,order=2d,load=load_barrier,kv_block_h=4",
+        "block_h=8,num_warps=8,order=2d,load=load_barrier",
         # PRE_WAIT (the position and cos/sin row before the PDL wait), as the 8 row
-        "4,4,0,0,0,0,0,0,0,0,1",
-        "4,4,0,0,0,0,0,1,0,0,1",
-        "4,4,0,0,0,0,0,0,0,2,1",
-        "8,4,0,0,0,0,0,0,0,2,1",
-        "2,2,0,0,0,0,0,0,0,0,1",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait,early_release=1",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait,kv_block_h=2",
+        "block_h=8,num_warps=4,order=2d,load=pre_wait,kv_block_h=2",
+        "block_h=2,num_warps=2,order=2d,load=pre_wait",
     ),
     160: (
-        "4,4,1,1,0,0",
-        "8,4,1,0,0,0,0,0,1",
-        "8,4,1,0,0,0,0,0,1,4",
-        "8,4,0,0,0,0,0,0,1,4",
-        "8,4,0,0,0,0,0,0,1,2",
-        "8,8,0,0,0,0,0,0,1",
-        "8,8,0,0,0,0,0,0,1,4",
-        "16,8,0,0,0,0,0,0,1",
-        "4,4,0,0,0,0,0,0,1",
-        "8,4,0,0,0,0,0,0,0,2,1",
-        "8,4,0,0,0,0,0,0,0,0,1",
-        "4,4,0,0,0,0,0,0,0,0,1",
+        "block_h=4,num_warps=4,programs=merged",
+        "block_h=8,num_warps=4,load=load_barrier",
+        "block_h=8,num_warps=4,load=load_barrier,kv_block_h=4",
+        "block_h=8,num_warps=4,order=2d,load=load_barrier,kv_block_h=4",
+        "block_h=8,num_warps=4,order=2d,load=load_barrier,kv_block_h=2",
+        "block_h=8,num_warps=8,order=2d,load=load_barrier",
+        "block_h=8,num_warps=8,order=2d,load=load_barrier,kv_block_h=4",
+        "block_h=16,num_warps=8,order=2d,load=load_barrier",
+        "block_h=4,num_warps=4,order=2d,load=load_barrier",
+        "block_h=8,num_warps=4,order=2d,load=pre_wait,kv_block_h=2",
+        "block_h=8,num_warps=4,order=2d,load=pre_wait",
+        "block_h=4,num_warps=4,order=2d,load=pre_wait",
     ),
     BIG: (
-        "16,4,1,1,0,0",
+        "block_h=16,num_warps=4,programs=merged",
         "lc",
-        "8,4,0,0,0,0,0,0,1",
-        "16,4,1,0,0,0,0,0,1",
-        "16,8,1,0,0,0,0,0,1",
-        "16,4,1,1,0,0,0,0,1",
-        "8,2,1,0,0,0,0,0,1",
+        "block_h=8,num_warps=4,order=2d,load=load_barrier",
+        "block_h=16,num_warps=4,load=load_barrier",
+        "block_h=16,num_warps=8,load=load_barrier",
+        "block_h=16,num_warps=4,programs=merged,load=load_barrier",
+        "block_h=8,num_warps=2,load=load_barrier",
         # the table's row (8 query / 4 key-value heads, LOAD_BARRIER) with other warps and
         # key/value blocks (the H200 rows were chosen among these)
-        "8,8,1,0,0,0,0,0,1,4",
-        "8,4,1,0,0,0,0,0,1,8",
-        "8,4,1,0,0,0,0,0,1,2",
-        "16,8,1,0,0,0,0,0,1,4",
-        "4,4,1,0,0,0,0,0,1,4",
-        "8,4,2,0,0,0,0,0,1,4",
+        "block_h=8,num_warps=8,load=load_barrier,kv_block_h=4",
+        "block_h=8,num_warps=4,load=load_barrier,kv_block_h=8",
+        "block_h=8,num_warps=4,load=load_barrier,kv_block_h=2",
+        "block_h=16,num_warps=8,load=load_barrier,kv_block_h=4",
+        "block_h=4,num_warps=4,load=load_barrier,kv_block_h=4",
+        "block_h=8,num_warps=4,order=kv_first,load=load_barrier,kv_block_h=4",
     ),
 }
 CANDIDATES[256] = CANDIDATES[160]
-ORDER_NAMES = {0: "ORDER_2D", 1: "ORDER_TOKEN", 2: "ORDER_KV_FIRST"}
 
 
-def parse(cand: str) -> tuple[LaunchConfig | None, bool]:
-    """A candidate as (layout, None for launch_config's; POS_LAST for launch_config's)."""
+def parse(cand: str) -> dict[str, object]:
+    """A candidate as a qk_norm.json row's layout fields (without head_dim and tokens)."""
     if cand in ("lc", "lc+pl"):
-        return None, cand == "lc+pl"
-    vals = [int(x) for x in cand.split(",")]
-    bh, warps, order, merged, spread, pos_last = vals[:6]
-    flags = [bool(x) for x in vals[6:9]]  # hoist, early_release, load_barrier
-    cfg = LaunchConfig(
-        bh, warps, order, bool(merged), bool(spread), 0, bool(pos_last), *flags, *vals[9:10]
-    )
-    if len(vals) > 10:
-        cfg = cfg._replace(pre_wait=bool(vals[10]))
-    if len(vals) > 11:
-        cfg = cfg._replace(norm_w_pre=bool(vals[11]))
-    if len(vals) > 12:
-        cfg = cfg._replace(slot_pre=bool(vals[12]))
-    return cfg, False
+        return {"layout": "rope_kv", **({"load": "pos_last"} if cand == "lc+pl" else {})}
+    return parse_tuning(cand).to_row()
 
 
-def code(cfg: LaunchConfig | None) -> str:
-    """A table entry as rope_kv_plan.py writes it."""
-    if cfg is None:
-        return "None"
-    args = [str(cfg.block_h), str(cfg.num_warps), ORDER_NAMES[cfg.order]]
-    flags = ("merged", "spread", "pos_last", "hoist", "early_release", "load_barrier")
-    flags += ("pre_wait", "norm_w_pre", "slot_pre")
-    args += [f"{k}=True" for k in flags if getattr(cfg, k)]
-    args += [f"kv_block_h={cfg.kv_block_h}"] if cfg.kv_block_h else []
-    return f"LaunchConfig({', '.join(args)})"
+def own_fields(row) -> dict[str, object]:
+    """A table row's layout fields, as parse() gives a candidate's."""
+    if row.config is not None:
+        return row.config.to_row()
+    return {"layout": "rope_kv", **({"load": row.load.value} if row.load else {})}
 
 
 class Tables:
-    """Sets rope_kv_plan's q/k-norm tables for a candidate; restore() puts the code's back.
-    Each change reloads the settings, which drops the ops' cached launch plans. `rows` is the
-    table this GPU uses (its own from QK_NORM_DEVICE_LAYOUTS, else QK_NORM_LAYOUTS): "default"."""
+    """Puts a candidate in place of the q/k-norm table (every T, head size and GPU), through
+    launch_tables.override, which drops the ops' cached launch plans; restore() puts the file's
+    rows back. `rows` are the D = 128 rows this GPU reads ("default"): its own, then the H100's."""
 
     def __init__(self) -> None:
-        self.base = rope_kv_plan.QK_NORM_LAYOUTS
-        self.device_rows = rope_kv_plan.QK_NORM_DEVICE_LAYOUTS
-        self.rows = rope_kv_plan.qk_norm_layouts(torch.device("cuda", torch.cuda.current_device()))
-        self.pos_last_tokens = rope_kv_plan.QK_NORM_POS_LAST_TOKENS
+        self.stack = contextlib.ExitStack()
+        device = torch.device("cuda", torch.cuda.current_device())
+        rows = rope_kv_plan.qk_norm_layouts(device)
+        self.rows = [r for r in rows if r.head_dim == 128]
+        self.own = len(rope_kv_plan.qk_norm_table().device_rows(device))
 
     def set(self, cand: str) -> None:
-        if cand == "default":
-            self.restore()
-            return
-        cfg, pos_last = parse(cand)
-        rope_kv_plan.QK_NORM_LAYOUTS = ((BIG, cfg),)
-        rope_kv_plan.QK_NORM_DEVICE_LAYOUTS = {}
-        rope_kv_plan.QK_NORM_POS_LAST_TOKENS = BIG if pos_last else 0
-        settings.reload()
+        self.restore()
+        if cand != "default":
+            row = {"head_dim": "other", "tokens": [1, None], **parse(cand)}
+            self.stack.enter_context(launch_tables.override("qk_norm", {"rows": [row]}))
 
     def restore(self) -> None:
-        rope_kv_plan.QK_NORM_LAYOUTS = self.base
-        rope_kv_plan.QK_NORM_DEVICE_LAYOUTS = self.device_rows
-        rope_kv_plan.QK_NORM_POS_LAST_TOKENS = self.pos_last_tokens
+        self.stack.close()
         settings.reload()
 
     def row(self, t: int) -> int:
-        return next(hi for hi, _ in self.rows if t <= hi)
+        """The index in `rows` of the row that serves T."""
+        return next(i for i, r in enumerate(self.rows) if r.covers(t))
 
 
 def sweep(args, tables: Tables) -> list[dict]:
@@ -195,7 +175,8 @@ def sweep(args, tables: Tables) -> list[dict]:
     os.environ.pop("SGL_EXT_TRITON_CONFIG", None)  # the override would bypass the tables
     rows = []
     for t in args.tokens:  # T outer: a run cut short still has the small T of both shapes
-        row_cands = args.candidates or CANDIDATES.get(tables.row(t), ("lc", "lc+pl"))
+        bound = tables.rows[tables.row(t)].last or BIG
+        row_cands = args.candidates or CANDIDATES.get(bound, ("lc", "lc+pl"))
         cands = ("default", *row_cands)
         for shape in args.shapes:
             c = bqn.NormCase(shape, t, bqn.brk.KV_DTYPES[args.kv_dtype])
@@ -231,22 +212,22 @@ def sweep(args, tables: Tables) -> list[dict]:
 
 def winners(rows: list[dict], tables: Tables) -> str:
     """Per table row: each candidate's worst ratio over the row's points, the winner, and the
-    table rope_kv_plan.py would take (rows without a sweep point keep their entry)."""
-    out, table, pl_bound = [], [], 0
-    lower = 0
-    for hi, entry in tables.rows:
-        pts = [r for r in rows if r["row"] == hi]
+    row qk_norm.json would take (rows without a sweep point keep theirs)."""
+    out, table = [], []
+    for i, entry in enumerate(tables.rows):
+        section = "devices" if i < tables.own else "rows"
+        label = f"T {entry.first}..{entry.last or ''}"
+        head = {"head_dim": 128, "tokens": [entry.first, entry.last]}
+        pts = [r for r in rows if r["row"] == i]
         cands = set.intersection(*(set(r["ratio"]) for r in pts)) if pts else set()
         if not cands:
-            table.append(f"    ({hi if hi < BIG else '1 << 62'}, {code(entry)}),  # not swept")
-            if entry is None and tables.pos_last_tokens > lower:
-                pl_bound = max(pl_bound, min(hi, tables.pos_last_tokens))
-            lower = hi
+            table.append(
+                f"# {section}, {label}: not swept\n    {row_line({**head, **own_fields(entry)})},"
+            )
             continue
         worst = {k: max(r["ratio"][k] for r in pts) for k in cands}
         win = min(worst, key=worst.get)
         ranked = sorted(worst, key=worst.get)[:7]
-        label = f"T<={hi}" if hi < BIG else f"T>{lower}"
         out.append(
             f"QKNORM_ROW {label}: winner {win} worst {worst[win]:.3f} "
             f"{'ok' if worst[win] <= 1.05 else 'MISS'}; default {worst.get('default', 0):.3f}; "
@@ -254,20 +235,13 @@ def winners(rows: list[dict], tables: Tables) -> str:
             + " | points: "
             + ", ".join(f"{r['shape']} T={r['T']} {r['ratio'][win]:.3f}" for r in pts)
         )
-        if win == "default":
-            cfg = entry
-            pos_last = entry is None and tables.pos_last_tokens >= hi
-        else:
-            cfg, pos_last = parse(win)
-        if cfg is None and pos_last:
-            pl_bound = max(pl_bound, hi)
+        fields = own_fields(entry) if win == "default" else parse(win)
         note = f"{win}, worst {worst[win]:.3f}"
-        table.append(f"    ({hi if hi < BIG else '1 << 62'}, {code(cfg)}),  # {note}")
-        lower = hi
-    out.append("QK_NORM_LAYOUTS: tuple[tuple[int, LaunchConfig | None], ...] = (")
+        table.append(f"# {section}, {label}: {note}\n    {row_line({**head, **fields})},")
+    out.append(
+        "# rows for sgl_ext/tables/qk_norm.json (D = 128; the measurements go to RESULTS.md 8)"
+    )
     out += table
-    out.append(")")
-    out.append(f"QK_NORM_POS_LAST_TOKENS = {pl_bound}  # None rows: POS_LAST up to this T")
     return "\n".join(out)
 
 

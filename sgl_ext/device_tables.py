@@ -1,10 +1,9 @@
-"""Per-GPU exceptions to a measured table: the tables whose key occurs in the GPU's name.
+"""Per-GPU exceptions to a measured table: the sections whose key occurs in the GPU's name.
 
-srt's `gemm_choice.DEVICE_OVERRIDES` (decode linears) and `MXFP4_DEVICE_OVERRIDES` (the MXFP4
-expert kernels) and sgl_ext's `rope_kv_plan.QK_NORM_DEVICE_LAYOUTS` (the q/k-norm op's layouts)
-and `DECODE_DEVICE_LAYOUTS` (RoPE + KV at decode sizes) hold what another GPU measured better
-than the H100's table, keyed by a substring of
-`torch.cuda.get_device_name` (e.g. "H200").
+The launch tables (`sgl_ext/tables/*.json`, read by `launch_tables`) keep what another GPU
+measured better than the H100's rows under `devices`, keyed by a substring of
+`torch.cuda.get_device_name` (e.g. "H200"); `launch_tables.LaunchTable.device_rows` picks them
+through `device_tables`.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ the backend and launch configuration chosen under the old settings).
     SGL_EXT_FAST_LAUNCH     0: no C fast path (default 1: where a C compiler and libcuda are
                             found, an eager call whose metadata has a plan is keyed and
                             launched by one C call, `fast_launch.py`)
-    SGL_EXT_TRITON_CONFIG   "block_h,num_warps[,order[,merged[,spread[,maxnreg[,pos_last
-                            [,hoist[,early_release[,load_barrier[,kv_block_h[,pre_wait
-                            [,norm_w_pre[,slot_pre]]]]]]]]]]]]" (tuning; the fields of
-                            rope_kv_plan.LaunchConfig in order)
+    SGL_EXT_TRITON_CONFIG   one rope_kv launch layout for every call (tuning):
+                            "block_h=16,num_warps=4,order=2d,load=pre_wait,early_release=1"
+                            (launch_layout.LaunchConfig's fields) or the positional integers
+                            "block_h,num_warps[,order[,merged[,...]]]" (launch_layout)
     SGL_EXT_PDL             0: no programmatic dependent launch (default 1: on Hopper+, every
                             Triton kernel that declares USE_PDL overlaps its launch with the
                             previous kernel's tail and waits for its results before reading)
@@ -32,6 +32,8 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from sgl_ext.launch_layout import LaunchConfig, parse_tuning
+
 BACKENDS = ("native", "triton")
 _FALSE = ("", "0", "false", "False", "no")
 
@@ -43,7 +45,7 @@ class Settings:
     backend: str | None = None
     debug: bool = False
     direct_launch: bool = True
-    triton_config: tuple[int, ...] | None = None
+    triton_config: LaunchConfig | None = None  # also given as its text or integers
     interpret: bool = False
     pdl: bool = True
     fast_launch: bool = True
@@ -54,15 +56,8 @@ class Settings:
                 f"SGL_EXT_BACKEND must be one of {', '.join(BACKENDS)} (or unset), "
                 f"got {self.backend!r}"
             )
-
-
-def _ints(name: str, text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"{name} must be comma-separated integers, got {text!r}") from None
+        if self.triton_config is not None and not isinstance(self.triton_config, LaunchConfig):
+            object.__setattr__(self, "triton_config", parse_tuning(self.triton_config))
 
 
 def from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> Settings:
@@ -71,7 +66,7 @@ def from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> Settings:
         backend=env.get("SGL_EXT_BACKEND", "").strip().lower() or None,
         debug=env.get("SGL_EXT_DEBUG", "0") not in _FALSE,
         direct_launch=env.get("SGL_EXT_DIRECT_LAUNCH", "1") not in _FALSE,
-        triton_config=_ints("SGL_EXT_TRITON_CONFIG", env.get("SGL_EXT_TRITON_CONFIG")),
+        triton_config=parse_tuning(text) if (text := env.get("SGL_EXT_TRITON_CONFIG")) else None,
         interpret=env.get("TRITON_INTERPRET", "0") == "1",
         pdl=env.get("SGL_EXT_PDL", "1") not in _FALSE,
         fast_launch=env.get("SGL_EXT_FAST_LAUNCH", "1") not in _FALSE,

@@ -1,11 +1,12 @@
 """Which kernel runs a decode linear: F.linear (cuBLAS) or sgl_ext's skinny Triton GEMM.
 
-One table, `GEMM_CHOICES`, maps (N, K, M bucket) of a linear - its local weight [N, K] and the
-token count rounded up to a power of two (1, 2, 4, ..., 64) - to the Triton launch configuration
-that `benchmarks/bench_gemm.py` measured faster than F.linear on the H100 (it prints the lines to
-paste here). `DEVICE_OVERRIDES` replaces rows on a GPU (by name) where another choice measured
-better end to end. A call whose key is absent, or that is not on CUDA, not bf16/fp16, has more
-than 64 rows, or is traced by torch.compile, runs F.linear (an empty table: F.linear everywhere).
+One table, sgl_ext/tables/gemm.json (`GEMM_CHOICES`), maps (N, K, M bucket) of a linear - its
+local weight [N, K] and the token count rounded up to a power of two (1, 2, 4, ..., 64) - to the
+Triton launch configuration that `benchmarks/bench_gemm.py` measured faster than F.linear on
+the H100 (it prints the rows to paste there). Its `devices` rows (`DEVICE_OVERRIDES`) replace
+rows on a GPU (by name) where another choice measured better end to end. A call whose key is
+absent, or that is not on CUDA, not bf16/fp16, has more than 64 rows, or is traced by
+torch.compile, runs F.linear.
 
 Graph and eager agree bit for bit: the key depends only on the weight's shape and the M bucket,
 and a CUDA-graph bucket of the runner (1, 2, 4, 8, then multiples of 8) has the same power-of-two
@@ -16,124 +17,91 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 
 import torch
 
+from sgl_ext import launch_tables
 from sgl_ext._common import next_pow2
-from sgl_ext.device_tables import device_tables
 from sgl_ext.gemm import MAX_M, GemmConfig, linear_small_m, linear_small_m_native
 
 _DTYPES = (torch.bfloat16, torch.float16)
 _is_compiling = torch.compiler.is_compiling
 
 
-def _fma(block_n: int, block_k: int, num_warps: int, num_stages: int) -> GemmConfig:
-    """Broadcast multiply + sum tiles (no split-K)."""
-    return GemmConfig(block_n, block_k, num_warps, num_stages, split_k=1, dot=False)
+_KERNELS = ("fma", "dot", "f_linear")
+_SIZES = ("block_n", "block_k", "num_warps", "num_stages")
+Key = tuple[int, int, int]
 
 
-def _dot(block_n: int, block_k: int, num_warps: int, num_stages: int) -> GemmConfig:
-    """Swap-AB tensor-core dot tiles (no split-K)."""
-    return GemmConfig(block_n, block_k, num_warps, num_stages, split_k=1, dot=True)
+def _row(row: dict) -> tuple[Key, GemmConfig | None]:
+    """A gemm.json row: n, k, m, kernel (fma: broadcast multiply + sum, dot: swap-AB
+    tensor-core dot, f_linear: F.linear), then block_n, block_k, num_warps, num_stages and
+    split_k (default 1) for the Triton kernels."""
+    key = tuple(launch_tables.take(row, f, int) for f in ("n", "k", "m"))
+    if min(key) < 1 or key[2] > MAX_M or m_bucket(key[2]) != key[2]:
+        raise ValueError(f"n and k must be >= 1, m a power of two <= {MAX_M}")
+    kernel = launch_tables.take(row, "kernel", str)
+    if kernel not in _KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(_KERNELS)}, got {kernel!r}")
+    cfg = None
+    if kernel != "f_linear":
+        sizes = {f: launch_tables.take(row, f, int) for f in _SIZES}
+        split_k = launch_tables.take(row, "split_k", int) if "split_k" in row else 1
+        cfg = GemmConfig(**sizes, split_k=split_k, dot=kernel == "dot")
+    launch_tables.no_more(row)
+    return (key[0], key[1], key[2]), cfg
 
 
-# (N, K, M bucket) -> GemmConfig, from bench_gemm.py's "GEMM_CHOICES" lines (H100, bf16): each
-# row beat F.linear on its linear (the comment) in CUDA graphs over L2-cold weights; the µs per
-# row are benchmarks/RESULTS.md 6.2. At M <= 2 one or two K blocks of 2-4K elements on 1-4 rows
-# a program: the broadcast path's loads are not pipelined, so each K block is a round trip.
-GEMM_CHOICES: dict[tuple[int, int, int], GemmConfig] = {
-    (4096, 4096, 1): _fma(1, 4096, 4, 1),  # Llama-3-8B / Qwen3-8B o_proj
-    (6144, 4096, 1): _fma(2, 2048, 4, 1),  # Llama-3-8B / Qwen3-8B qkv
-    (4096, 14336, 1): _fma(2, 2048, 4, 1),  # Llama-3-8B down
-    (28672, 4096, 1): _fma(1, 4096, 4, 1),  # Llama-3-8B gate_up
-    (4096, 12288, 1): _fma(1, 4096, 4, 1),  # Qwen3-8B down
-    (24576, 4096, 1): _fma(1, 4096, 4, 1),  # Qwen3-8B gate_up
-    (2880, 4096, 1): _fma(4, 2048, 4, 1),  # gpt-oss-20b o_proj
-    (5120, 2880, 1): _fma(4, 1024, 2, 3),  # gpt-oss-20b qkv
-    (32, 2880, 1): _fma(1, 4096, 4, 1),  # gpt-oss-20b router
-    (4096, 4096, 2): _dot(64, 256, 4, 4),  # Llama-3-8B / Qwen3-8B o_proj
-    (6144, 4096, 2): _dot(64, 256, 4, 3),  # Llama-3-8B / Qwen3-8B qkv
-    (4096, 14336, 2): _fma(4, 2048, 2, 1),  # Llama-3-8B down
-    (4096, 12288, 2): _fma(2, 4096, 4, 1),  # Qwen3-8B down
-    (24576, 4096, 2): _dot(64, 128, 4, 3),  # Qwen3-8B gate_up
-    (2880, 4096, 2): _fma(2, 2048, 4, 1),  # gpt-oss-20b o_proj
-    (32, 2880, 2): _fma(1, 4096, 8, 1),  # gpt-oss-20b router
-    (4096, 4096, 4): _dot(64, 256, 4, 5),  # Llama-3-8B / Qwen3-8B o_proj
-    (6144, 4096, 4): _dot(64, 256, 4, 3),  # Llama-3-8B / Qwen3-8B qkv
-    (4096, 14336, 4): _dot(64, 256, 4, 5),  # Llama-3-8B down
-    (28672, 4096, 4): _dot(64, 256, 4, 4),  # Llama-3-8B gate_up
-    (4096, 12288, 4): _dot(64, 256, 4, 5),  # Qwen3-8B down
-    (24576, 4096, 4): _dot(64, 128, 4, 5),  # Qwen3-8B gate_up
-    (2880, 4096, 4): _dot(64, 256, 4, 5),  # gpt-oss-20b o_proj
-    (5120, 2880, 4): _dot(64, 256, 4, 4),  # gpt-oss-20b qkv
-    (4096, 4096, 8): _dot(64, 256, 4, 4),  # Llama-3-8B / Qwen3-8B o_proj
-    (6144, 4096, 8): _dot(64, 256, 4, 3),  # Llama-3-8B / Qwen3-8B qkv
-    (4096, 14336, 8): _dot(64, 256, 4, 5),  # Llama-3-8B down
-    (4096, 12288, 8): _dot(64, 256, 4, 5),  # Qwen3-8B down
-    (24576, 4096, 8): _dot(64, 128, 4, 3),  # Qwen3-8B gate_up
-    (28672, 4096, 8): _dot(64, 256, 4, 4),  # Llama-3-8B gate_up
-    (32, 2880, 4): _fma(1, 4096, 8, 1),  # gpt-oss-20b router
-    (32, 2880, 8): GemmConfig(1, 2048, 4, 1, split_k=2, dot=False),  # gpt-oss-20b router
-    (2880, 4096, 8): _dot(64, 256, 4, 4),  # gpt-oss-20b o_proj
-    (4096, 4096, 16): _dot(64, 256, 4, 4),  # Llama-3-8B / Qwen3-8B o_proj
-    (6144, 4096, 16): _dot(64, 256, 4, 3),  # Llama-3-8B / Qwen3-8B qkv
-    (4096, 14336, 16): _dot(64, 256, 4, 5),  # Llama-3-8B down
-    (28672, 4096, 16): _dot(64, 256, 4, 4),  # Llama-3-8B gate_up
-    (4096, 12288, 16): _dot(64, 256, 4, 5),  # Qwen3-8B down
-    (24576, 4096, 16): _dot(64, 128, 4, 3),  # Qwen3-8B gate_up
-    (2880, 4096, 16): _dot(64, 256, 4, 4),  # gpt-oss-20b o_proj
-    (6144, 4096, 32): _dot(64, 256, 4, 4),  # Llama-3-8B / Qwen3-8B qkv
-    (28672, 4096, 32): _dot(128, 128, 4, 4),  # Llama-3-8B gate_up
-    (4096, 12288, 32): _dot(16, 256, 4, 5),  # Qwen3-8B down
-    (24576, 4096, 32): _dot(64, 128, 4, 3),  # Qwen3-8B gate_up
-    (2880, 4096, 32): _dot(64, 256, 4, 4),  # gpt-oss-20b o_proj
-    (28672, 4096, 64): _dot(64, 128, 4, 3),  # Llama-3-8B gate_up
-    # LM heads, the largest GEMM of a decode step (`bench_gemm.py --lm-head`)
-    (128256, 4096, 1): _fma(2, 4096, 8, 1),  # Llama-3-8B LM head
-    (151936, 4096, 1): _fma(2, 4096, 4, 1),  # Qwen3-8B LM head
-    (201088, 2880, 1): _fma(4, 4096, 4, 1),  # gpt-oss-20b LM head
-    (128256, 4096, 2): _dot(64, 256, 4, 5),  # Llama-3-8B LM head
-    (151936, 4096, 2): _dot(64, 256, 4, 5),  # Qwen3-8B LM head
-    (201088, 2880, 2): _dot(64, 256, 4, 4),  # gpt-oss-20b LM head
-    (128256, 4096, 4): _dot(64, 256, 4, 4),  # Llama-3-8B LM head
-    (151936, 4096, 4): _dot(64, 256, 4, 4),  # Qwen3-8B LM head
-    (201088, 2880, 4): _dot(64, 256, 4, 4),  # gpt-oss-20b LM head
-    (128256, 4096, 8): _dot(64, 256, 4, 3),  # Llama-3-8B LM head
-    (151936, 4096, 8): _dot(64, 256, 4, 4),  # Qwen3-8B LM head
-    (201088, 2880, 8): _dot(64, 256, 4, 5),  # gpt-oss-20b LM head
-    (128256, 4096, 16): _dot(64, 256, 4, 4),  # Llama-3-8B LM head
-    (151936, 4096, 16): _dot(64, 256, 4, 4),  # Qwen3-8B LM head
-    (201088, 2880, 16): _dot(64, 256, 4, 4),  # gpt-oss-20b LM head
-    (128256, 4096, 32): _dot(128, 128, 4, 3),  # Llama-3-8B LM head
-    (151936, 4096, 32): _dot(128, 128, 4, 3),  # Qwen3-8B LM head
-    (201088, 2880, 32): _dot(128, 128, 4, 4),  # gpt-oss-20b LM head
-    (128256, 4096, 64): _dot(128, 128, 8, 3),  # Llama-3-8B LM head
-    (151936, 4096, 64): _dot(128, 128, 8, 3),  # Qwen3-8B LM head
-    (201088, 2880, 64): _dot(64, 128, 4, 5),  # gpt-oss-20b LM head
-}
+def _check(rows: tuple[tuple[Key, GemmConfig | None], ...], device: str | None) -> None:
+    keys = [k for k, _ in rows]
+    dup = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if dup is not None:
+        raise ValueError(f"two rows for (n, k, m) = {dup}")
+    if device is None and any(cfg is None for _, cfg in rows):
+        raise ValueError("f_linear is for a GPU's own rows (a linear without a row runs F.linear)")
 
-# Rows another GPU measured better with a different choice, keyed by a substring of its name
-# (torch.cuda.get_device_name): applied over GEMM_CHOICES on such a device (None: F.linear).
-DEVICE_OVERRIDES: dict[str, dict[tuple[int, int, int], GemmConfig | None]] = {
-    # H200 (benchmarks/RESULTS.md 6.2): the Llama-3-8B / Qwen3-8B decoder linears at M = 1 keep
-    # the rows from before the long-K re-sweep, whose rows were faster alone but made its decode
-    # step slower.
-    "H200": {
-        (4096, 4096, 1): _fma(4, 1024, 2, 3),
-        (6144, 4096, 1): _fma(8, 1024, 4, 3),
-        (4096, 14336, 1): _fma(4, 1024, 2, 3),
-        (28672, 4096, 1): _fma(4, 1024, 2, 3),
-        (4096, 12288, 1): _fma(4, 1024, 2, 3),
-        (24576, 4096, 1): _fma(4, 1024, 4, 3),
-        # LM heads at M = 1: pipelined tensor-core tiles; the H100's one-K-block rows keep too
-        # few bytes in flight for the H200's bandwidth
-        (201088, 2880, 1): _dot(64, 128, 4, 5),  # gpt-oss-20b LM head
-        (128256, 4096, 1): _dot(64, 128, 4, 3),  # Llama-3-8B LM head
-        (151936, 4096, 1): _dot(64, 128, 8, 3),  # Qwen3-8B LM head
-    },
-}
 
-_table: Mapping[tuple[int, int, int], GemmConfig] = GEMM_CHOICES
+def gemm_table() -> launch_tables.LaunchTable[tuple[Key, GemmConfig | None]]:
+    """sgl_ext/tables/gemm.json, loaded on first use."""
+    return launch_tables.load("gemm", _row, _check)
+
+
+def table_row(key: Key, cfg: GemmConfig | None) -> dict[str, object]:
+    """The gemm.json row of (N, K, M bucket) -> cfg (None: F.linear)."""
+    row: dict[str, object] = dict(zip(("n", "k", "m"), key, strict=True))
+    if cfg is None:
+        return {**row, "kernel": "f_linear"}
+    row.update(kernel="dot" if cfg.dot else "fma", block_n=cfg.block_n, block_k=cfg.block_k)
+    row.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return row if cfg.split_k == 1 else {**row, "split_k": cfg.split_k}
+
+
+_views: tuple[object, Mapping[Key, GemmConfig], Mapping[str, Mapping[Key, GemmConfig | None]]]
+_views = (None, {}, {})
+
+
+def _shipped() -> tuple[Mapping[Key, GemmConfig], Mapping[str, Mapping[Key, GemmConfig | None]]]:
+    """gemm.json as read-only mappings: its rows, and each GPU's own rows."""
+    global _views
+    table = gemm_table()
+    if _views[0] is not table:
+        rows = MappingProxyType(dict(table.rows))
+        own = {sub: MappingProxyType(dict(r)) for sub, r in table.devices.items()}
+        _views = (table, rows, MappingProxyType(own))  # type: ignore[assignment]
+    return _views[1], _views[2]
+
+
+def __getattr__(name: str) -> object:
+    """GEMM_CHOICES (the H100's rows) and DEVICE_OVERRIDES (a GPU's own), from gemm.json."""
+    if name == "GEMM_CHOICES":
+        return _shipped()[0]
+    if name == "DEVICE_OVERRIDES":
+        return _shipped()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_table: Mapping[Key, GemmConfig] | None = None  # use_gemm_choices' table; None: gemm.json's
 # choose_config's answers for CUDA tensors, per (N, K, M <= MAX_M, dtype): one dict lookup per
 # linear call instead of the checks and the bucket; emptied whenever the table changes (one GPU
 # model per process: the key holds no device).
@@ -150,19 +118,15 @@ def choose_config(
     n: int, k: int, m: int, dtype: torch.dtype, device: torch.device
 ) -> GemmConfig | None:
     """The Triton configuration for a [m, k] x [n, k]^T linear, or None for F.linear."""
-    if not _table or device.type != "cuda" or dtype not in _DTYPES or not 1 <= m <= MAX_M:
+    table = _table if _table is not None else _shipped()[0]
+    if not table or device.type != "cuda" or dtype not in _DTYPES or not 1 <= m <= MAX_M:
         return None
     key = (n, k, m_bucket(m))
-    if _table is GEMM_CHOICES and any(key in t for t in DEVICE_OVERRIDES.values()):
-        rows = _overrides(device)  # the shipped table: this GPU's measured exceptions first
-        if key in rows:
-            return rows[key]
-    return _table.get(key)
-
-
-def _overrides(device: torch.device) -> dict[tuple[int, int, int], GemmConfig | None]:
-    """The DEVICE_OVERRIDES rows whose name occurs in this device's name."""
-    return {k: v for t in device_tables(DEVICE_OVERRIDES, device) for k, v in t.items()}
+    if _table is None and any(key in t for t in _shipped()[1].values()):
+        for own_key, cfg in gemm_table().device_rows(device):  # this GPU's exceptions first
+            if own_key == key:
+                return cfg
+    return table.get(key)
 
 
 def dispatch_linear(
@@ -192,7 +156,7 @@ def dispatch_linear(
 def linear_config(x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:
     """The skinny GEMM's configuration that `dispatch_linear(x, weight)` runs, or None where it
     runs F.linear (memoised per shape, M and dtype)."""
-    if _table and x.is_cuda and not _is_compiling():
+    if x.is_cuda and not _is_compiling():
         n, k = weight.shape
         m = x.numel() // k if k else 0
         if m <= MAX_M:
@@ -213,7 +177,9 @@ def use_gemm_choices(table: Mapping[tuple[int, int, int], GemmConfig]) -> Iterat
     for key, cfg in table.items():
         if len(key) != 3 or m_bucket(key[2]) != key[2] or not isinstance(cfg, GemmConfig):
             raise ValueError(f"table entry {key}: {cfg!r} is not (N, K, pow2 M) -> GemmConfig")
-    before, _table = _table, table  # the caller's mapping (tests may pass a catch-all)
+    before = _table
+    # the caller's mapping (tests may pass a catch-all); gemm.json's own keeps its GPU rows
+    _table = None if table is _shipped()[0] else table
     _chosen.clear()
     try:
         yield

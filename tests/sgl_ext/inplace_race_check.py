@@ -136,8 +136,7 @@ def plans(quick: bool = False):
                 (torch.bfloat16, True, d, (32, 8)),
             ]
         for kv_dtype, neox, rot, heads in combos:
-            forced = tuple(int(x) for x in cfg.split(","))
-            with settings.override(triton_config=forced):
+            with settings.override(triton_config=cfg):
                 plan = _plan(d, rot, neox, kv_dtype, norm, heads)
             style = "neox" if neox else "gptj"
             name = f"{cfg} D={d} rot={rot} {style} {kv_dtype} heads={heads} norm={norm}"

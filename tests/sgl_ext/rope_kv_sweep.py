@@ -128,8 +128,7 @@ def run_case(c: SweepCase, device: str | torch.device = "cuda") -> str | None:
     expected = tuple(b.clone() for b in bases)
     kb, vb = views(bases)
     arg = FusedSetKVBufferArg(v, kb, vb, ks, vs, loc)
-    forced = tuple(int(x) for x in c.config.split(",")) if c.config else None
-    with settings.override(triton_config=forced):
+    with settings.override(triton_config=c.config or None):
         if c.qk_norm:
             sgl_ext.apply_qk_norm_rope_with_cos_sin_cache_inplace(
                 pos, q, k, d, cs, qw, kw, EPS, c.neox, arg
@@ -239,28 +238,22 @@ def table_rows() -> list[tuple[str, str, int, int, tuple[int, ...], bool]]:
                     (d,),
                     False,
                 )
-    for gpu, rows in rp.DECODE_DEVICE_LAYOUTS.items():
-        for r in rows:
-            add(
-                f"DECODE_DEVICE_LAYOUTS[{gpu}] {r.first}..{r.last}",
-                r.config,
-                r.first,
-                r.last,
-                r.head_dims,
-                False,
-            )
-    tables = {
-        "QK_NORM_LAYOUTS": rp.QK_NORM_LAYOUTS,
-        "QK_NORM_LAYOUTS_OTHER": rp.QK_NORM_LAYOUTS_OTHER,
-    }
-    tables.update({f"QK_NORM_DEVICE_LAYOUTS[{g}]": r for g, r in rp.QK_NORM_DEVICE_LAYOUTS.items()})
-    for tname, rows in tables.items():
-        first = 1
-        for last, cfg in rows:
-            if cfg is not None:
-                dims = (64,) if tname == "QK_NORM_LAYOUTS_OTHER" else (128,)
-                add(f"{tname} {first}..{last}", cfg, first, min(last, 32768), dims, True)
-            first = last + 1
+    for tname, table in (("rope_kv", rp.rope_kv_table()), ("qk_norm", rp.qk_norm_table())):
+        norm = tname == "qk_norm"
+        sections = {"": table.rows, **{f"[{gpu}]": rows for gpu, rows in table.devices.items()}}
+        for gpu, rows in sections.items():
+            for r in rows:
+                if r.config is not None:
+                    last = min(r.last or 32768, 32768)
+                    dims = (r.head_dim or 64,)
+                    add(
+                        f"{tname}{gpu} D={dims[0]} {r.first}..{last}",
+                        r.config,
+                        r.first,
+                        last,
+                        dims,
+                        norm,
+                    )
     return list(out.values())
 
 

@@ -1,6 +1,6 @@
 """Every row of every launch table against the float64 reference, on 16-bit and fp8 caches.
 
-The per-GPU rows (DECODE_DEVICE_LAYOUTS, QK_NORM_DEVICE_LAYOUTS) are chosen by the GPU's name,
+The per-GPU rows (the `devices` rows of rope_kv.json and qk_norm.json) are chosen by the GPU's name,
 so a GPU runs only its own rows by default. Here each row is forced through
 SGL_EXT_TRITON_CONFIG, so every GPU's rows run on whichever GPU (or the interpreter) is at hand.
 On CPU each row runs a few tokens under the interpreter; on the GPU at both ends of its token
@@ -23,13 +23,10 @@ ROWS = table_rows()
 def test_every_table_row_is_listed():
     """table_rows holds every configured row of the RoPE + KV and q/k-norm tables, any GPU's."""
     strings = {r[1] for r in ROWS}
-    configs = [r.config for rows in rp.DECODE_DEVICE_LAYOUTS.values() for r in rows]
-    for table in (
-        rp.QK_NORM_LAYOUTS,
-        rp.QK_NORM_LAYOUTS_OTHER,
-        *rp.QK_NORM_DEVICE_LAYOUTS.values(),
-    ):
-        configs += [cfg for _, cfg in table if cfg is not None]
+    configs = []
+    for table in (rp.rope_kv_table(), rp.qk_norm_table()):
+        rows = table.rows + tuple(r for own in table.devices.values() for r in own)
+        configs += [r.config for r in rows if r.config is not None]
     missing = [c for c in configs if rp.tuning_string(c) not in strings]
     assert not missing, missing
 
@@ -38,7 +35,7 @@ def test_every_table_row_is_listed():
 def test_tuning_string_forces_the_row(row):
     """launch_config parses a row's tuning string back into exactly that layout."""
     _, s, *_ = row
-    with settings.override(triton_config=tuple(int(x) for x in s.split(","))):
+    with settings.override(triton_config=s):
         assert rp.tuning_string(rp.launch_config(5, 64, 128)) == s
         assert rp.tuning_string(rp.qk_norm_launch_config(5, 64, 128)) == s
 

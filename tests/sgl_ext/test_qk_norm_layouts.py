@@ -1,4 +1,4 @@
-"""The q/k-norm op's launch table (rope_kv_plan.QK_NORM_LAYOUTS) and the kernel's POS_LAST (the
+"""The q/k-norm op's launch table (sgl_ext/tables/qk_norm.json) and the kernel's POS_LAST (the
 position loaded after every other load): float64-reference results and unchanged bits under
 each kind of program layout, and the plan's constexpr following the table. Then the q/k bits
 with and without the KV write (the fused and unfused Qwen3 paths agree bit for bit), for both
@@ -6,11 +6,15 @@ sum-of-squares dtypes."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import pytest
 import torch
 
 import sgl_ext
 from sgl_ext import FusedSetKVBufferArg, settings
+from sgl_ext.launch_layout import LoadOrder, Programs
 from tests.sgl_ext.sgl_ext_testutil import FP8, bits, make_cos_sin_cache
 from tests.sgl_ext.test_qk_norm_rope import EPS, _inputs, run_case
 
@@ -22,43 +26,39 @@ DEV = "cuda" if HAS_CUDA else "cpu"
 def _layouts():
     """One of each program kind, with POS_LAST: separate (1 head x 1 warp, 4 x 4), merged
     (token-major, key/value programs first) and merged with GQA groups spread."""
-    from sgl_ext.triton.rope_kv_plan import (
-        ORDER_2D,
-        ORDER_KV_FIRST,
-        ORDER_TOKEN,
-        LaunchConfig,
-    )
+    from sgl_ext.launch_layout import GridOrder, LaunchConfig, LoadOrder, Programs
 
+    two_d, token, kv_first = GridOrder.TWO_D, GridOrder.TOKEN, GridOrder.KV_FIRST
+    merged, spread = Programs.MERGED, Programs.SPREAD
+    pl, lb, pw = LoadOrder.POS_LAST, LoadOrder.LOAD_BARRIER, LoadOrder.PRE_WAIT
     return [
-        LaunchConfig(1, 1, ORDER_2D, pos_last=True),
-        LaunchConfig(4, 4, ORDER_2D, pos_last=True),
-        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, pos_last=True),
-        LaunchConfig(2, 4, ORDER_KV_FIRST, merged=True, pos_last=True),
-        LaunchConfig(4, 2, ORDER_TOKEN, merged=True, spread=True, pos_last=True),
-        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, early_release=True),
-        LaunchConfig(2, 4, ORDER_KV_FIRST, merged=True, pos_last=True, hoist=True),
-        LaunchConfig(4, 2, ORDER_TOKEN, merged=True, spread=True, pos_last=True, hoist=True),
-        LaunchConfig(1, 1, ORDER_2D, load_barrier=True),
-        LaunchConfig(4, 4, ORDER_TOKEN, load_barrier=True),
-        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, load_barrier=True),
-        LaunchConfig(2, 4, ORDER_KV_FIRST, merged=True, hoist=True, load_barrier=True),
-        LaunchConfig(4, 2, ORDER_TOKEN, merged=True, spread=True, load_barrier=True),
-        LaunchConfig(4, 4, ORDER_2D, load_barrier=True, kv_block_h=1),
-        LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True),
-        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, pre_wait=True),
+        LaunchConfig(1, 1, two_d, load=pl),
+        LaunchConfig(4, 4, two_d, load=pl),
+        LaunchConfig(2, 2, token, merged, pl),
+        LaunchConfig(2, 4, kv_first, merged, pl),
+        LaunchConfig(4, 2, token, spread, pl),
+        LaunchConfig(2, 2, token, merged, hoist=True, early_release=True),
+        LaunchConfig(2, 4, kv_first, merged, pl, hoist=True),
+        LaunchConfig(4, 2, token, spread, pl, hoist=True),
+        LaunchConfig(1, 1, two_d, load=lb),
+        LaunchConfig(4, 4, token, load=lb),
+        LaunchConfig(2, 2, token, merged, lb),
+        LaunchConfig(2, 4, kv_first, merged, lb, hoist=True),
+        LaunchConfig(4, 2, token, spread, lb),
+        LaunchConfig(4, 4, two_d, load=lb, kv_block_h=1),
+        LaunchConfig(4, 4, two_d, load=pw, early_release=True),
+        LaunchConfig(2, 2, token, merged, pw, hoist=True),
         # the norm weights before the PDL wait too: separate, merged and merged with HOIST
-        LaunchConfig(4, 4, ORDER_2D, early_release=True, pre_wait=True, norm_w_pre=True),
-        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, pre_wait=True, norm_w_pre=True),
-        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, pre_wait=True, norm_w_pre=True),
+        LaunchConfig(4, 4, two_d, load=pw, early_release=True, norm_w_pre=True),
+        LaunchConfig(2, 2, token, merged, pw, norm_w_pre=True),
+        LaunchConfig(2, 2, token, merged, pw, hoist=True, norm_w_pre=True),
         # the slot and its cache rows before the PDL wait too: separate, merged, merged HOIST
-        LaunchConfig(4, 4, ORDER_2D, pre_wait=True, norm_w_pre=True, slot_pre=True),
-        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, pre_wait=True, slot_pre=True),
-        LaunchConfig(2, 2, ORDER_TOKEN, merged=True, hoist=True, pre_wait=True, slot_pre=True),
+        LaunchConfig(4, 4, two_d, load=pw, norm_w_pre=True, slot_pre=True),
+        LaunchConfig(2, 2, token, merged, pw, slot_pre=True),
+        LaunchConfig(2, 2, token, merged, pw, hoist=True, slot_pre=True),
         # 16 query heads a program (the H200's 9..64 rows), 4 key/value heads
-        LaunchConfig(16, 4, ORDER_2D, early_release=True, pre_wait=True, norm_w_pre=True),
-        LaunchConfig(
-            16, 4, ORDER_2D, early_release=True, kv_block_h=4, pre_wait=True, norm_w_pre=True
-        ),
+        LaunchConfig(16, 4, two_d, load=pw, early_release=True, norm_w_pre=True),
+        LaunchConfig(16, 4, two_d, load=pw, early_release=True, kv_block_h=4, norm_w_pre=True),
     ]
 
 
@@ -69,18 +69,19 @@ IDS += ["pw-s-4x4", "pw-s-merged", "pw-s-hoist", "pw-w-16x4", "pw-16x4-kv4"]
 
 
 @pytest.fixture
-def layout(monkeypatch):
-    """layout(cfg): the q/k-norm op uses cfg at every T (cached plans dropped); the autouse
-    settings fixture restores the table and reloads afterwards."""
-    from sgl_ext.triton import rope_kv_plan
+def layout():
+    """layout(cfg): the q/k-norm op uses cfg at every T and head size on every GPU (its table
+    replaced through launch_tables.override, which drops the cached plans); the table comes
+    back afterwards."""
+    from sgl_ext import launch_tables
 
-    def _set(cfg) -> None:
-        monkeypatch.setattr(rope_kv_plan, "QK_NORM_LAYOUTS", ((1 << 62, cfg),))
-        monkeypatch.setattr(rope_kv_plan, "QK_NORM_DEVICE_LAYOUTS", {})  # no GPU's own table
-        monkeypatch.setattr(rope_kv_plan, "QK_NORM_LAYOUTS_OTHER", ((1 << 62, cfg),))
-        settings.reload()
+    with contextlib.ExitStack() as stack:
 
-    return _set
+        def _set(cfg) -> None:
+            row = {"head_dim": "other", "tokens": [1, None], **cfg.to_row()}
+            stack.enter_context(launch_tables.override("qk_norm", {"rows": [row]}))
+
+        yield _set
 
 
 @pytest.mark.parametrize("idx", range(len(IDS)), ids=IDS)
@@ -115,8 +116,10 @@ def test_triton_pos_last_keeps_the_bits(backend, layout, idx):
     backend("triton")
     cfg = _layouts()[idx]
     outs = []
+    merged = cfg.programs is not Programs.SEPARATE
     for pos_last in (False, True):
-        layout(cfg._replace(pos_last=pos_last, hoist=pos_last and cfg.merged))
+        load = LoadOrder.POS_LAST if pos_last else LoadOrder.START
+        layout(dataclasses.replace(cfg, load=load, hoist=pos_last and merged))
         outs.append(_qk_with_and_without_kv(DEV, 5, 4, 2, 16, torch.bfloat16, seed=4, calls=1))
     for (f0, q0, k0), (f1, q1, k1) in zip(*outs, strict=True):
         assert f0 == f1 and torch.equal(q0, q1) and torch.equal(k0, k1)
@@ -128,25 +131,28 @@ def test_plan_pos_last_follows_the_table(num_tokens):
     alone (no norm) never loads the position last."""
     from sgl_ext.triton.rope_kv_plan import QK_NORM_LAYOUTS, qk_norm_launch_config
 
-    assert [hi for hi, _ in QK_NORM_LAYOUTS] == sorted(hi for hi, _ in QK_NORM_LAYOUTS)
+    assert [r.first for r in QK_NORM_LAYOUTS] == sorted(r.first for r in QK_NORM_LAYOUTS)
     cfg = qk_norm_launch_config(num_tokens, 32, 128, torch.device("cpu"))  # _plan's tensors
-    # 2: behind a barrier (merged programs without HOIST)
-    want = (2 if cfg.merged and not cfg.hoist else 1) if cfg.pos_last else 0
-    want = 3 if cfg.load_barrier else want
-    want = 4 if cfg.pre_wait else want  # PRE_WAIT: the position and cos/sin before the wait
+    merged = cfg.programs is not Programs.SEPARATE
+    want = {  # POS_LAST 2: behind a barrier (merged programs without HOIST)
+        LoadOrder.START: 0,
+        LoadOrder.POS_LAST: 2 if merged and not cfg.hoist else 1,
+        LoadOrder.LOAD_BARRIER: 3,
+        LoadOrder.PRE_WAIT: 4,  # the position and cos/sin before the wait
+    }[cfg.load]
+    pre_wait = cfg.load is LoadOrder.PRE_WAIT
     for kv_dtype in (None, torch.bfloat16, torch.float8_e4m3fn):
         c = _plan(num_tokens, kv_dtype).constexprs
-        assert c["POS_LAST"] == want and c["HOIST"] == (cfg.merged and cfg.hoist)
+        assert c["POS_LAST"] == want and c["HOIST"] == (merged and cfg.hoist)
         assert c["EARLY_RELEASE"] == (c["USE_PDL"] and cfg.early_release)
-        assert c["NORM_W_PRE"] == (cfg.pre_wait and cfg.norm_w_pre)
-        assert c["SLOT_PRE"] == (kv_dtype is not None and cfg.pre_wait and cfg.slot_pre)
+        assert c["NORM_W_PRE"] == (pre_wait and cfg.norm_w_pre)
+        assert c["SLOT_PRE"] == (kv_dtype is not None and pre_wait and cfg.slot_pre)
 
 
 @pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
 def test_device_layouts_by_gpu_name(monkeypatch, name):
-    """A GPU whose name holds a QK_NORM_DEVICE_LAYOUTS key takes that table (sorted bounds, its
-    own rows only where they differ), any other GPU and the CPU the H100's; RoPE + KV alone is
-    unaffected."""
+    """A GPU whose name holds a QK_NORM_DEVICE_LAYOUTS key takes that section's rows first (each
+    differs from the H100's row it replaces), any other GPU and the CPU the H100's."""
     from sgl_ext import device_tables
     from sgl_ext.triton import rope_kv_plan as rp
 
@@ -154,31 +160,30 @@ def test_device_layouts_by_gpu_name(monkeypatch, name):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
     monkeypatch.setattr(device_tables, "_names", {})
     cuda = torch.device("cuda", 0)
+    mine = ()
     for sub, rows in rp.QK_NORM_DEVICE_LAYOUTS.items():
-        bounds = [hi for hi, _ in rows]
-        assert bounds == sorted(bounds) and bounds[-1] == rp.QK_NORM_LAYOUTS[-1][0]
-        assert rows != rp.QK_NORM_LAYOUTS  # an exception, not a copy
+        assert rows and all(r.head_dim == 128 and r.config is not None for r in rows)
+        mine += rows if sub in name else ()
         for t in (1, 8, 9, 33, 64, 65, 300, 512, 1024, 1025, 4096, 32768):
-            own = next(c for hi, c in rows if t <= hi)
-            base = next(c for hi, c in rp.QK_NORM_LAYOUTS if t <= hi)
+            own = next((r for r in rows if r.covers(t)), None)
+            base = next(r for r in rp.QK_NORM_LAYOUTS if r.covers(t))
+            assert own is None or own.config != base.config  # an exception, not a copy
             cfg = rp.qk_norm_launch_config(t, 32, 128, cuda)
-            assert cfg == (own if sub in name else base)
-            assert rp.qk_norm_launch_config(t, 32, 128) == base  # no device: the H100 table
-            assert rp.qk_norm_launch_config(t, 32, 128, torch.device("cpu")) == base
-    assert rp.qk_norm_layouts(cuda) is next(
-        (rows for sub, rows in rp.QK_NORM_DEVICE_LAYOUTS.items() if sub in name),
-        rp.QK_NORM_LAYOUTS,
-    )
+            assert cfg == (own if own is not None and sub in name else base).config
+            assert rp.qk_norm_launch_config(t, 32, 128) == base.config  # no device: the H100's
+            assert rp.qk_norm_launch_config(t, 32, 128, torch.device("cpu")) == base.config
+    assert rp.qk_norm_layouts(cuda) == mine + rp.qk_norm_table().rows
 
 
 def test_override_and_rope_alone_do_not_load_the_position_last(monkeypatch):
     """RoPE alone's layouts and an SGL_EXT_TRITON_CONFIG override keep the position first."""
     from sgl_ext.triton.rope_kv_plan import launch_config, qk_norm_launch_config
 
-    assert not any(launch_config(t, 32, 128).pos_last for t in (1, 32, 512, 4096))
+    pos_last = LoadOrder.POS_LAST
+    assert not any(launch_config(t, 32, 128).load is pos_last for t in (1, 32, 512, 4096))
     monkeypatch.setenv("SGL_EXT_TRITON_CONFIG", "1,4,0")
     settings.reload()
-    assert not qk_norm_launch_config(1, 32, 128).pos_last
+    assert qk_norm_launch_config(1, 32, 128).load is LoadOrder.START
 
 
 @gpu
@@ -191,12 +196,17 @@ def test_cuda_pos_last_keeps_the_bits(backend, layout, num_tokens):
 
     backend("triton")
     cfg = qk_norm_launch_config(num_tokens, 32, 128)
-    plain = cfg._replace(pos_last=False, hoist=False, load_barrier=False)
+    merged = cfg.programs is not Programs.SEPARATE
+
+    def variant(load: LoadOrder, hoist: bool):
+        keep = cfg.load is LoadOrder.PRE_WAIT  # PRE_WAIT rows keep it (it wins in the kernel)
+        return dataclasses.replace(cfg, load=cfg.load if keep else load, hoist=hoist and merged)
+
     variants = (
-        plain,
-        plain._replace(pos_last=True, hoist=cfg.merged),
-        plain._replace(load_barrier=True),
-        plain._replace(load_barrier=True, hoist=cfg.merged),
+        variant(LoadOrder.START, False),
+        variant(LoadOrder.POS_LAST, True),
+        variant(LoadOrder.LOAD_BARRIER, False),
+        variant(LoadOrder.LOAD_BARRIER, True),
     )
     outs = []
     for v in variants:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import pytest
@@ -268,9 +269,11 @@ def test_triton_default_config_key_value_first(backend, kv_dtype, scale, num_tok
     """The default heuristic's key/value-first grid order (D = 128, a few hundred tokens): every
     token's key/value program runs before the query-only ones and each program still finds
     its token and head block."""
-    from sgl_ext.triton.rope_kv_plan import ORDER_KV_FIRST, launch_config
+    from sgl_ext.launch_layout import GridOrder
+    from sgl_ext.triton.rope_kv_plan import launch_config
 
-    assert launch_config(num_tokens, 16, 128, kv_dtype != torch.bfloat16).order == ORDER_KV_FIRST
+    cfg = launch_config(num_tokens, 16, 128, kv_dtype != torch.bfloat16)
+    assert cfg.order is GridOrder.KV_FIRST
     backend("triton")
     run_case(
         device="cuda" if HAS_CUDA else "cpu",
@@ -315,16 +318,17 @@ def test_launch_config_heads_per_program_is_a_power_of_two():
     for d in (24, 64, 80, 96, 128, 256):
         for t in (1, 9, 65, 257, 5000):
             for heads in (1, 3, 32, 64):
-                bh, nw = launch_config(t, heads, d)[:2]
+                cfg = launch_config(t, heads, d)
+                bh, nw = cfg.block_h, cfg.num_warps
                 assert bh & (bh - 1) == 0 and 1 <= bh <= 32, (d, t, heads, bh)
                 assert nw in (1, 2, 4, 8)
 
 
 @pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
 def test_decode_device_layouts_by_gpu_name(monkeypatch, name):
-    """Up to 64 tokens and a 16-bit cache: a GPU whose name holds a DECODE_DEVICE_LAYOUTS key
-    takes the layout of its row for (T, D) (heads capped at the call's); any other GPU, fp8
-    caches, T and D outside its rows and no device take launch_config's own."""
+    """A GPU whose name holds a DECODE_DEVICE_LAYOUTS key (rope_kv.json's devices) takes the
+    layout of its row for (T, D, cache) (heads capped at the call's); any other GPU, T, D and
+    caches outside its rows and no device take the H100's."""
     from sgl_ext import device_tables
     from sgl_ext.triton import rope_kv_plan as rp
 
@@ -333,17 +337,19 @@ def test_decode_device_layouts_by_gpu_name(monkeypatch, name):
     monkeypatch.setattr(device_tables, "_names", {})
     cuda = torch.device("cuda", 0)
     rows = next((r for sub, r in rp.DECODE_DEVICE_LAYOUTS.items() if sub in name), ())
-    assert all(1 <= r.first <= r.last <= 64 for r in rows)
+    assert all(r.last is not None and 1 <= r.first <= r.last <= 64 for r in rows)
+    assert all(r.cache == "16bit" for r in rows)  # the device is passed for 16-bit caches
     for t in (1, 2, 8, 9, 24, 25, 33, 64, 65):
         for heads in (1, 2, 32, 64):
             for fp8 in (False, True):
                 for d in (64, 80, 128):
                     base = rp.launch_config(t, heads, d, fp8)
                     cfg = rp.launch_config(t, heads, d, fp8, cuda)
-                    own = [r for r in rows if r.first <= t <= r.last and d in r.head_dims]
-                    if own and not fp8:
+                    cache = "fp8" if fp8 else "16bit"
+                    own = [r for r in rows if r.covers(t) and (r.head_dim, r.cache) == (d, cache)]
+                    if own:
                         c = own[0].config
-                        assert cfg == c._replace(block_h=min(c.block_h, heads))
+                        assert cfg == dataclasses.replace(c, block_h=min(c.block_h, heads))
                     else:
                         assert cfg == base
     assert rp.launch_config(1, 32, 128).block_h == 1  # no device: the H100's one head

@@ -105,12 +105,18 @@ def test_registered_schemas():
 
 @pytest.mark.parametrize("n", [2, 3, 8, 14])
 def test_tuning_string_round_trip(n):
-    cfg = rp.LaunchConfig(16, 4, 1, True, False, 40, True, False, True, False, 2, True, True, True)
-    values = tuple(int(x) for x in rp.tuning_string(cfg).split(","))[:n]
+    """The readable string reads back; the positional one's first n fields set, the rest
+    default (merged, pre_wait, then its norm weights and slot before the wait)."""
+    values = (16, 4, 1, 1, 0, 40, 1, 0, 1, 0, 2, 1, 1, 1)[:n]
     got = rp.parse_tuning(values)
-    assert tuple(got)[:n] == tuple(cfg)[:n]
-    assert tuple(got)[n:] == tuple(rp.LaunchConfig(1, 1))[n:]
-    assert all(type(x) is type(d) for x, d in zip(got, cfg, strict=True))
+    assert rp.parse_tuning(rp.tuning_string(got)) == got
+    assert (got.block_h, got.num_warps) == (16, 4)
+    assert got.order.code == (values[2:3] or (1,))[0] and got.maxnreg == (40 if n > 5 else 0)
+    assert (got.programs is rp.Programs.MERGED) == (n > 3)
+    assert got.load is (
+        rp.LoadOrder.PRE_WAIT if n > 11 else rp.LoadOrder.POS_LAST if n > 6 else rp.LoadOrder.START
+    )
+    assert got.slot_pre == (n > 13) and got.kv_block_h == (2 if n > 10 else 0)
 
 
 @pytest.mark.parametrize("values", [(4,), tuple(range(15))])

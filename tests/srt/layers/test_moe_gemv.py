@@ -7,10 +7,8 @@ import dataclasses
 import pytest
 import torch
 
+from srt.layers.moe.fused_moe_triton.config import moe_table
 from srt.layers.moe.fused_moe_triton.fused_moe import (
-    MOE_CONFIGS,
-    MXFP4_CONFIGS,
-    MXFP4_DEVICE_OVERRIDES,
     GemmConfig,
     MoeConfig,
     fused_experts,
@@ -128,9 +126,9 @@ def test_gemv_mxfp4_matches_dequantised_reference(
 def _table_gemv_configs() -> list[tuple[str, int, MoeConfig]]:
     """(format, T bound, config) of every GEMV row of the tables (plus one default GEMV config,
     so the CUDA tests run before the tables hold one)."""
-    rows = [("bf16", b, c) for b, c in MOE_CONFIGS if c.gemv]
-    rows += [("mxfp4", b, c) for b, c in MXFP4_CONFIGS if c.gemv]
-    rows += [("mxfp4", b, c) for t in MXFP4_DEVICE_OVERRIDES.values() for b, c in t if c.gemv]
+    table = moe_table()
+    every = table.rows + tuple(r for own in table.devices.values() for r in own)
+    rows = [(r.experts, r.last or r.first, r.config) for r in every if r.config.gemv]
     default = MoeConfig(16, GemmConfig(16, 256, 4, 1), GemmConfig(16, 256, 4, 1), gemv=True)
     prefetch = MoeConfig(16, GemmConfig(8, 256, 1, 2), GemmConfig(16, 512, 2, 2), gemv=True)
     return rows + [(f, 1, c) for c in (prefetch, default) for f in ("bf16", "mxfp4")]

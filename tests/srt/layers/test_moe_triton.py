@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from srt.layers.moe import TopKExperts
-from srt.layers.moe.fused_moe_triton.config import _mxfp4_overrides
+from srt.layers.moe.fused_moe_triton import config as moe_config
 from srt.layers.moe.fused_moe_triton.fused_moe import (
-    MOE_CONFIGS,
-    MXFP4_CONFIGS,
     SHARED_MEMORY_BUDGET,
     fused_experts,
     get_config,
@@ -198,17 +196,22 @@ def test_bad_arguments_raise_before_launch():
 
 
 def test_config_table_covers_every_token_count():
-    for table in (MOE_CONFIGS, MXFP4_CONFIGS):
-        bounds = [b for b, _ in table]
-        assert bounds == sorted(bounds) and bounds[-1] >= 1 << 40
+    table = moe_config.moe_table()
+    for rows in (moe_config.MOE_CONFIGS, moe_config.MXFP4_CONFIGS):
+        assert rows[0].first == 1 and rows[-1].last is None
+        assert all(
+            a.last is not None and a.last + 1 == b.first
+            for a, b in zip(rows, rows[1:], strict=False)
+        )
     cuda = torch.device("cuda")
     for T in (1, 8, 32, 64, 512, 4096, 1 << 20):
-        for mx, table in ((False, MOE_CONFIGS), (True, MXFP4_CONFIGS)):
+        for mx in (False, True):
             cfg = get_config(T, cuda, mxfp4=mx)
             assert cfg.block_m in (16, 32, 64, 128)
-            if mx:  # this GPU's own rows first
-                table = _mxfp4_overrides(cuda) + table
-            assert cfg == next(c for b, c in table if T <= b)  # bf16: the table as measured
+            experts = "mxfp4" if mx else "bf16"
+            rows = table.rows_for(cuda)  # this GPU's own rows first
+            want = next(r.config for r in rows if r.experts == experts and r.covers(T))
+            assert cfg == want  # bf16: the table as measured
             for dtype in (torch.bfloat16, torch.float32):  # pipelined tiles fit in shared memory
                 c = get_config(T, cuda, dtype, mxfp4=mx)
                 assert c.mxfp4_mode == (

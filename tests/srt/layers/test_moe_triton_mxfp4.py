@@ -8,10 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from srt.layers.moe.fused_moe_triton.config import _mxfp4_overrides
+from srt.layers.moe.fused_moe_triton import config as moe_config
 from srt.layers.moe.fused_moe_triton.fused_moe import (
-    MOE_CONFIGS,
-    MXFP4_CONFIGS,
     fused_experts,
     get_config,
 )
@@ -181,22 +179,23 @@ def test_gpu_mxfp4_graph_replay_equals_eager():
 
 @pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
 def test_mxfp4_device_rows_apply_by_gpu_name(monkeypatch, name):
-    """MXFP4_DEVICE_OVERRIDES rows come before MXFP4_CONFIGS on a GPU whose name holds their
-    key, nowhere else; bf16 experts never take them."""
+    """A GPU's own MXFP4 rows (MXFP4_DEVICE_OVERRIDES: moe.json's devices) come before the
+    H100's on a GPU whose name holds their key, nowhere else; bf16 experts never take them."""
     from sgl_ext import device_tables
-    from srt.layers.moe.fused_moe_triton.config import MXFP4_DEVICE_OVERRIDES
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
     monkeypatch.setattr(device_tables, "_names", {})
-    _mxfp4_overrides.cache_clear()
+    moe_config._rows.cache_clear()
     try:
         cuda = torch.device("cuda", 0)
-        sub = next(iter(MXFP4_DEVICE_OVERRIDES))
-        bound, row = MXFP4_DEVICE_OVERRIDES[sub][0]
-        table_row = next(c for b, c in MXFP4_CONFIGS if bound <= b)
-        assert row != table_row  # an exception, not a copy
-        assert get_config(bound, cuda, mxfp4=True) == (row if sub in name else table_row)
-        assert get_config(bound, cuda) == next(c for b, c in MOE_CONFIGS if bound <= b)
+        sub = next(iter(moe_config.MXFP4_DEVICE_OVERRIDES))
+        row = moe_config.MXFP4_DEVICE_OVERRIDES[sub][0]
+        table_row = next(r.config for r in moe_config.MXFP4_CONFIGS if r.covers(row.first))
+        assert row.config != table_row  # an exception, not a copy
+        want = row.config if sub in name else table_row
+        assert get_config(row.first, cuda, mxfp4=True) == want
+        bf16 = next(r.config for r in moe_config.MOE_CONFIGS if r.covers(row.first))
+        assert get_config(row.first, cuda) == bf16
     finally:
-        _mxfp4_overrides.cache_clear()
+        moe_config._rows.cache_clear()

@@ -1,19 +1,19 @@
 """Launch configurations of the routed-expert kernels, by token count, weight format and dtype.
 
-`get_config(T, device, dtype, mxfp4)` picks a row of the measured tables (bf16 experts:
-MOE_CONFIGS, MXFP4 experts: MXFP4_CONFIGS, with a GPU's own rows from
-MXFP4_DEVICE_OVERRIDES first), shrunk where its pipelined tiles would not fit in shared memory
-(fp32), and the interpreter's tiny tiles off CUDA.
+`get_config(T, device, dtype, mxfp4)` picks a row of the measured table sgl_ext/tables/moe.json
+(by expert weights and token count, a GPU's own rows first), shrunk where its pipelined tiles
+would not fit in shared memory (fp32), and the interpreter's tiny tiles off CUDA.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 
 import torch
 
-from sgl_ext.device_tables import device_tables
+from sgl_ext import launch_tables
 
 MXFP4_MODES = ("dot_scaled", "split")
 
@@ -56,67 +56,108 @@ class MoeConfig:
     fp16_products: bool = True
 
 
-# Upper bound on T -> config, measured on the H100 (bf16 activations and experts, gpt-oss-20b
-# shape, CUDA graph; benchmarks/bench_moe.py --sweep; the µs per row: benchmarks/RESULTS.md 8).
-# Decode (few pairs per expert) is weight-read bound: BLOCK_M 16, narrow N tiles so enough
-# programs stream weights, long K blocks; prefill grows BLOCK_M and the N tiles.
-MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    # T <= 4: the per-pair GEMV kernels (each pair reads its own expert; no 16-row tile, no
-    # alignment), faster than the grouped kernels there (bench_moe --sweep-gemv)
-    (1, MoeConfig(16, GemmConfig(8, 256, 2, 2), GemmConfig(8, 512, 4, 1), gemv=True)),
-    (2, MoeConfig(16, GemmConfig(8, 256, 2, 2), GemmConfig(8, 512, 4, 1), gemv=True)),
-    (4, MoeConfig(16, GemmConfig(16, 512, 4, 1), GemmConfig(8, 512, 4, 1), gemv=True)),
-    # grouped kernels from 5 tokens
-    (8, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 128, 4, 4, 1))),
-    (32, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),
-    (64, MoeConfig(16, GemmConfig(32, 256, 4, 3, 1), GemmConfig(64, 256, 4, 3, 1))),
-    (512, MoeConfig(64, GemmConfig(64, 64, 4, 4, 8), GemmConfig(128, 64, 4, 4, 8))),
-    (1 << 62, MoeConfig(128, GemmConfig(128, 64, 8, 3, 8), GemmConfig(256, 64, 8, 3, 8))),
-)
-# MXFP4 experts (H100; `bench_moe.py --mxfp4 --sweep` / `--sweep-gemv`; the µs per row:
-# benchmarks/RESULTS.md 8). A weight tile is BLOCK_K / 2 bytes a row, so decode takes long K
-# blocks (128-byte row segments per load) and deep pipelines to keep enough bytes in flight.
-MXFP4_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    # T <= 8: the per-pair GEMV kernels with fp16 products (moe_gemv_f16.py), faster than the
-    # float32 GEMV and the grouped kernels up to 8 tokens (not at 16); one-warp programs of 2-4
-    # rows keep more programs in flight
-    (
-        1,
-        MoeConfig(16, GemmConfig(2, 1024, 1, 2), GemmConfig(4, 1024, 2, 2), gemv=True),
-    ),
-    (
-        2,
-        MoeConfig(16, GemmConfig(2, 1024, 1, 2), GemmConfig(16, 256, 4, 2), gemv=True),
-    ),
-    (
-        4,
-        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True),
-    ),
-    (
-        8,
-        MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True),
-    ),
-    # 8 < T <= 64: grouped kernels, the E8M0 scales loaded one K step ahead (the pipeliner
-    # cannot copy rows that narrow asynchronously)
-    (
-        32,
-        MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 4, 1, 1)),
-    ),
-    (
-        64,
-        MoeConfig(16, GemmConfig(64, 128, 4, 4, 1, 1), GemmConfig(64, 128, 4, 4, 1, 1)),
-    ),
-    (512, MoeConfig(64, GemmConfig(64, 128, 4, 4, 8), GemmConfig(128, 128, 4, 3, 8))),
-    (1 << 62, MoeConfig(128, GemmConfig(64, 128, 8, 3, 8), GemmConfig(128, 128, 8, 3, 8))),
-)
-# Rows another GPU measured better, keyed by a substring of its name (torch.cuda.
-# get_device_name): on such a GPU a row here takes the token counts up to its bound before
-# MXFP4_CONFIGS does.
-MXFP4_DEVICE_OVERRIDES: dict[str, tuple[tuple[int, MoeConfig], ...]] = {
-    # H200 at T = 1: 4 rows a one-warp program and 512-element K blocks in both GEMVs (more
-    # bytes in flight for its bandwidth than the H100 row)
-    "H200": ((1, MoeConfig(16, GemmConfig(4, 512, 1, 2), GemmConfig(4, 512, 1, 2), gemv=True)),),
-}
+EXPERTS = ("bf16", "mxfp4")
+_KERNELS = ("grouped", "gemv")
+_GEMM_KEYS = ("block_n", "block_k", "num_warps", "num_stages", "group_m", "scale_prefetch")
+
+
+@dataclass(frozen=True)
+class MoeRow:
+    """A row of sgl_ext/tables/moe.json: `config` for first <= T <= last tokens (last None: no
+    bound) with `experts` ("bf16" or "mxfp4") weights."""
+
+    experts: str
+    first: int
+    last: int | None
+    config: MoeConfig
+
+    def covers(self, num_tokens: int) -> bool:
+        return self.first <= num_tokens and (self.last is None or num_tokens <= self.last)
+
+
+def _gemm(name: str, v: dict) -> GemmConfig:
+    unknown = sorted(set(v) - set(_GEMM_KEYS))
+    if unknown or not all(isinstance(x, int) and not isinstance(x, bool) for x in v.values()):
+        raise ValueError(f"{name} takes integer {', '.join(_GEMM_KEYS)}, got {v}")
+    g = GemmConfig(**v)
+    if not all(_pow2(x) for x in (g.block_n, g.block_k, g.num_warps)) or g.num_stages < 1:
+        raise ValueError(f"{name}: block_n, block_k, num_warps powers of two, num_stages >= 1")
+    if g.group_m < 1 or g.scale_prefetch not in (0, 1):
+        raise ValueError(f"{name}: group_m >= 1 and scale_prefetch 0 or 1")
+    return g
+
+
+def _pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _row(row: dict) -> MoeRow:
+    """A moe.json row: experts, tokens, kernel (grouped or gemv), block_m, gate_up and down
+    (each GEMM's GemmConfig fields), then mxfp4_mode and fp16_products (MXFP4 rows)."""
+    first, last = launch_tables.token_range(row)
+    experts = launch_tables.take(row, "experts", str)
+    kernel = launch_tables.take(row, "kernel", str)
+    if experts not in EXPERTS or kernel not in _KERNELS:
+        raise ValueError(f"experts must be one of {EXPERTS} and kernel one of {_KERNELS}")
+    block_m = launch_tables.take(row, "block_m", int)
+    if not _pow2(block_m) or block_m < 16:
+        raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
+    gate_up = _gemm("gate_up", launch_tables.take(row, "gate_up", dict))
+    down = _gemm("down", launch_tables.take(row, "down", dict))
+    mode, fp16 = "dot_scaled", True
+    if experts == "mxfp4":
+        mode = launch_tables.take(row, "mxfp4_mode", str) if "mxfp4_mode" in row else mode
+        fp16 = launch_tables.take(row, "fp16_products", bool) if "fp16_products" in row else fp16
+    if mode not in MXFP4_MODES:
+        raise ValueError(f"mxfp4_mode must be one of {MXFP4_MODES}, got {mode!r}")
+    launch_tables.no_more(row)
+    return MoeRow(
+        experts, first, last, MoeConfig(block_m, gate_up, down, mode, kernel == "gemv", fp16)
+    )
+
+
+def _check(rows: tuple[MoeRow, ...], device: str | None) -> None:
+    launch_tables.check_ranges(
+        ((r.experts, r.first, r.last) for r in rows), device is None, "experts"
+    )
+    if device is None and {r.experts for r in rows} != set(EXPERTS):
+        raise ValueError(f"the H100's rows must cover every experts kind {EXPERTS}")
+
+
+def moe_table() -> launch_tables.LaunchTable[MoeRow]:
+    """sgl_ext/tables/moe.json, loaded on first use."""
+    return launch_tables.load("moe", _row, _check)
+
+
+def table_row(cfg: MoeConfig, experts: str, first: int, last: int | None) -> dict[str, object]:
+    """The moe.json row of `cfg` for first..last tokens (last None: no bound)."""
+
+    def gemm(g: GemmConfig) -> dict[str, int]:
+        d = {k: getattr(g, k) for k in _GEMM_KEYS}
+        return {k: v for k, v in d.items() if k in _GEMM_KEYS[:4] or v != 1}
+
+    row: dict[str, object] = {"experts": experts, "tokens": [first, last]}
+    row.update(kernel="gemv" if cfg.gemv else "grouped", block_m=cfg.block_m)
+    row.update(gate_up=gemm(cfg.gate_up), down=gemm(cfg.down))
+    if experts == "mxfp4" and cfg.mxfp4_mode != "dot_scaled":
+        row["mxfp4_mode"] = cfg.mxfp4_mode
+    if experts == "mxfp4" and not cfg.fp16_products:
+        row["fp16_products"] = False
+    return row
+
+
+def __getattr__(name: str) -> object:
+    """The tables by their names in the code that held them (rows of moe.json): MOE_CONFIGS
+    (bf16 experts), MXFP4_CONFIGS (MXFP4 experts), MXFP4_DEVICE_OVERRIDES (a GPU's own)."""
+    if name in ("MOE_CONFIGS", "MXFP4_CONFIGS"):
+        experts = "bf16" if name == "MOE_CONFIGS" else "mxfp4"
+        return tuple(r for r in moe_table().rows if r.experts == experts)
+    if name == "MXFP4_DEVICE_OVERRIDES":
+        own = moe_table().devices.items()
+        return {sub: tuple(r for r in rows if r.experts == "mxfp4") for sub, rows in own}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # Shared memory the pipelined operand tiles of one GEMM may take (H100: 227 KiB per block).
 SHARED_MEMORY_BUDGET = 192 * 1024
 # Tiny tiles for the CPU interpreter (tests): same code paths, fewer wasted lanes.
@@ -133,10 +174,7 @@ def get_config(
     mxfp4=True; fp32 activations then take the "split" mode)."""
     if device.type != "cuda":
         return fit_mxfp4(INTERPRETER_CONFIG) if mxfp4 else INTERPRETER_CONFIG
-    table = MXFP4_CONFIGS if mxfp4 else MOE_CONFIGS
-    if mxfp4:
-        table = _mxfp4_overrides(device) + table
-    cfg = next(cfg for bound, cfg in table if num_tokens <= bound)
+    cfg = next(c for lo, hi, c in _rows(moe_table(), device, mxfp4) if lo <= num_tokens <= hi)
     if mxfp4 and dtype not in (torch.bfloat16, torch.float16):
         cfg = replace(cfg, mxfp4_mode="split")
     if cfg.gemv:  # no shared-memory tiles
@@ -146,9 +184,14 @@ def get_config(
 
 
 @functools.cache
-def _mxfp4_overrides(device: torch.device) -> tuple[tuple[int, MoeConfig], ...]:
-    """The MXFP4_DEVICE_OVERRIDES rows whose name occurs in this device's name."""
-    return tuple(row for t in device_tables(MXFP4_DEVICE_OVERRIDES, device) for row in t)
+def _rows(
+    table: launch_tables.LaunchTable[MoeRow], device: torch.device, mxfp4: bool
+) -> tuple[tuple[int, float, MoeConfig], ...]:
+    """(first, last, config) of the rows a call on `device` reads, in order: its GPU's own,
+    then the H100's (one GPU per device index: cached)."""
+    experts = "mxfp4" if mxfp4 else "bf16"
+    rows = (r for r in table.rows_for(device) if r.experts == experts)
+    return tuple((r.first, math.inf if r.last is None else r.last, r.config) for r in rows)
 
 
 def fit_shared_memory(cfg: MoeConfig, act_size: int, weight_size: float) -> MoeConfig:

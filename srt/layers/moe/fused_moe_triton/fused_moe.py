@@ -18,9 +18,6 @@ from sgl_ext import settings
 from sgl_ext.triton.launcher import cached_launcher
 from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
     INTERPRETER_CONFIG,
-    MOE_CONFIGS,
-    MXFP4_CONFIGS,
-    MXFP4_DEVICE_OVERRIDES,
     MXFP4_MODES,
     SHARED_MEMORY_BUDGET,
     GemmConfig,
