@@ -169,10 +169,10 @@ def qkv_proj_with_rope_kv_native(
     fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
 ) -> torch.Tensor:
     """The torch-native reference: F.linear into out, then apply_rope_native on its q and k."""
+    a = fused_set_kv_buffer_arg
     plan = _check_call(
-        x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox,
-        fused_set_kv_buffer_arg, None, out,
-    )  # fmt: skip
+        x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox, a, None, out
+    )
     out.copy_(F.linear(x, weight, bias).reshape(out.shape))
     q, k, _ = _views(out, plan.q_size, plan.kv_size)
     apply_rope_native(positions, q, k, head_size, cos_sin_cache, is_neox, fused_set_kv_buffer_arg)
@@ -219,16 +219,23 @@ def qkv_proj_with_rope_kv(
     """
     a = fused_set_kv_buffer_arg
     if _is_compiling() or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return _two_ops(x, weight, bias, positions, cos_sin_cache, head_size, out, is_neox, a,
-                        config, *_split_sizes(weight, head_size, num_kv_heads))  # fmt: skip
+        args = (x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox)
+        return _two_ops(*args, a, config, out)
     key: tuple | None = None
     ptrs: tuple[int, ...] = ()
     plan: QKVRopePlan | None = None
     try:
         q, k, _ = _views(out, *_split_sizes(weight, head_size, num_kv_heads))
         rk, ptrs = call_key(positions, q, k, head_size, cos_sin_cache, is_neox, a, None)
-        key = (rk, tensor_key(x), tensor_key(weight), optional_key(bias), tensor_key(out),
-               num_kv_heads, config)  # fmt: skip
+        key = (
+            rk,
+            tensor_key(x),
+            tensor_key(weight),
+            optional_key(bias),
+            tensor_key(out),
+            num_kv_heads,
+            config,
+        )
         plan = _PLANS.get(key)
         if plan is not None and plan.alias is not None:
             if not plan.alias.holds(_pointers(ptrs, x, weight, bias, out)):  # checked again
@@ -236,18 +243,29 @@ def qkv_proj_with_rope_kv(
                 plan = _PLANS.put(key, dataclasses.replace(plan, alias=alias))
     except KEY_ERRORS:  # the checks will say
         key = None
-    if plan is None:
+    if plan is None or plan.launch is None:
         args = (x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox)
-        plan = _PLANS.put(key, _check_call(*args, a, config, out))
-    if plan.launch is None:
-        return _two_ops(x, weight, bias, positions, cos_sin_cache, head_size, out, is_neox, a,
-                        config, plan.q_size, plan.kv_size)  # fmt: skip
+        if plan is None:
+            plan = _PLANS.put(key, _check_call(*args, a, config, out))
+        if plan.launch is None:
+            return _two_ops(*args, a, config, out)
     b = bias if bias is not None else weight  # never read without a bias
     main = plan.launch.launcher
     if ptrs and main.compiled is not None:  # a cached plan: the compiled kernel, directly
         pp, cp, _, _, _, kbp, vbp, lp, ksp, vsp = ptrs
-        main.direct(x.data_ptr(), weight.data_ptr(), b.data_ptr(), out.data_ptr(), pp, cp, kbp,
-                    vbp, lp, ksp, vsp)  # fmt: skip
+        main.direct(
+            x.data_ptr(),
+            weight.data_ptr(),
+            b.data_ptr(),
+            out.data_ptr(),
+            pp,
+            cp,
+            kbp,
+            vbp,
+            lp,
+            ksp,
+            vsp,
+        )
         return out
     kv: tuple = (out,) * 5  # stand-ins (never read) without a KV write
     if a is not None:
@@ -270,19 +288,18 @@ def _two_ops(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     head_size: int,
-    out: torch.Tensor,
+    num_kv_heads: int,
     is_neox: bool,
     a: FusedSetKVBufferArg | None,
     config: GemmConfig | None,
-    q_size: int,
-    kv_size: int,
+    out: torch.Tensor,
 ) -> torch.Tensor:
-    """The composition the fused kernel stands for."""
+    """The composition the fused kernel stands for (_check_call's arguments)."""
     if config is None:
         y = F.linear(x, weight, bias)
     else:
         y = linear_small_m(x, weight, bias, config)
     out.copy_(y.reshape(out.shape))
-    q, k, _ = _views(out, q_size, kv_size)
+    q, k, _ = _views(out, *_split_sizes(weight, head_size, num_kv_heads))
     apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_size, cos_sin_cache, is_neox, a)
     return out

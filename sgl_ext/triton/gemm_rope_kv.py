@@ -32,6 +32,7 @@ from sgl_ext.triton.key_value import _slot_rows, clamp_position
 from sgl_ext.triton.launcher import KernelLauncher, make_launcher, runtime_param_names
 from sgl_ext.triton.pairs import load_scale, quantize, reciprocal, rotate_pair
 from sgl_ext.triton.pdl import pdl_enter
+from sgl_ext.triton.rope_kv_args import KVCache, PagedBuffer
 from sgl_ext.triton.rounding import cast_rne
 
 
@@ -163,10 +164,9 @@ def gemm_rope_kv_kernel(
     if WRITE_KV:
         is_k = rotated & (head >= NUM_Q_HEADS)
         kvh = tl.where(is_k, head - NUM_Q_HEADS, tl.maximum(head - NUM_Q_HEADS - NUM_KV_HEADS, 0))
-        ok, kdst, vdst = _slot_rows(
-            loc[:, None], num_slots, kvh, KBuf, kb_page_stride, kb_off_stride, kb_head_stride,
-            VBuf, vb_page_stride, vb_off_stride, vb_head_stride, PAGE_SIZE,
-        )  # fmt: skip
+        kbuf = PagedBuffer(KBuf, kb_page_stride, kb_off_stride, kb_head_stride)
+        vbuf = PagedBuffer(VBuf, vb_page_stride, vb_off_stride, vb_head_stride)
+        ok, kdst, vdst = _slot_rows(loc[:, None], kvh, KVCache(kbuf, vbuf, num_slots), PAGE_SIZE)
         ok = ok & row_ok
         if is_k:
             KDT: tl.constexpr = KBuf.dtype.element_ty

@@ -31,6 +31,17 @@ from sgl_ext.triton.key_value import (
 )
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.qk_norm import load_norm_weights, query_in, query_norm, query_out
+from sgl_ext.triton.rope_kv_args import (
+    CosSinRow,
+    Flags,
+    KVCache,
+    KVSource,
+    PagedBuffer,
+    QueryRows,
+    Scale,
+    Tile,
+    TokenHeads,
+)
 
 
 @triton.jit
@@ -164,9 +175,44 @@ def rope_kv_kernel(
     # no kernel writes them). At decode they come from DRAM, a round trip of their own after the
     # wait; a program loads only the row it uses (the other's mask is empty).
     W_PRE: tl.constexpr = NORM_W_PRE and QK_NORM and ROTATE and POS_LAST == 4
+    # What the helpers take, bundled (rope_kv_args.py: no IR of their own).
+    cfg: tl.constexpr = Flags(
+        PAGE_SIZE=PAGE_SIZE,
+        HEAD_DIM=HEAD_DIM,
+        V_HEAD_DIM=V_HEAD_DIM,
+        ROT_DIM=ROT_DIM,
+        HALF=HALF,
+        BLOCK_HALF=BLOCK_HALF,
+        BLOCK_TAIL=BLOCK_TAIL,
+        BLOCK_DV=BLOCK_DV,
+        BLOCK_HKV=BLOCK_HKV,
+        PAIR_MODE=PAIR_MODE,
+        KBUF_PAIR_MODE=KBUF_PAIR_MODE,
+        IS_BF16=IS_BF16,
+        ROTATE=ROTATE,
+        WRITE_KV=WRITE_KV,
+        K_SCALE_MODE=K_SCALE_MODE,
+        V_SCALE_MODE=V_SCALE_MODE,
+        K_FP8_MAX=K_FP8_MAX,
+        V_FP8_MAX=V_FP8_MAX,
+        EMULATE_FP8=EMULATE_FP8,
+        QK_NORM=QK_NORM,
+        SS_FP64=SS_FP64,
+        POS_LAST=POS_LAST,
+        W_PRE=W_PRE,
+        SLOT_PRE=SLOT_PRE,
+    )
+    kbuf = PagedBuffer(kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride)
+    vbuf = PagedBuffer(vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride)
+    cache = KVCache(kbuf, vbuf, num_slots)
+    k_in = TokenHeads(k_ptr, k_tok_stride, k_head_stride)
+    v_in = TokenHeads(v_ptr, v_tok_stride, v_head_stride)
+    k_scale = Scale(k_scale_ptr, k_scale_f)
+    v_scale = Scale(v_scale_ptr, v_scale_f)
+    src = KVSource(k_in, v_in, loc_ptr, k_scale, v_scale, num_kv_heads, kw_ptr)
     zero_w = tl.zeros([1, 1], tl.float32)
-    qwa_pre, qwb_pre, qwt_pre = zero_w, zero_w, zero_w
-    kwa_pre, kwb_pre, kwt_pre = zero_w, zero_w, zero_w
+    qw_pre = (zero_w, zero_w, zero_w)
+    kw_pre = qw_pre
     if W_PRE:
         if BLOCK_TAIL > 0:
             dtw = ROT_DIM + tl.arange(0, BLOCK_TAIL)[None, :]  # [1, BLOCK_TAIL]
@@ -181,14 +227,8 @@ def rope_kv_kernel(
         else:
             uses_q = tl.where(hb < NUM_Q_BLOCKS, one, 0)
             uses_k = 1 - uses_q
-        qwa_pre, qwb_pre, qwt_pre = load_norm_weights(
-            qw_ptr, c, c < HALF * uses_q, dtw, dtw < HEAD_DIM * uses_q, HALF, PAIR_MODE,
-            IS_BF16, BLOCK_TAIL > 0,
-        )  # fmt: skip
-        kwa_pre, kwb_pre, kwt_pre = load_norm_weights(
-            kw_ptr, c, c < HALF * uses_k, dtw, dtw < HEAD_DIM * uses_k, HALF, PAIR_MODE,
-            IS_BF16, BLOCK_TAIL > 0,
-        )  # fmt: skip
+        qw_pre = load_norm_weights(qw_ptr, c, c < HALF * uses_q, dtw, dtw < HEAD_DIM * uses_q, cfg)
+        kw_pre = load_norm_weights(kw_ptr, c, c < HALF * uses_k, dtw, dtw < HEAD_DIM * uses_k, cfg)
     # SLOT_PRE: the token's slot and the cache rows of this program's key/value block (slot
     # tables are batch metadata: pdl.py). Its paged-cache arithmetic (~40 dependent integer
     # instructions) otherwise ran after the data arrived, on the critical path; ptxas put it
@@ -201,10 +241,7 @@ def rope_kv_kernel(
             kvb_pre = tl.maximum(hb - NUM_Q_BLOCKS, 0)
         kh_pre = kvb_pre * BLOCK_HKV + tl.arange(0, BLOCK_HKV)[:, None]  # [BHKV, 1]
         loc_pre = tl.load(loc_ptr + t + tl.zeros([1, 1], tl.int32)).to(tl.int64)
-        slot_pre = _slot_rows(
-            loc_pre, num_slots, kh_pre, kbuf_ptr, kb_page_stride, kb_off_stride, kb_head_stride,
-            vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride, PAGE_SIZE,
-        )  # fmt: skip
+        slot_pre = _slot_rows(loc_pre, kh_pre, cache, PAGE_SIZE)
     pdl_enter(USE_PDL, WAIT_FIRST=not EARLY_RELEASE)
     # Loads are issued in order: the position first (the longest chain: position -> cos/sin
     # row), then the slot and the data, then the cos/sin row (cos_sin, which waits on the
@@ -218,6 +255,8 @@ def rope_kv_kernel(
         else:  # plain KV write (no rotation), or the position is loaded by cos_sin
             cs_row = cos_sin_ptr
         pos_at = position_at(pos_ptr + t, ROTATE and POS_LAST == 3)
+    pos = CosSinRow(cs_row, pos_at, cs_stride, max_pos)
+    tile = Tile(t, c, c_ok)
     q_mask = (heads < num_q_heads) & c_ok  # all false past the last query block
     q_row = q_ptr + t * q_tok_stride + heads * q_head_stride
     if QK_NORM and BLOCK_TAIL > 0:  # the query's pass-through dims are normalised too
@@ -225,201 +264,31 @@ def rope_kv_kernel(
         qt_mask = (heads < num_q_heads) & (dqt < HEAD_DIM)
     else:
         dqt, qt_mask = c, q_mask  # unused
+    qr = QueryRows(q_row, q_mask, dqt, qt_mask)
     if MERGED:
-        a, b, qt, wa, wb, wt = query_in(
-            q_row, c, q_mask, dqt, qt_mask, qw_ptr, HALF, HEAD_DIM, BLOCK_TAIL, PAIR_MODE,
-            IS_BF16, QK_NORM,
-        )  # fmt: skip
+        x, w = query_in(qr, c, qw_ptr, cfg)
         if W_PRE:  # (query_in's own weight loads are then dead code)
-            wa, wb, wt = qwa_pre, qwb_pre, qwt_pre
+            w = qw_pre
         if HOIST:
             # key/value block hb's loads in every program (nothing past the last key/value head)
-            (kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb, kwa, kwb,
-             kwt) = key_value_in(
-                t, hb, c, c_ok, k_ptr, k_tok_stride, k_head_stride, v_ptr, v_tok_stride,
-                v_head_stride, loc_ptr, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f,
-                num_kv_heads, kw_ptr, HEAD_DIM, V_HEAD_DIM, ROT_DIM, BLOCK_HALF, BLOCK_TAIL,
-                BLOCK_DV, BLOCK_HKV, PAIR_MODE, IS_BF16, ROTATE, WRITE_KV, K_SCALE_MODE,
-                V_SCALE_MODE, QK_NORM, SLOT_PRE,
-            )  # fmt: skip
+            blk, kw = key_value_in(tile, hb, src, cfg)
             if W_PRE:
-                kwa, kwb, kwt = kwa_pre, kwb_pre, kwt_pre
-            cos, sin, eps = cos_sin(
-                cs_row, pos_at, cs_stride, max_pos, c, c_ok, eps, HALF, BLOCK_HALF, ROTATE,
-                POS_LAST, EMULATE_FP8,
-            )  # fmt: skip
+                kw = kw_pre
+            cos, sin, eps = cos_sin(pos, tile, eps, cfg)
             if QK_NORM:  # the query's norm before the branch (query_out then only rotates)
-                a, b, qt = query_norm(
-                    q_row, a, b, qt, wa, wb, wt, dqt, qt_mask, eps, HEAD_DIM, BLOCK_TAIL, SS_FP64
-                )
+                x = query_norm(qr, x, w, eps, cfg)
             if hb < NUM_KV_BLOCKS:
-                key_value_out(
-                    kh, k_row, km, dv, dv_mask, dt, t_mask, loc, v, k_s, v_s, k_tail, ka, kb,
-                    kwa, kwb, kwt, cos, sin, c, kbuf_ptr, kb_page_stride, kb_off_stride,
-                    kb_head_stride, vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
-                    num_slots, eps, PAGE_SIZE, HEAD_DIM, ROT_DIM, BLOCK_TAIL, PAIR_MODE,
-                    KBUF_PAIR_MODE, ROTATE, WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, K_FP8_MAX,
-                    V_FP8_MAX, EMULATE_FP8, QK_NORM, SS_FP64, False, slot_pre, SLOT_PRE,
-                )  # fmt: skip
+                key_value_out(blk, kw, cos, sin, c, cache, eps, cfg, False, slot_pre)
         elif hb < NUM_KV_BLOCKS:
-            cos, sin, eps = key_value(
-                t,
-                hb,
-                cs_row,
-                pos_at,
-                cs_stride,
-                max_pos,
-                c,
-                c_ok,
-                k_ptr,
-                k_tok_stride,
-                k_head_stride,
-                v_ptr,
-                v_tok_stride,
-                v_head_stride,
-                kbuf_ptr,
-                kb_page_stride,
-                kb_off_stride,
-                kb_head_stride,
-                vbuf_ptr,
-                vb_page_stride,
-                vb_off_stride,
-                vb_head_stride,
-                loc_ptr,
-                num_slots,
-                k_scale_ptr,
-                v_scale_ptr,
-                k_scale_f,
-                v_scale_f,
-                num_kv_heads,
-                kw_ptr,
-                kwa_pre,
-                kwb_pre,
-                kwt_pre,
-                eps,
-                PAGE_SIZE,
-                HEAD_DIM,
-                V_HEAD_DIM,
-                ROT_DIM,
-                BLOCK_HALF,
-                BLOCK_TAIL,
-                BLOCK_DV,
-                BLOCK_HKV,
-                PAIR_MODE,
-                KBUF_PAIR_MODE,
-                IS_BF16,
-                ROTATE,
-                WRITE_KV,
-                K_SCALE_MODE,
-                V_SCALE_MODE,
-                K_FP8_MAX,
-                V_FP8_MAX,
-                EMULATE_FP8,
-                QK_NORM,
-                SS_FP64,
-                POS_LAST,
-                W_PRE,
-                slot_pre,
-                SLOT_PRE,
-            )
+            cos, sin, eps = key_value(tile, hb, pos, src, cache, kw_pre, eps, cfg, slot_pre)
         else:
-            cos, sin, eps = cos_sin(
-                cs_row,
-                pos_at,
-                cs_stride,
-                max_pos,
-                c,
-                c_ok,
-                eps,
-                HALF,
-                BLOCK_HALF,
-                ROTATE,
-                POS_LAST,
-                EMULATE_FP8,
-            )
-        query_out(
-            q_row,
-            c,
-            q_mask,
-            a,
-            b,
-            qt,
-            wa,
-            wb,
-            wt,
-            dqt,
-            qt_mask,
-            cos,
-            sin,
-            eps,
-            HALF,
-            HEAD_DIM,
-            BLOCK_TAIL,
-            PAIR_MODE,
-            QK_NORM and not HOIST,
-            SS_FP64,
-        )
+            cos, sin, eps = cos_sin(pos, tile, eps, cfg)
+        query_out(qr, c, x, w, cos, sin, eps, cfg, QK_NORM and not HOIST)
     elif hb < NUM_Q_BLOCKS:
-        a, b, qt, wa, wb, wt = query_in(
-            q_row,
-            c,
-            q_mask,
-            dqt,
-            qt_mask,
-            qw_ptr,
-            HALF,
-            HEAD_DIM,
-            BLOCK_TAIL,
-            PAIR_MODE,
-            IS_BF16,
-            QK_NORM,
-        )
+        x, w = query_in(qr, c, qw_ptr, cfg)
         if W_PRE:
-            wa, wb, wt = qwa_pre, qwb_pre, qwt_pre
-        cos, sin, eps = cos_sin(
-            cs_row,
-            pos_at,
-            cs_stride,
-            max_pos,
-            c,
-            c_ok,
-            eps,
-            HALF,
-            BLOCK_HALF,
-            ROTATE,
-            POS_LAST,
-            EMULATE_FP8,
-        )
-        query_out(
-            q_row,
-            c,
-            q_mask,
-            a,
-            b,
-            qt,
-            wa,
-            wb,
-            wt,
-            dqt,
-            qt_mask,
-            cos,
-            sin,
-            eps,
-            HALF,
-            HEAD_DIM,
-            BLOCK_TAIL,
-            PAIR_MODE,
-            QK_NORM,
-            SS_FP64,
-        )
+            w = qw_pre
+        cos, sin, eps = cos_sin(pos, tile, eps, cfg)
+        query_out(qr, c, x, w, cos, sin, eps, cfg, QK_NORM)
     else:
-        key_value(
-            t, hb - NUM_Q_BLOCKS, cs_row, pos_at, cs_stride, max_pos, c, c_ok, k_ptr, k_tok_stride,
-            k_head_stride, v_ptr, v_tok_stride, v_head_stride, kbuf_ptr, kb_page_stride,
-            kb_off_stride, kb_head_stride, vbuf_ptr, vb_page_stride, vb_off_stride, vb_head_stride,
-            loc_ptr, num_slots, k_scale_ptr, v_scale_ptr, k_scale_f, v_scale_f, num_kv_heads,
-            kw_ptr, kwa_pre, kwb_pre, kwt_pre, eps, PAGE_SIZE, HEAD_DIM, V_HEAD_DIM, ROT_DIM,
-            BLOCK_HALF, BLOCK_TAIL, BLOCK_DV, BLOCK_HKV, PAIR_MODE, KBUF_PAIR_MODE, IS_BF16, ROTATE,
-            WRITE_KV, K_SCALE_MODE, V_SCALE_MODE, K_FP8_MAX, V_FP8_MAX, EMULATE_FP8, QK_NORM,
-            SS_FP64, POS_LAST, W_PRE, slot_pre, SLOT_PRE,
-        )  # fmt: skip
+        key_value(tile, hb - NUM_Q_BLOCKS, pos, src, cache, kw_pre, eps, cfg, slot_pre)

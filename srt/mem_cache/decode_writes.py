@@ -155,13 +155,16 @@ def _check(
         raise ValueError("mapping must be int64 [full slots]")
     b = block.shape[1]
     if input_ids is not None and (input_ids.shape != (b,) or input_ids.dtype != torch.int64):
-        raise ValueError(f"input_ids must be int64 [{b}], got {input_ids.dtype} "
-                         f"{tuple(input_ids.shape)}")  # fmt: skip
+        raise ValueError(
+            f"input_ids must be int64 [{b}], got {input_ids.dtype} {tuple(input_ids.shape)}"
+        )
     dest, host, resets = extras.dest, extras.host_ids, extras.resets
     if dest is not None and (
-        dest.dim() != 2 or dest.shape != block.shape or dest.dtype != torch.int64
+        dest.dim() != 2
+        or dest.shape != block.shape
+        or dest.dtype != torch.int64
         or dest.stride(1) != 1
-    ):  # fmt: skip
+    ):
         raise ValueError(f"dest must be int64 {tuple(block.shape)} with contiguous rows")
     if host is not None:
         if input_ids is None:
@@ -175,9 +178,14 @@ def _check(
             raise ValueError("resets need the mapping (hybrid pool)")
         if resets.dim() != 1 or resets.dtype != torch.int64:
             raise ValueError("resets must be int64 [n]")
-    for name, t in (("req_to_token", req_to_token), ("req_to_swa_token", req_to_swa_token),
-                    ("mapping", mapping), ("input_ids", input_ids), ("dest", dest),
-                    ("resets", resets)):  # fmt: skip
+    for name, t in (
+        ("req_to_token", req_to_token),
+        ("req_to_swa_token", req_to_swa_token),
+        ("mapping", mapping),
+        ("input_ids", input_ids),
+        ("dest", dest),
+        ("resets", resets),
+    ):
         if t is not None and t.device != block.device:
             raise ValueError(f"{name} is on {t.device}, block on {block.device}")
     for _, slots in extras.scrubs:

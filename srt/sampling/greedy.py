@@ -102,10 +102,14 @@ def gumbel_max(
     """
     r, v = rows.shape[0], logits.shape[1]
     if logits.dim() != 2 or logits.stride(1) != 1 or not 1 <= v < 2**31:
-        raise ValueError(f"logits must be [B, 1 <= V < 2**31] with contiguous columns, "
-                         f"got {tuple(logits.shape)}")  # fmt: skip
-    for name, t, dt in (("rows", rows, torch.int64), ("temps", temps, torch.float32),
-                        ("seeds", seeds, torch.int64)):  # fmt: skip
+        raise ValueError(
+            f"logits must be [B, 1 <= V < 2**31] with contiguous columns, got {tuple(logits.shape)}"
+        )
+    for name, t, dt in (
+        ("rows", rows, torch.int64),
+        ("temps", temps, torch.float32),
+        ("seeds", seeds, torch.int64),
+    ):
         if t.shape != (r,) or t.dtype != dt or t.device != logits.device:
             raise ValueError(f"{name} must be {dt} [{r}] on {logits.device}")
     ids = torch.empty(r, dtype=torch.int64, device=logits.device)
@@ -115,9 +119,22 @@ def gumbel_max(
     count = torch.zeros(r, dtype=torch.int32, device=logits.device)
     blocks = -(-v // BLOCK)
     cached_launcher(_argmax_kernel)[(r, blocks)](
-        logits, acc, count, ids, ids, v, logits.stride(0), blocks, rows, temps, seeds,
-        BLOCK=BLOCK, HAS_HOST=False, GUMBEL=True, num_warps=8,
-    )  # fmt: skip
+        logits,
+        acc,
+        count,
+        ids,
+        ids,
+        v,
+        logits.stride(0),
+        blocks,
+        rows,
+        temps,
+        seeds,
+        BLOCK=BLOCK,
+        HAS_HOST=False,
+        GUMBEL=True,
+        num_warps=8,
+    )
     return ids
 
 

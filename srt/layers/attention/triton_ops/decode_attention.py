@@ -37,6 +37,10 @@ from sgl_ext.triton.pdl import pdl_enter
 from srt.layers.attention.triton_ops.decode_merge import merge_kernel
 from srt.layers.attention.triton_ops.kv_load import (
     KV_FP8_NONE,
+    AttnFlags,
+    KVBuffer,
+    KVBuffers,
+    KVHead,
     early_tile_step,
     load_tile,
     softmax_step,
@@ -102,9 +106,27 @@ def _decode_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    # What the helpers take, bundled (kv_load.py: no IR of their own).
+    cfg: tl.constexpr = AttnFlags(
+        D=D,
+        DV=DV,
+        BLOCK_N=BLOCK_N,
+        PAGE_SIZE=PAGE_SIZE,
+        KV_FP8=KV_FP8,
+        K_SCALE_MODE=K_SCALE_MODE,
+        V_SCALE_MODE=V_SCALE_MODE,
+        TILE_F32=TILE_F32,
+        USE_CAP=USE_CAP,
+        DOT_PRECISION=DOT_PRECISION,
+        P_LOW=P_LOW,
+    )
+    kbuf = KVBuffer(K, k_page_stride, k_off_stride, k_head_stride, KScale, k_scale_f)
+    kv = KVBuffers(kbuf, KVBuffer(V, v_page_stride, v_off_stride, v_head_stride, VScale, v_scale_f))
+    logits = (sm_scale, logit_cap)
     # Before the wait for the previous kernel (see the module docstring): the batch's metadata,
     # the slot table, the first tiles' cached keys / values except the newest, the sinks.
     req = tl.load(ReqPoolIdx + b).to(tl.int64)
+    slots = (ReqToToken, req, stride_r2t)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     qpos = seq_len - 1
     g = tl.arange(0, BLOCK_H)
@@ -112,6 +134,7 @@ def _decode_kernel(
     heads = kvh * GROUP + g  # [BLOCK_H] query heads of this KV head
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
+    head = KVHead(kvh, d, dv)
     n0 = tl.zeros([], dtype=tl.int32)  # a tensor: the loop bounds' type is fixed
     if USE_WINDOW:
         n0 = tl.maximum(qpos - window, n0)
@@ -122,25 +145,11 @@ def _decode_kernel(
         end = tl.minimum(n0 + chunk, seq_len)
     # The first PRE_TILES tiles' slots and cached keys / values but the newest (a short window's
     # whole span in one program: no DRAM round trip left after the wait).
-    j0, jm0, s0, k0, v0 = load_tile(
-        K, V, ReqToToken, req, stride_r2t, n0, end, qpos, True, kvh, d, dv, D, DV, k_page_stride,
-        k_off_stride, k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale, VScale,
-        k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
-    )  # fmt: skip
+    j0, jm0, s0, k0, v0 = load_tile(kv, slots, n0, end, qpos, True, head, cfg)
     if PRE_TILES >= 2:
-        j1, jm1, s1, k1, v1 = load_tile(
-            K, V, ReqToToken, req, stride_r2t, n0 + BLOCK_N, end, qpos, True, kvh, d, dv, D, DV,
-            k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
-            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8,
-            K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
-        )  # fmt: skip
+        j1, jm1, s1, k1, v1 = load_tile(kv, slots, n0 + BLOCK_N, end, qpos, True, head, cfg)
     if PRE_TILES >= 3:
-        j2, jm2, s2, k2, v2 = load_tile(
-            K, V, ReqToToken, req, stride_r2t, n0 + 2 * BLOCK_N, end, qpos, True, kvh, d, dv, D,
-            DV, k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
-            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8,
-            K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
-        )  # fmt: skip
+        j2, jm2, s2, k2, v2 = load_tile(kv, slots, n0 + 2 * BLOCK_N, end, qpos, True, head, cfg)
     if HAS_SINKS and NUM_SPLITS == 1:  # split: the merge kernel adds the sink column
         sink = tl.load(Sinks + heads, mask=gm, other=0).to(tl.float32)
     pdl_enter(USE_PDL)
@@ -154,42 +163,19 @@ def _decode_kernel(
         m_i = sink
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    k0, v0 = with_newest(
-        k0, v0, j0, n0, s0, qpos, kvh, d, dv, D, DV, K, V, k_page_stride, k_off_stride,
-        k_head_stride, v_page_stride, v_off_stride, v_head_stride, KScale, VScale, k_scale_f,
-        v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
-    )  # fmt: skip
-    m_i, l_i, acc = softmax_step(
-        q, k0, v0, jm0[None, :], m_i, l_i, acc, sm_scale, logit_cap, V, USE_CAP, DOT_PRECISION,
-        TILE_F32, P_LOW,
-    )  # fmt: skip
+    k0, v0 = with_newest(k0, v0, j0, n0, s0, qpos, head, kv, cfg)
+    m_i, l_i, acc = softmax_step(q, k0, v0, jm0[None, :], m_i, l_i, acc, logits, V, cfg)
     if PRE_TILES >= 2:
-        m_i, l_i, acc = early_tile_step(
-            q, k1, v1, j1, jm1, n0 + BLOCK_N, end, s1, qpos, m_i, l_i, acc, kvh, d, dv, D, DV, K,
-            V, k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
-            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, sm_scale, logit_cap, BLOCK_N,
-            PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32, USE_CAP, DOT_PRECISION, P_LOW,
-        )  # fmt: skip
+        tile1 = (k1, v1, j1, jm1, n0 + BLOCK_N, s1)
+        m_i, l_i, acc = early_tile_step(q, tile1, end, qpos, (m_i, l_i, acc), head, kv, logits, cfg)
     if PRE_TILES >= 3:
-        m_i, l_i, acc = early_tile_step(
-            q, k2, v2, j2, jm2, n0 + 2 * BLOCK_N, end, s2, qpos, m_i, l_i, acc, kvh, d, dv, D, DV,
-            K, V, k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
-            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, sm_scale, logit_cap, BLOCK_N,
-            PAGE_SIZE, KV_FP8, K_SCALE_MODE, V_SCALE_MODE, TILE_F32, USE_CAP, DOT_PRECISION, P_LOW,
-        )  # fmt: skip
+        tile2 = (k2, v2, j2, jm2, n0 + 2 * BLOCK_N, s2)
+        m_i, l_i, acc = early_tile_step(q, tile2, end, qpos, (m_i, l_i, acc), head, kv, logits, cfg)
     # The other tiles: a for loop over a tl.range, which the compiler pipelines (num_stages: the
     # next tiles' slot and K/V loads are in flight while this tile is computed).
     for start in tl.range(n0 + PRE_TILES * BLOCK_N, end, BLOCK_N):
-        _, jm, _, k, v = load_tile(
-            K, V, ReqToToken, req, stride_r2t, start, end, qpos, False, kvh, d, dv, D, DV,
-            k_page_stride, k_off_stride, k_head_stride, v_page_stride, v_off_stride,
-            v_head_stride, KScale, VScale, k_scale_f, v_scale_f, BLOCK_N, PAGE_SIZE, KV_FP8,
-            K_SCALE_MODE, V_SCALE_MODE, TILE_F32,
-        )  # fmt: skip
-        m_i, l_i, acc = softmax_step(
-            q, k, v, jm[None, :], m_i, l_i, acc, sm_scale, logit_cap, V, USE_CAP, DOT_PRECISION,
-            TILE_F32, P_LOW,
-        )  # fmt: skip
+        _, jm, _, k, v = load_tile(kv, slots, start, end, qpos, False, head, cfg)
+        m_i, l_i, acc = softmax_step(q, k, v, jm[None, :], m_i, l_i, acc, logits, V, cfg)
     om = gm[:, None] & (dv[None, :] < DV)
     if NUM_SPLITS == 1:
         l_i = tl.where(gm, l_i, 1.0)  # padding heads (not stored): avoid 0 / 0

@@ -19,7 +19,15 @@ import triton.language as tl
 
 from sgl_ext._backend import interpreting
 from sgl_ext.triton.launcher import cached_launcher
-from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, load_kv_tiles, softmax_step
+from srt.layers.attention.triton_ops.kv_load import (
+    KV_FP8_NONE,
+    AttnFlags,
+    KVBuffer,
+    KVBuffers,
+    KVHead,
+    load_kv_tiles,
+    softmax_step,
+)
 from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
 
 
@@ -75,6 +83,23 @@ def _extend_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     mb = tl.program_id(2)
+    # What the helpers take, bundled (kv_load.py: no IR of their own).
+    cfg: tl.constexpr = AttnFlags(
+        D=D,
+        DV=DV,
+        BLOCK_N=BLOCK_N,
+        PAGE_SIZE=PAGE_SIZE,
+        KV_FP8=KV_FP8,
+        K_SCALE_MODE=K_SCALE_MODE,
+        V_SCALE_MODE=V_SCALE_MODE,
+        TILE_F32=TILE_F32,
+        USE_CAP=USE_CAP,
+        DOT_PRECISION=DOT_PRECISION,
+        P_LOW=P_LOW,
+    )
+    kbuf = KVBuffer(K, k_page_stride, k_off_stride, k_head_stride, KScale, k_scale_f)
+    kv = KVBuffers(kbuf, KVBuffer(V, v_page_stride, v_off_stride, v_head_stride, VScale, v_scale_f))
+    logits = (sm_scale, logit_cap)
     n_ext = tl.load(ExtLens + b).to(tl.int32)
     if mb * BLOCK_M >= n_ext:
         return
@@ -91,6 +116,7 @@ def _extend_kernel(
     qpos = prefix + m  # [ROWS]
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
+    head = KVHead(kvh, d, dv)
     q_ptr = Q + (tok0 + m)[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptr, mask=mm[:, None] & (d[None, :] < D), other=0)  # [ROWS, BLOCK_D]
     if TILE_F32:
@@ -110,51 +136,11 @@ def _extend_kernel(
         j = n0 + tl.arange(0, BLOCK_N)
         jm = j < hi
         slot = tl.load(ReqToToken + req * stride_r2t + j, mask=jm, other=0).to(tl.int64)
-        k, v = load_kv_tiles(
-            K,
-            V,
-            slot,
-            jm,
-            kvh,
-            d,
-            dv,
-            D,
-            DV,
-            k_page_stride,
-            k_off_stride,
-            k_head_stride,
-            v_page_stride,
-            v_off_stride,
-            v_head_stride,
-            KScale,
-            VScale,
-            k_scale_f,
-            v_scale_f,
-            PAGE_SIZE,
-            KV_FP8,
-            K_SCALE_MODE,
-            V_SCALE_MODE,
-            TILE_F32,
-        )
+        k, v = load_kv_tiles(kv, slot, jm, head, cfg)
         vis = jm[None, :] & (j[None, :] <= qpos[:, None])  # [ROWS, BLOCK_N]
         if USE_WINDOW:
             vis = vis & (j[None, :] >= qpos[:, None] - window)
-        m_i, l_i, acc = softmax_step(
-            q,
-            k,
-            v,
-            vis,
-            m_i,
-            l_i,
-            acc,
-            sm_scale,
-            logit_cap,
-            V,
-            USE_CAP,
-            DOT_PRECISION,
-            TILE_F32,
-            P_LOW,
-        )
+        m_i, l_i, acc = softmax_step(q, k, v, vis, m_i, l_i, acc, logits, V, cfg)
     l_i = tl.where(mm, l_i, 1.0)  # padding rows (not stored): avoid 0 / 0
     out = acc / l_i[:, None]
     o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :]

@@ -113,25 +113,56 @@ def fused_experts(
         cfg = fit_mxfp4(cfg) if mxfp4 else cfg
         alpha, limit = float(swiglu_alpha), float(swiglu_limit)
         gemv_args = (
-            hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale,
-            w2_scale, cfg, activation, alpha, limit,
-        )  # fmt: skip
+            hidden_states,
+            w13,
+            w2,
+            topk_weights,
+            topk_ids,
+            w13_bias,
+            w2_bias,
+            w13_scale,
+            w2_scale,
+            cfg,
+            activation,
+            alpha,
+            limit,
+        )
         if f16_products_apply(cfg, hidden_states, mxfp4, activation, alpha, limit):
             pairs = run_gemv_f16(*gemv_args, x_f16)  # fp16 products: fewer instructions a byte
         else:
             pairs = run_gemv(*gemv_args)
         return _combine(pairs, T, topk_ids.shape[1], combine)
     pairs = _run_grouped(
-        hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale, w2_scale,
-        cfg, mxfp4, kw,
-    )  # fmt: skip
+        hidden_states,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        w13_bias,
+        w2_bias,
+        w13_scale,
+        w2_scale,
+        cfg,
+        mxfp4,
+        kw,
+    )
     return _combine(pairs, T, topk_ids.shape[1], combine)
 
 
 def _run_grouped(
-    hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, w13_scale, w2_scale, cfg,
-    mxfp4, kw,
-) -> torch.Tensor:  # fmt: skip
+    hidden_states,
+    w13,
+    w2,
+    topk_weights,
+    topk_ids,
+    w13_bias,
+    w2_bias,
+    w13_scale,
+    w2_scale,
+    cfg,
+    mxfp4,
+    kw,
+) -> torch.Tensor:
     """The grouped kernels (tokens aligned per expert) -> [T * k, H] pair rows: MXFP4's
     dot_scaled mode falling back to split, shallower pipelines where shared memory runs out."""
     dtype = hidden_states.dtype

@@ -207,9 +207,20 @@ def _add_gate_up_bias(gate, up, b_ptr, expert, stride_be, cols, n_ok, N, HAS_BIA
 
 @triton.jit
 def _store_down(
-    acc, b_ptr, expert, stride_be, topk_weights_ptr, out_ptr, stride_om, pair, cols, e_ok, n_ok,
-    N, HAS_BIAS: tl.constexpr,
-):  # fmt: skip
+    acc,
+    b_ptr,
+    expert,
+    stride_be,
+    topk_weights_ptr,
+    out_ptr,
+    stride_om,
+    pair,
+    cols,
+    e_ok,
+    n_ok,
+    N,
+    HAS_BIAS: tl.constexpr,
+):
     """A pair's down row [BN]: plus its expert's bias, times its routing weight, stored at
     out[pair, cols] (zeros for an out-of-range expert)."""
     if HAS_BIAS:
@@ -317,9 +328,20 @@ def moe_gemv_down_kernel(
         PREFETCH,
     )
     _store_down(
-        acc, b_ptr, expert, stride_be, topk_weights_ptr, out_ptr, stride_om, pair, cols, e_ok,
-        n_ok, N, HAS_BIAS,
-    )  # fmt: skip
+        acc,
+        b_ptr,
+        expert,
+        stride_be,
+        topk_weights_ptr,
+        out_ptr,
+        stride_om,
+        pair,
+        cols,
+        e_ok,
+        n_ok,
+        N,
+        HAS_BIAS,
+    )
 
 
 class ExpertWeightArgs(NamedTuple):

@@ -314,9 +314,20 @@ def moe_gemv_f16_down_kernel(
         EMULATE,
     )
     _store_down(
-        acc * act_down, b_ptr, expert, stride_be, topk_weights_ptr, out_ptr, stride_om, pair, cols,
-        e_ok, n_ok, N, HAS_BIAS,
-    )  # fmt: skip
+        acc * act_down,
+        b_ptr,
+        expert,
+        stride_be,
+        topk_weights_ptr,
+        out_ptr,
+        stride_om,
+        pair,
+        cols,
+        e_ok,
+        n_ok,
+        N,
+        HAS_BIAS,
+    )
 
 
 def f16_products_apply(
