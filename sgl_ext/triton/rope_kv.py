@@ -85,7 +85,7 @@ def rope_kv_kernel(
     NUM_Q_BLOCKS: tl.constexpr,  # query head blocks per token
     NUM_KV_BLOCKS: tl.constexpr,  # key/value head blocks per token
     MERGED: tl.constexpr,  # program j does query block j and key/value block j (if any)
-    GRID_ORDER: tl.constexpr,  # ORDER_2D, ORDER_TOKEN or ORDER_KV_FIRST (see LaunchConfig)
+    GRID_ORDER: tl.constexpr,  # launch_layout.GridOrder: 0 2d, 1 token, 2 kv_first
     PAGE_SIZE: tl.constexpr,  # constexpr: a power of two becomes a shift, no 64-bit division
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
@@ -139,11 +139,11 @@ def rope_kv_kernel(
     NUM_BLOCKS: tl.constexpr = (
         max(NUM_Q_BLOCKS, NUM_KV_BLOCKS) if MERGED else NUM_Q_BLOCKS + NUM_KV_BLOCKS
     )
-    if GRID_ORDER == 1:  # ORDER_TOKEN, 1-D grid: a token's programs are neighbours (cos/sin)
+    if GRID_ORDER == 1:  # token, 1-D grid: a token's programs are neighbours (cos/sin)
         pid = tl.program_id(0)
         t = (pid // NUM_BLOCKS).to(tl.int64)
         hb = pid % NUM_BLOCKS
-    elif GRID_ORDER == 2:  # ORDER_KV_FIRST, 1-D, merged: the longer key/value programs of all
+    elif GRID_ORDER == 2:  # kv_first, 1-D, merged: the longer key/value programs of all
         # tokens first (token-major), then the query-only ones (token-major): no long program is
         # left to start in the last wave.
         QO_BLOCKS: tl.constexpr = NUM_BLOCKS - NUM_KV_BLOCKS
@@ -153,7 +153,7 @@ def rope_kv_kernel(
         j = pid - n_kv
         t = tl.where(kv, pid // NUM_KV_BLOCKS, j // QO_BLOCKS).to(tl.int64)
         hb = tl.where(kv, pid % NUM_KV_BLOCKS, NUM_KV_BLOCKS + j % QO_BLOCKS)
-    else:  # ORDER_2D, grid (tokens, blocks): no division; faster at small T (docs/performance.md)
+    else:  # 2d, grid (tokens, blocks): no division; faster at small T (docs/performance.md)
         t = tl.program_id(0).to(tl.int64)
         hb = tl.program_id(1)
     HALF: tl.constexpr = ROT_DIM // 2
