@@ -116,3 +116,50 @@ def test_no_import_cycles():
     found = cycles(import_graph())
     assert found - PENDING == set(), f"import cycles: {sorted(found - PENDING)}"
     assert PENDING - found == set(), f"broken now, drop from PENDING: {sorted(PENDING - found)}"
+
+
+def private_sgl_ext_uses(path: Path) -> list[str]:
+    """Where a module reaches into sgl_ext's private parts: a module `sgl_ext._*` or
+    `sgl_ext.triton*`, or a name starting with `_` imported from or read off an sgl_ext module.
+    Each as 'line: what'."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        uses: list[str] = []
+        if isinstance(node, ast.Import):
+            uses = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            uses = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            uses = [f"{node.value.id}.{node.attr}"]
+        for name in uses:
+            parts = name.split(".")
+            if parts[0] == "sgl_ext" and any(p.startswith("_") or p == "triton" for p in parts):
+                found.append(f"{node.lineno}: {name}")
+    return found
+
+
+def test_private_sgl_ext_finder(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        "import sgl_ext\nfrom sgl_ext import settings\nfrom sgl_ext.launch import pdl_enter\n"
+        "from sgl_ext._common import X\nimport sgl_ext.triton.launcher as L\n"
+        "from sgl_ext.rope import _check_kv\nsgl_ext._ops\nfrom srt._x import y\n"
+    )
+    assert private_sgl_ext_uses(mod) == [
+        "4: sgl_ext._common",
+        "4: sgl_ext._common.X",
+        "5: sgl_ext.triton.launcher",
+        "6: sgl_ext.rope._check_kv",
+        "7: sgl_ext._ops",
+    ]
+
+
+def test_srt_uses_only_public_sgl_ext():
+    """srt reaches sgl_ext through its public modules (`sgl_ext`, `sgl_ext.launch`, the op
+    modules, `sgl_ext.settings`), never `sgl_ext._*` or `sgl_ext.triton.*`."""
+    found = {
+        str(path.relative_to(ROOT)): uses
+        for path in sorted((ROOT / "srt").rglob("*.py"))
+        if (uses := private_sgl_ext_uses(path))
+    }
+    assert found == {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_ext._backend import select_backend
+from sgl_ext.launch import select_backend
 
 
 @dataclass(frozen=True)
