@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from sgl_ext import settings as sgl_ext_settings
 from srt.model_executor.model_builder import PRESETS, preset_overrides
 from srt.server_args import DTYPES, ServerArgs
 from srt.utils.cli import (
@@ -154,14 +155,14 @@ def validate_args(args: argparse.Namespace) -> None:
         raise CLIError("--device cuda but no CUDA device is visible", args.device)
     on_cpu = args.device == "cpu" or (args.device is None and not torch.cuda.is_available())
     if args.attention_backend == "triton" and on_cpu:
-        if os.environ.get("TRITON_INTERPRET") != "1":
+        if not sgl_ext_settings.get().interpret:
             raise CLIError(
                 "--attention-backend triton on CPU runs only in Triton's interpreter: "
                 "set TRITON_INTERPRET=1 (slow) or use torch_native",
                 args.attention_backend,
             )
     if args.tp_size > 1:
-        from srt.distributed import launched_by_torchrun
+        from srt.distributed import launched_by_torchrun, torchrun_world_size
 
         if not launched_by_torchrun():
             raise CLIError(
@@ -169,7 +170,7 @@ def validate_args(args: argparse.Namespace) -> None:
                 f"{args.tp_size} -m srt.bench_one_batch ...",
                 args.tp_size,
             )
-        if int(os.environ["WORLD_SIZE"]) != args.tp_size:
+        if torchrun_world_size() != args.tp_size:
             raise CLIError("--tp-size must equal torchrun's WORLD_SIZE", args.tp_size)
 
 

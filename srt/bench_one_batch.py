@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from srt import settings
 from srt.bench_args import (
     build_parser,
     build_server_args,
@@ -187,7 +188,7 @@ def prefill_groups(sb: Any, reqs: list[Any]) -> list[list[Any]]:
 
 def _trace_path(args: argparse.Namespace, variant: str, graph: bool, shape: tuple) -> str:
     bs, il, ol = shape
-    folder = os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+    folder = settings.get().torch_profiler_dir
     name = f"{args.profile_prefix}_{variant}_graph{int(graph)}_batch{bs}_input{il}_output{ol}"
     return os.path.join(folder, f"{name}_decode.trace.json.gz")
 
