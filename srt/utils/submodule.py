@@ -8,10 +8,11 @@ dev CPU; a decode layer reads a dozen children per step). Declaring the child on
     class MLP(nn.Module):
         down_proj: Submodule[RowParallelLinear] = Submodule()
 
-makes `self.down_proj` a descriptor read straight from `_modules` (~0.1 µs), typed for mypy
-(the call graph reads off the class). Registration is nn.Module's: `self.down_proj = ...` in
-`__init__` registers the child as usual, so parameter names, `state_dict` keys, weight loading
-and a later replacement of the child (`layer.mlp = other`) behave as without the declaration.
+makes `self.down_proj` a descriptor read straight from `_modules` (~0.2 µs there; a local
+`mods["down_proj"]` dict read was ~0.05 µs), typed for mypy (the call graph reads off the
+class). Registration is nn.Module's: `self.down_proj = ...` in `__init__` registers the child
+as usual, so parameter names, `state_dict` keys, weight loading and a later replacement of the
+child (`layer.mlp = other`) behave as without the declaration.
 """
 
 from __future__ import annotations
