@@ -58,10 +58,7 @@ _SCALAR_SIZE |= {"i64": 8, "u64": 8, "fp32": 4, "f32": 4, "fp64": 8}
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("SGL_EXT_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "sgl_ext"
-    )
-    return Path(base)
+    return Path(settings.get().cache_dir).expanduser()
 
 
 def _include_dirs() -> list[str]:
@@ -78,7 +75,7 @@ def _include_dirs() -> list[str]:
 def build(verbose: bool = False) -> Path | None:
     """Compile the extension into the cache (once per source, Python and torch version); its
     path, or None where no C compiler or header is found or the compile fails."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = settings.get().cc or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
     src = _SRC.read_bytes()

@@ -7,6 +7,8 @@ the backend and launch configuration chosen under the old settings).
 
     SGL_EXT_BACKEND         native | triton: force a backend (default: triton on CUDA tensors,
                             native elsewhere)
+    SGL_EXT_CACHE_DIR       where built extensions go (the C fast path; default
+                            ~/.cache/sgl_ext)
     SGL_EXT_DEBUG           1: value-reading (synchronising) checks of positions and slots
     SGL_EXT_DIRECT_LAUNCH   0: launch Triton kernels through the JIT on every call (default 1:
                             after a plan's first launch, its compiled kernel is called directly)
@@ -22,6 +24,8 @@ the backend and launch configuration chosen under the old settings).
                             previous kernel's tail and waits for its results before reading)
     TRITON_INTERPRET        1: Triton runs in its interpreter (CPU tensors; never launched
                             directly)
+    CC                      the C compiler that builds the fast path (default: cc, then gcc,
+                            on PATH)
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class Settings:
     interpret: bool = False
     pdl: bool = True
     fast_launch: bool = True
+    cache_dir: str = os.path.join("~", ".cache", "sgl_ext")  # "~" expanded where it is used
+    cc: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend is not None and self.backend not in BACKENDS:
@@ -70,6 +76,8 @@ def from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> Settings:
         interpret=env.get("TRITON_INTERPRET", "0") == "1",
         pdl=env.get("SGL_EXT_PDL", "1") not in _FALSE,
         fast_launch=env.get("SGL_EXT_FAST_LAUNCH", "1") not in _FALSE,
+        cache_dir=env.get("SGL_EXT_CACHE_DIR") or Settings.cache_dir,
+        cc=env.get("CC") or None,
     )
 
 

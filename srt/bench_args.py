@@ -3,6 +3,8 @@
 SGLang's flag names (model flags of its ServerArgs, benchmark flags of its BenchArgs), help on
 every flag with its default shown. `validate_args` and `check_model_path` reject bad values
 before anything is built; `check_lengths` needs the model config (its context length).
+`build_server_args` turns the flags into the runner's ServerArgs (the latency test's and the
+correctness test's).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Any
 
 import torch
 
-from srt.model_executor.model_builder import PRESETS
-from srt.server_args import DTYPES
+from sgl_ext import settings as sgl_ext_settings
+from srt.model_executor.model_builder import PRESETS, preset_overrides
+from srt.server_args import DTYPES, ServerArgs
 from srt.utils.cli import (
     ArgumentParser,
     CLIError,
@@ -152,14 +155,14 @@ def validate_args(args: argparse.Namespace) -> None:
         raise CLIError("--device cuda but no CUDA device is visible", args.device)
     on_cpu = args.device == "cpu" or (args.device is None and not torch.cuda.is_available())
     if args.attention_backend == "triton" and on_cpu:
-        if os.environ.get("TRITON_INTERPRET") != "1":
+        if not sgl_ext_settings.get().interpret:
             raise CLIError(
                 "--attention-backend triton on CPU runs only in Triton's interpreter: "
                 "set TRITON_INTERPRET=1 (slow) or use torch_native",
                 args.attention_backend,
             )
     if args.tp_size > 1:
-        from srt.distributed import launched_by_torchrun
+        from srt.distributed import launched_by_torchrun, torchrun_world_size
 
         if not launched_by_torchrun():
             raise CLIError(
@@ -167,7 +170,7 @@ def validate_args(args: argparse.Namespace) -> None:
                 f"{args.tp_size} -m srt.bench_one_batch ...",
                 args.tp_size,
             )
-        if int(os.environ["WORLD_SIZE"]) != args.tp_size:
+        if torchrun_world_size() != args.tp_size:
             raise CLIError("--tp-size must equal torchrun's WORLD_SIZE", args.tp_size)
 
 
@@ -194,3 +197,46 @@ def check_lengths(model_config: Any, args: argparse.Namespace, lens: list[int]) 
             f"--input-len + --output-len exceeds {source} {ctx}",
             f"{max(lens)} + {max(args.output_len)} = {need}",
         )
+
+
+def _as_list(x: int | list[int]) -> list[int]:
+    return list(x) if isinstance(x, (list, tuple)) else [int(x)]
+
+
+def build_server_args(
+    args: argparse.Namespace, fused: bool, max_len: int | None = None
+) -> ServerArgs:
+    """The runner's ServerArgs: a KV pool just big enough for the largest batch, unless
+    --mem-fraction-static asks for SGLang's memory-sized pool. ``max_len``: longest request."""
+    max_bs = max(args.batch_size)
+    if max_len is None:
+        max_len = max(_as_list(args.input_len)) + max(_as_list(args.output_len))
+    ps = args.page_size
+    per_req = -(-max_len // ps) * ps + ps
+    frac = getattr(args, "mem_fraction_static", None)
+    ctx = getattr(args, "context_length", None)
+    if ctx is None and args.model_path is None:
+        ctx = max_len + 8  # embedded/preset configs: a small req_to_token pool
+    preset = args.model_preset
+    return ServerArgs(
+        model_path=args.model_path,
+        load_format="dummy" if preset else args.load_format,
+        device=args.device,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        page_size=ps,
+        attention_backend=args.attention_backend,
+        enable_fused_rope_kv=fused,
+        disable_cuda_graph=args.disable_cuda_graph,
+        disable_hybrid_swa_memory=getattr(args, "disable_hybrid_swa_memory", False),
+        cuda_graph_max_bs=getattr(args, "cuda_graph_max_bs", None) or max_bs,
+        max_total_tokens=None if frac is not None else max_bs * per_req,
+        mem_fraction_static=frac if frac is not None else 0.85,
+        max_running_requests=max_bs,
+        context_length=ctx,
+        random_seed=args.seed,
+        tp_size=getattr(args, "tp_size", 1),
+        json_model_override_args=preset_overrides(preset) if preset else "{}",
+        model_impl=getattr(args, "model_impl", "srt"),
+        model_file=getattr(args, "model_file", None),
+    ).resolved()

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from srt.bench_args import build_server_args, check_lengths
 from srt.utils.cli import CLIError
 
 # SGLang's default correctness-test prompts.
@@ -115,7 +116,6 @@ def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def correctness_test(args: argparse.Namespace, model_config: Any) -> list[dict[str, Any]]:
     """Run the check for every variant; print logits and texts; return one row per variant and
     path, each with ``passed``."""
-    from srt.bench_one_batch import build_server_args, check_lengths
     from srt.model_executor.model_runner import ModelRunner
 
     tokenizer = _tokenizer(args)

@@ -33,56 +33,19 @@ from typing import Any
 
 import torch
 
-from srt.bench_args import build_parser, check_lengths, check_model_path, parse_args
-from srt.model_executor.model_builder import preset_overrides
+from srt import settings
+from srt.bench_args import (
+    build_parser,
+    build_server_args,
+    check_lengths,
+    check_model_path,
+    parse_args,
+)
 from srt.server_args import ServerArgs
 from srt.utils.cli import run_cli
 
 EXIT_MISMATCH = 1
 PREFILL_REPEATS = 3  # timed prefills per shape; the median is reported
-
-
-def _as_list(x: int | list[int]) -> list[int]:
-    return list(x) if isinstance(x, (list, tuple)) else [int(x)]
-
-
-def build_server_args(
-    args: argparse.Namespace, fused: bool, max_len: int | None = None
-) -> ServerArgs:
-    """The runner's ServerArgs: a KV pool just big enough for the largest batch, unless
-    --mem-fraction-static asks for SGLang's memory-sized pool. ``max_len``: longest request."""
-    max_bs = max(args.batch_size)
-    if max_len is None:
-        max_len = max(_as_list(args.input_len)) + max(_as_list(args.output_len))
-    ps = args.page_size
-    per_req = -(-max_len // ps) * ps + ps
-    frac = getattr(args, "mem_fraction_static", None)
-    ctx = getattr(args, "context_length", None)
-    if ctx is None and args.model_path is None:
-        ctx = max_len + 8  # embedded/preset configs: a small req_to_token pool
-    preset = args.model_preset
-    return ServerArgs(
-        model_path=args.model_path,
-        load_format="dummy" if preset else args.load_format,
-        device=args.device,
-        dtype=args.dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        page_size=ps,
-        attention_backend=args.attention_backend,
-        enable_fused_rope_kv=fused,
-        disable_cuda_graph=args.disable_cuda_graph,
-        disable_hybrid_swa_memory=getattr(args, "disable_hybrid_swa_memory", False),
-        cuda_graph_max_bs=getattr(args, "cuda_graph_max_bs", None) or max_bs,
-        max_total_tokens=None if frac is not None else max_bs * per_req,
-        mem_fraction_static=frac if frac is not None else 0.85,
-        max_running_requests=max_bs,
-        context_length=ctx,
-        random_seed=args.seed,
-        tp_size=getattr(args, "tp_size", 1),
-        json_model_override_args=preset_overrides(preset) if preset else "{}",
-        model_impl=getattr(args, "model_impl", "srt"),
-        model_file=getattr(args, "model_file", None),
-    ).resolved()
 
 
 def _sync(device: torch.device) -> None:
@@ -225,7 +188,7 @@ def prefill_groups(sb: Any, reqs: list[Any]) -> list[list[Any]]:
 
 def _trace_path(args: argparse.Namespace, variant: str, graph: bool, shape: tuple) -> str:
     bs, il, ol = shape
-    folder = os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+    folder = settings.get().torch_profiler_dir
     name = f"{args.profile_prefix}_{variant}_graph{int(graph)}_batch{bs}_input{il}_output{ol}"
     return os.path.join(folder, f"{name}_decode.trace.json.gz")
 

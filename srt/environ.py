@@ -7,8 +7,9 @@ naming themselves when set: a model file never takes a path srt lacks without sa
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from srt.settings import sglang_switch
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class EnvBool:
     served: bool = True
 
     def get(self) -> bool:
-        raw = os.environ.get(self.name)
+        raw = sglang_switch(self.name)
         value = self.default if raw is None else raw.strip().lower() in ("1", "true")
         if value and not self.served:
             raise NotImplementedError(f"{self.name}=1 asks for a path srt does not have")

@@ -204,7 +204,7 @@ def check_device_backends(device: str, attention_backend: str) -> None:
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} but no CUDA device is visible: use device 'cpu'")
         return
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    interpret = settings.get().interpret
     if attention_backend == "triton" and not interpret:
         raise ValueError(
             f"attention_backend 'triton' cannot run on device {device!r}: use 'torch_native' "

@@ -20,6 +20,7 @@ from srt.distributed.parallel_state import (
     model_parallel_is_initialized,
     resolve_tp,
     set_multicast_off_env,
+    torchrun_world_size,
 )
 from srt.distributed.utils import get_pp_group, get_pp_indices
 
@@ -42,4 +43,5 @@ __all__ = [
     "tensor_model_parallel_all_reduce",
     "tensor_model_parallel_broadcast",
     "tensor_model_parallel_min_int",
+    "torchrun_world_size",
 ]

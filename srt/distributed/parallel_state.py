@@ -10,6 +10,10 @@ exists, so initialisation runs one warm-up all-reduce on the device before any c
 
 NVLink multicast (NVLS) and symmetric-memory multicast are always switched off: the shared GPU
 hosts this runs on require it (`set_multicast_off_env`, called before the group is created).
+
+torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) are read here, when
+asked (`launched_by_torchrun`, `torchrun_world_size`), not through `srt.settings`: they describe
+how this process was started, and torch.distributed's env:// start reads the same ones.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def set_multicast_off_env() -> None:
 def launched_by_torchrun() -> bool:
     """True when torchrun (or torch.distributed.launch) started this process (env:// init)."""
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def torchrun_world_size() -> int | None:
+    """torchrun's WORLD_SIZE (None when torchrun did not start this process)."""
+    return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else None
 
 
 def init_distributed_environment(

@@ -22,8 +22,8 @@ from types import MappingProxyType
 import torch
 
 from sgl_ext import launch_tables
-from sgl_ext._common import next_pow2
 from sgl_ext.gemm import MAX_M, GemmConfig, linear_small_m, linear_small_m_native
+from sgl_ext.launch import next_pow2
 
 _DTYPES = (torch.bfloat16, torch.float16)
 _is_compiling = torch.compiler.is_compiling

@@ -19,9 +19,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from sgl_ext._backend import interpreting
-from sgl_ext.triton.launcher import cached_launcher
-from sgl_ext.triton.pdl import pdl_enter
+from sgl_ext.launch import cached_launcher, interpreting, pdl_enter
 from srt.distributed import resolve_tp, tensor_model_parallel_all_reduce
 from srt.layers.quantization.base_config import QuantizationConfig, require_unquantized
 

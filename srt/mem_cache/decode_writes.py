@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.launch import cached_launcher
 from srt.mem_cache.scrub import SlotTable, row_block, zero_slot_row
 
 _BLOCK = 128  # requests a program writes

@@ -20,8 +20,8 @@ import sgl_ext
 if TYPE_CHECKING:
     from srt.mem_cache.scrub import SlotTable
 from sgl_ext import FP8_DTYPES, INPUT_DTYPES
-from sgl_ext._common import check_kv_write, kv_layout
 from sgl_ext.kv_cache import alias_check as kv_alias_check
+from sgl_ext.launch import check_kv_write, kv_layout
 from sgl_ext.native import quantize_native, scatter_native
 from srt.mem_cache.host_copy import upload
 

@@ -19,8 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._common import next_pow2
-from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.launch import cached_launcher, next_pow2
 
 _MAX_BLOCK = 1024  # words one program stores per loop iteration
 

@@ -13,14 +13,50 @@ KV pool's stream overlap (V written on an alternate stream) is switched on only 
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
-    from srt.model_executor.model_runner import ModelRunner
+    from srt.layers.attention.base_attn_backend import AttentionBackend
+    from srt.sampling.greedy import GreedySampler
+    from srt.server_args import ServerArgs
+
+
+class GraphModelRunner(Protocol):
+    """What CudaGraphRunner uses of its model runner (`model_runner.ModelRunner` is one):
+    declared here, so the graph runner does not import the runner that builds it."""
+
+    @property
+    def server_args(self) -> ServerArgs:
+        """cuda_graph_max_bs, cuda_graph_bs, enable_fused_rope_kv."""
+        ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def max_running_requests(self) -> int: ...
+
+    @property
+    def attn_backend(self) -> AttentionBackend: ...
+
+    @property
+    def req_to_token_pool(self) -> Any: ...
+
+    @property
+    def token_to_kv_pool(self) -> Any: ...
+
+    @property
+    def greedy(self) -> GreedySampler | None:
+        """The greedy argmax each graph ends with (None: none captured)."""
+        ...
+
+    def model_forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
+        """[bs, V] logits of a decode batch (what a graph captures)."""
+        ...
 
 
 def get_batch_sizes_to_capture(max_bs: int, bs_list: tuple[int, ...] | None = None) -> list[int]:
@@ -70,11 +106,12 @@ class CudaGraphRunner:
 
     Parameters
     ----------
-    model_runner : the ModelRunner; its `model_forward(forward_batch)` is what gets captured,
-        its pools and attention backend are shared.
+    model_runner : the ModelRunner (what of it is used: `GraphModelRunner`); its
+        `model_forward(forward_batch)` is what gets captured, its pools and attention backend
+        are shared.
     """
 
-    def __init__(self, model_runner: ModelRunner) -> None:
+    def __init__(self, model_runner: GraphModelRunner) -> None:
         self.model_runner = model_runner
         args = model_runner.server_args
         self.device = model_runner.device

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from srt.layers.attention.base_attn_backend import AttentionBackend
 
 
 class ForwardMode(enum.IntEnum):
@@ -43,6 +40,29 @@ class ForwardMode(enum.IntEnum):
     def is_cuda_graph(self) -> bool:
         """Modes the CUDA-graph runner captures (decode only here)."""
         return self == ForwardMode.DECODE
+
+
+class BatchAttentionBackend(Protocol):
+    """What a batch and its layers ask of the batch's attention backend: every
+    `srt.layers.attention.base_attn_backend.AttentionBackend` is one. Declared here, below the
+    backends (which take a ForwardBatch), so the batch does not import them."""
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        """Prepare the per-batch metadata every layer's forward reads."""
+        ...
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: Any,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Attention of the batch's new tokens for one layer (a RadixAttention)."""
+        ...
 
 
 @dataclass
@@ -101,7 +121,7 @@ class ForwardBatch:
     # MHATokenToKVPool: per-layer K/V buffers (get_key_buffer / get_value_buffer / set_kv_buffer).
     token_to_kv_pool: Any = None
     # The AttentionBackend that runs RadixAttention for this batch.
-    attn_backend: AttentionBackend | None = None
+    attn_backend: BatchAttentionBackend | None = None
 
     # ---- Options ----
     # Whether attention layers may fuse the K/V cache write into the RoPE kernel

@@ -12,6 +12,8 @@ import functools
 import os
 import re
 
+from srt import settings
+
 # What a checkpoint needs: configs and tokenizer files, safetensors weights, sentencepiece models,
 # merges/vocab text files and chat templates. No *.bin / *.pth (we read safetensors).
 HUB_ALLOW_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken")
@@ -22,10 +24,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 def looks_like_hub_id(path: str) -> bool:
     """True for ``owner/name`` strings that are not paths on this machine."""
     return bool(_HUB_ID.match(path)) and ".." not in path and not os.path.exists(path)
-
-
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @functools.lru_cache(maxsize=16)
@@ -67,7 +65,7 @@ def resolve_model_path(path: str, name: str = "model path") -> str:
         return snapshot_download(path, local_files_only=True, allow_patterns=allow_patterns)
     except Exception as e:  # noqa: BLE001 - any cache miss falls through to the download
         cached_error = e
-    if _hub_offline():
+    if settings.get().hf_hub_offline:
         raise FileNotFoundError(
             f"{name} is not a local directory and the Hub id is not in the local cache while "
             f"HF_HUB_OFFLINE=1 ({path})"

@@ -13,7 +13,7 @@ passes them to its parallel layers.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from srt.layers.rotary_embedding import RotaryEmbedding, get_rope
 from srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from srt.models.utils import create_fused_set_kv_buffer_arg, enable_fused_set_kv_buffer
 from srt.models.weight_utils import LLAMA_STACKED_PARAMS, StackedParams, load_stacked_weights
+from srt.utils.submodule import Submodule
 
 if TYPE_CHECKING:
     from sgl_ext import FusedSetKVBufferArg
@@ -40,6 +41,11 @@ if TYPE_CHECKING:
 
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up packed in one matmul (SGLang's LlamaMLP)."""
+
+    # children read without nn.Module.__getattr__ (srt/utils/submodule.py)
+    gate_up_proj: Submodule[MergedColumnParallelLinear] = Submodule()
+    down_proj: Submodule[RowParallelLinear] = Submodule()
+    act_fn: Submodule[SiluAndMul] = Submodule()
 
     def __init__(
         self,
@@ -65,10 +71,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden] (model dtype)."""
-        # submodules read directly: no nn.Module.__getattr__ per call
-        mods: dict[str, Any] = self._modules
-        gate_up, _ = mods["gate_up_proj"](x)  # [T, 2 * I / tp]
-        out, _ = mods["down_proj"](mods["act_fn"](gate_up))  # [T, I / tp] -> [T, hidden]
+        gate_up, _ = self.gate_up_proj(x)  # [T, 2 * I / tp]
+        out, _ = self.down_proj(self.act_fn(gate_up))  # [T, I / tp] -> [T, hidden]
         return out
 
 
@@ -89,6 +93,14 @@ class RopeAttention(nn.Module):
     # the RoPE and the K/V write in that GEMM's epilogue (one launch a layer fewer, the same
     # bits). False (on a layer or the class) keeps the GEMM and the RoPE op apart.
     fold_rope_into_qkv: bool = True
+
+    # children read without nn.Module.__getattr__ (srt/utils/submodule.py)
+    qkv_proj: Submodule[QKVParallelLinear] = Submodule()
+    o_proj: Submodule[RowParallelLinear] = Submodule()
+    q_norm: Submodule[RMSNorm] = Submodule()  # with has_qk_norm
+    k_norm: Submodule[RMSNorm] = Submodule()  # with has_qk_norm
+    rotary_emb: Submodule[RotaryEmbedding] = Submodule()
+    attn: Submodule[RadixAttention] = Submodule()
 
     def __init__(
         self, config: ModelConfig, layer_id: int, tp_rank: int = 0, tp_size: int = 1
@@ -174,12 +186,12 @@ class RopeAttention(nn.Module):
         positions int64 [T]; q [T, Hq*D], k [T, Hkv*D] (model dtype, views of qkv) -> rotated
         q [T, Hq*D], k [T, Hkv*D].
         """
-        # submodules read directly: no nn.Module.__getattr__ per call
-        mods: dict[str, Any] = self._modules
-        rope = mods["rotary_emb"]
+        rope = self.rotary_emb
         if self.has_qk_norm:
-            q_norm, k_norm = mods["q_norm"], mods["k_norm"]
-            q_w = q_norm._parameters["weight"]
+            q_norm, k_norm = self.q_norm, self.k_norm
+            # parameters read directly too (no nn.Module.__getattr__)
+            q_w, k_w = q_norm._parameters["weight"], k_norm._parameters["weight"]
+            assert q_w is not None and k_w is not None
             if self.fuse_qk_norm and q_w.dtype == q.dtype:
                 # q/k normalised and rotated in place (and K/V stored with fused_arg). Without
                 # fused_arg the same kernel runs without the write and attention saves K/V, so
@@ -191,7 +203,7 @@ class RopeAttention(nn.Module):
                     self.head_dim,
                     rope._cache_for(q.device),
                     q_w,
-                    k_norm._parameters["weight"],
+                    k_w,
                     q_norm.variance_epsilon,
                     is_neox=rope.is_neox_style,
                     fused_set_kv_buffer_arg=fused_arg,
@@ -206,11 +218,12 @@ class RopeAttention(nn.Module):
         the KV write) in its epilogue (`sgl_ext.qkv_proj_with_rope_kv`), else None."""
         if not self.fold_rope_into_qkv or self.has_qk_norm or not hidden_states.is_cuda:
             return None
-        proj: Any = self._modules["qkv_proj"]
-        rope: Any = self._modules["rotary_emb"]
+        proj, rope = self.qkv_proj, self.rotary_emb
         if proj.skip_bias_add or type(rope).forward is not RotaryEmbedding.forward:
             return None
-        cfg = linear_config(hidden_states, proj._parameters["weight"])
+        weight = proj._parameters["weight"]
+        assert weight is not None
+        cfg = linear_config(hidden_states, weight)
         d = self.head_dim
         if cfg is None or cfg.dot or cfg.split_k != 1 or rope.rotary_dim != d:
             return None
@@ -220,19 +233,19 @@ class RopeAttention(nn.Module):
         self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         """positions int64 [T], hidden_states [T, hidden] -> [T, hidden] (model dtype)."""
-        # submodules read directly: no nn.Module.__getattr__ per call
-        mods: dict[str, Any] = self._modules
-        attn = mods["attn"]
+        attn = self.attn
         fused = enable_fused_set_kv_buffer(forward_batch)
         cfg = self._qkv_rope_config(hidden_states)
         if cfg is not None:  # one kernel: the qkv GEMM, RoPE and (fused) the K/V write
-            proj, rope = mods["qkv_proj"], mods["rotary_emb"]
+            proj, rope = self.qkv_proj, self.rotary_emb
+            weight = proj._parameters["weight"]
+            assert weight is not None
             qkv = hidden_states.new_empty(hidden_states.shape[0], sum(self.qkv_split))
             q, k, v = qkv.split_with_sizes(self.qkv_split, -1)  # views of qkv
             arg = create_fused_set_kv_buffer_arg(v, attn, forward_batch) if fused else None
             sgl_ext.qkv_proj_with_rope_kv(
                 hidden_states,
-                proj._parameters["weight"],
+                weight,
                 proj._parameters["bias"],
                 positions.reshape(-1),  # [T]
                 rope._cache_for(qkv.device),
@@ -244,15 +257,15 @@ class RopeAttention(nn.Module):
                 cfg,
             )
             out = attn(q, k, v, forward_batch, save_kv_cache=not fused)  # [T, Hq * D]
-            out, _ = mods["o_proj"](out)  # [T, hidden]
+            out, _ = self.o_proj(out)  # [T, hidden]
             return out
-        qkv, _ = mods["qkv_proj"](hidden_states)  # [T, (Hq + 2 Hkv) * D]
+        qkv, _ = self.qkv_proj(hidden_states)  # [T, (Hq + 2 Hkv) * D]
         # q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]: strided views of qkv
         q, k, v = qkv.split_with_sizes(self.qkv_split, -1)
         arg = create_fused_set_kv_buffer_arg(v, attn, forward_batch) if fused else None
         q, k = self.norm_and_rope(positions, q, k, arg)
         out = attn(q, k, v, forward_batch, save_kv_cache=not fused)  # [T, Hq * D]
-        out, _ = mods["o_proj"](out)  # [T, hidden]
+        out, _ = self.o_proj(out)  # [T, hidden]
         return out
 
 
@@ -266,6 +279,12 @@ class DecoderLayer(nn.Module):
     attention_cls: type[RopeAttention] = RopeAttention
     mlp_cls: type[GatedMLP] = GatedMLP
     norm_weight_in_fp32: bool = False
+
+    # children read without nn.Module.__getattr__ (srt/utils/submodule.py)
+    self_attn: Submodule[RopeAttention] = Submodule()
+    mlp: Submodule[nn.Module] = Submodule()
+    input_layernorm: Submodule[RMSNorm] = Submodule()
+    post_attention_layernorm: Submodule[RMSNorm] = Submodule()
 
     def __init__(
         self, config: ModelConfig, layer_id: int, tp_rank: int = 0, tp_size: int = 1
@@ -291,17 +310,15 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor | TopKPairs, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual), both [T, hidden]. A
         MoE MLP may hand over its pair rows uncombined (TopKPairs): the next norm adds them up."""
-        # submodules read directly: no nn.Module.__getattr__ per call
-        mods: dict[str, Any] = self._modules
         # The norms with a residual run in place: this layer owns both tensors (the attention /
         # MLP output and the residual stream), so no new tensors per call.
         if residual is None:  # the first layer: hidden_states are the embeddings
             assert isinstance(hidden_states, torch.Tensor)
             residual = hidden_states
-            hidden_states = mods["input_layernorm"](hidden_states)
+            hidden_states = self.input_layernorm(hidden_states)
         else:
-            hidden_states, residual = mods["input_layernorm"](hidden_states, residual, inplace=True)
-        attn_out: torch.Tensor = mods["self_attn"](positions, hidden_states, forward_batch)
+            hidden_states, residual = self.input_layernorm(hidden_states, residual, inplace=True)
+        attn_out: torch.Tensor = self.self_attn(positions, hidden_states, forward_batch)
         return self.norm_and_mlp(attn_out, residual)
 
     def norm_and_mlp(
@@ -309,11 +326,10 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor | TopKPairs, torch.Tensor]:
         """The post-attention norm (residual add in place), then the MLP: (its output,
         residual). A layer whose MLP can take the norm into its first kernel overrides this."""
-        mods: dict[str, Any] = self._modules
-        hidden_states, residual = mods["post_attention_layernorm"](
+        hidden_states, residual = self.post_attention_layernorm(
             hidden_states, residual, inplace=True
         )
-        return mods["mlp"](hidden_states), residual
+        return self.mlp(hidden_states), residual
 
 
 class DecoderModel(nn.Module):

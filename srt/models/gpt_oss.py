@@ -32,6 +32,7 @@ from srt.layers.moe.topk import select_experts_x_f16
 from srt.layers.moe.topk_pairs import TopKPairs
 from srt.models.common import CausalLM, DecoderLayer, DecoderModel, RopeAttention
 from srt.models.weight_utils import QKV_STACKED_PARAMS
+from srt.utils.submodule import Submodule
 
 
 def _experts_quant_method(config: ModelConfig) -> str | None:
@@ -135,6 +136,7 @@ class GptOssDecoderLayer(DecoderLayer):
 
     attention_cls = GptOssAttention
     norm_weight_in_fp32 = True
+    mlp: Submodule[GptOssMLP] = Submodule()
 
     def build_mlp(self, config: ModelConfig, tp_rank: int, tp_size: int) -> nn.Module:
         return GptOssMLP(config, tp_rank, tp_size)
@@ -144,10 +146,7 @@ class GptOssDecoderLayer(DecoderLayer):
     ) -> tuple[torch.Tensor | TopKPairs, torch.Tensor]:
         """The post-attention norm, inside the fused router's launch where that serves the call
         (GptOssMLP.forward_add_norm), then the MLP."""
-        mods = self._modules
-        out = mods["mlp"].forward_add_norm(  # type: ignore[union-attr,operator]
-            hidden_states, residual, mods["post_attention_layernorm"]
-        )
+        out = self.mlp.forward_add_norm(hidden_states, residual, self.post_attention_layernorm)
         return out, residual
 
 

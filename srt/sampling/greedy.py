@@ -24,9 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting
-from sgl_ext.triton.launcher import cached_launcher
-from sgl_ext.triton.pdl import pdl_enter
+from sgl_ext.launch import cached_launcher, interpreting, pdl_enter
 
 BLOCK = 2048  # logits a program (8 a thread at 8 warps)
 _EMPTY = -(2**63)  # the accumulator between launches: below every key

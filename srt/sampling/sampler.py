@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_ext._backend import interpreting
+from sgl_ext.launch import interpreting
 from srt.mem_cache.host_copy import upload
 from srt.sampling.greedy import gumbel_max
 from srt.sampling.sampling_params import SamplingParams

@@ -8,13 +8,14 @@ of SGLang's files are never taken, so `is_hip` / `is_npu` / `is_xpu` are False a
 
 from __future__ import annotations
 
-import os
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+
+from srt.settings import sglang_switch
 
 
 def add_prefix(name: str | int, prefix: str) -> str:
@@ -64,11 +65,11 @@ def get_device(device_id: int | None = None) -> str:
 
 def get_bool_env_var(name: str, default: str = "false") -> bool:
     """An environment variable read as a boolean ("true"/"1" are true)."""
-    return os.getenv(name, default).strip().lower() in ("true", "1")
+    return (sglang_switch(name) or default).strip().lower() in ("true", "1")
 
 
 def get_int_env_var(name: str, default: int = 0) -> int:
-    value = os.getenv(name)
+    value = sglang_switch(name)
     try:
         return int(value) if value and value.strip() else default
     except ValueError:

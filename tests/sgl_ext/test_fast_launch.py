@@ -480,3 +480,13 @@ def test_available_makes_the_table_once():
     assert got == (HAS_CUDA and bool(fast_launch._load()) and fast_launch._can_launch)
     with settings.override(fast_launch=False):
         assert not t.available() and t.launch(torch.zeros(1)) == -1
+
+
+@needs_cc
+def test_build_goes_to_the_settings_cache_dir(tmp_path):
+    """The extension is built into settings.cache_dir (SGL_EXT_CACHE_DIR), once."""
+    with settings.override(cache_dir=str(tmp_path)):
+        path = fast_launch.build()
+        assert path is not None and path.parent == tmp_path and path.exists()
+        mtime = path.stat().st_mtime_ns
+        assert fast_launch.build() == path and path.stat().st_mtime_ns == mtime

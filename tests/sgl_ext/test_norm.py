@@ -248,7 +248,7 @@ def test_moe_sum_add_rmsnorm_bad_input_raises_before_launch(backend, name):
 @pytest.mark.parametrize("weight_in_fp32", [False, True])
 def test_cuda_moe_sum_add_rmsnorm_equals_moe_sum_then_norm(T, weight_in_fp32):
     """gpt-oss shape: the same bits as moe_sum followed by fused_add_rmsnorm (what it replaces)."""
-    from srt.layers.moe.fused_moe_triton.fused_moe import moe_sum
+    from srt.layers.moe.fused_moe_triton.moe_sum import moe_sum
 
     k, n = 4, 2880
     pairs, r, w = _pairs(T, k, n, torch.bfloat16, seed=9, device="cuda")

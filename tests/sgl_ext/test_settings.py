@@ -1,5 +1,8 @@
 """The settings module: SGL_EXT_BACKEND accepts only the backends the package has."""
 
+import os
+from pathlib import Path
+
 import pytest
 
 from sgl_ext import settings
@@ -96,3 +99,38 @@ def test_cuda_pdl_on_and_off_give_the_same_bits():
     for a, b in zip(on, off, strict=True):
         assert torch.equal(a, b)
     assert torch.allclose(on[-1].float(), (x.float() @ wl.float().t()), rtol=2e-2, atol=2e-1)
+
+
+def test_cache_dir_and_cc_are_settings(monkeypatch, tmp_path):
+    """SGL_EXT_CACHE_DIR and CC are read with the other variables (fast_launch reads only the
+    settings): unset, the user's cache and the compiler on PATH."""
+    s = settings.from_env({"SGL_EXT_CACHE_DIR": str(tmp_path), "CC": "clang"})
+    assert (s.cache_dir, s.cc) == (str(tmp_path), "clang")
+    s = settings.from_env({"SGL_EXT_CACHE_DIR": "", "CC": ""})
+    assert (s.cache_dir, s.cc) == (os.path.join("~", ".cache", "sgl_ext"), None)
+    from sgl_ext import fast_launch
+
+    assert fast_launch._cache_dir() == Path(settings.get().cache_dir).expanduser()
+    monkeypatch.setenv("SGL_EXT_CACHE_DIR", str(tmp_path / "c"))
+    try:
+        settings.reload()
+        assert fast_launch._cache_dir() == tmp_path / "c"
+    finally:
+        monkeypatch.undo()
+        settings.reload()
+    assert fast_launch._cache_dir() == Path("~/.cache/sgl_ext").expanduser()
+
+
+def test_sgl_ext_reads_the_environment_only_in_settings():
+    """No sgl_ext module but settings.py reads os.environ / os.getenv."""
+    import ast
+
+    import sgl_ext
+
+    root = Path(sgl_ext.__file__).parent
+    readers = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb"):
+                readers.add(str(path.relative_to(root)))
+    assert readers == {"settings.py"}

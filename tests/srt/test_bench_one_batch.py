@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from srt import bench_one_batch
+from sgl_ext import settings as sgl_ext_settings
+from srt import bench_one_batch, settings
 from srt.bench_one_batch import cli_main, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +144,12 @@ def test_correctness_test(capsys):
 def test_profile_writes_trace(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SGLANG_TORCH_PROFILER_DIR", str(tmp_path))
     argv = ["--batch-size", "1", "--input-len", "3", "--output-len", "4", "--profile"]
-    main(argv + ["--disable-fused-rope-kv", "--result-filename", ""] + CPU)
+    try:  # SGLANG_TORCH_PROFILER_DIR read through srt's settings
+        settings.reload()
+        main(argv + ["--disable-fused-rope-kv", "--result-filename", ""] + CPU)
+    finally:
+        monkeypatch.undo()
+        settings.reload()
     traces = list(tmp_path.glob("profile_unfused_graph0_batch1_input3_output4_decode.trace.json*"))
     assert len(traces) == 1, list(tmp_path.iterdir())
     raw = traces[0].read_bytes()
@@ -227,8 +233,8 @@ def test_model_path_without_config(tmp_path, capsys):
 
 
 def test_triton_on_cpu_needs_interpreter(monkeypatch, capsys):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    line = _error(["--attention-backend", "triton"] + CPU, capsys)
+    with sgl_ext_settings.override(interpret=False):  # TRITON_INTERPRET unset
+        line = _error(["--attention-backend", "triton"] + CPU, capsys)
     assert "TRITON_INTERPRET=1" in line and line.endswith("(triton)")
 
 
@@ -257,12 +263,12 @@ def test_preset_too_big_for_memory_fails_before_allocating(monkeypatch, capsys):
 
 def test_hub_id_offline_one_line(tmp_path, monkeypatch, capsys):
     pytest.importorskip("huggingface_hub")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     from srt.model_loader.hub import resolve_model_path
 
     resolve_model_path.cache_clear()
-    line = _error(["--model-path", "no-org/no-model-x"] + CPU, capsys)
+    with settings.override(hf_hub_offline=True):  # HF_HUB_OFFLINE=1
+        line = _error(["--model-path", "no-org/no-model-x"] + CPU, capsys)
     assert line == (
         "error: --model-path is not a local directory and the Hub id is not in the local cache "
         "while HF_HUB_OFFLINE=1 (no-org/no-model-x)"

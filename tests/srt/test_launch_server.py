@@ -59,16 +59,26 @@ def test_port_in_use(no_engine, capsys):
     assert f"--port {port}" in line and line.endswith(f"({port})")
 
 
-def test_triton_attention_on_cpu_without_the_interpreter(no_engine, capsys, monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+@pytest.fixture
+def no_interpreter():
+    """TRITON_INTERPRET unset, as sgl_ext's settings read it (srt asks them)."""
+    from sgl_ext import settings
+
+    with settings.override(interpret=False):
+        yield
+
+
+def test_triton_attention_on_cpu_without_the_interpreter(no_engine, capsys, no_interpreter):
     line = _run(capsys, "--attention-backend", "triton")
     assert "attention_backend 'triton' cannot run on device 'cpu'" in line
 
 
-def test_triton_kernels_on_cpu_without_the_interpreter(no_engine, capsys, monkeypatch, backend):
+def test_triton_kernels_on_cpu_without_the_interpreter(no_engine, capsys, backend):
+    from sgl_ext import settings
+
     backend("triton")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    line = _run(capsys)
+    with settings.override(interpret=False):
+        line = _run(capsys)
     assert "SGL_EXT_BACKEND=triton cannot run on device 'cpu'" in line
 
 
@@ -81,7 +91,9 @@ def test_overrides_that_break_the_model(no_weights, capsys, override, field):
     assert field in line and "model config" in line
 
 
-def test_offline_hub_id_names_the_id(no_weights, capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    line = _run(capsys, "--model-path", "acme/not-cached-anywhere", "--port", "0")
+def test_offline_hub_id_names_the_id(no_weights, capsys):
+    from srt import settings
+
+    with settings.override(hf_hub_offline=True):
+        line = _run(capsys, "--model-path", "acme/not-cached-anywhere", "--port", "0")
     assert line.startswith("error: model path") and line.endswith("(acme/not-cached-anywhere)")

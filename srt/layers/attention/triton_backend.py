@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sgl_ext import FP8_DTYPES
-from sgl_ext._backend import interpreting
-from sgl_ext._common import next_pow2
+from sgl_ext.launch import interpreting, next_pow2
 from srt.layers.attention.base_attn_backend import AttentionBackend, DecodeGraphMixin
 from srt.layers.attention.kv_utils import layer_buffers, req_to_token_for_layer
 from srt.layers.attention.kv_utils import save_kv_cache as save_kv

@@ -21,11 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting
-from sgl_ext._common import next_pow2
-from sgl_ext.triton.launcher import cached_launcher
-from sgl_ext.triton.pdl import pdl_enter
-from sgl_ext.triton.rounding import cast_rne
+from sgl_ext.launch import cached_launcher, cast_rne, interpreting, next_pow2, pdl_enter
 from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, pair_position, row_f16_scale
 from srt.layers.moe.topk import topk_softmax_row
 

@@ -14,8 +14,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from sgl_ext.triton.launcher import cached_launcher
-from sgl_ext.triton.pdl import pdl_enter
+from sgl_ext.launch import cached_launcher, pdl_enter
 from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16, row_to_f16
 
 # The fused kernel covers these (gpt-oss: 32 experts, k = 4; Mixtral 8 / 2).

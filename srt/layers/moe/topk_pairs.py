@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_ext._backend import select_backend
+from sgl_ext.launch import select_backend
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ class TopKPairs:
         sgl_ext's backend is Triton, else the same arithmetic in torch)."""
         T, k = self.rows.shape[0] // self.top_k, self.top_k
         if select_backend(self.rows.device) == "triton":
-            from srt.layers.moe.fused_moe_triton.fused_moe import moe_sum
+            # the kernel module on the first Triton call (fused_moe_triton/__init__.py)
+            from srt.layers.moe.fused_moe_triton.moe_sum import moe_sum
 
             return moe_sum(self.rows, T, k)
         p = self.rows.view(T, k, self.rows.shape[1])  # [T, k, H]

@@ -15,8 +15,8 @@ from torch import nn
 
 import sgl_ext
 from sgl_ext import FusedSetKVBufferArg
+from sgl_ext.launch import check_fused_arg
 from sgl_ext.native import rotate_native  # the op's torch reference (fp32 math, in place)
-from sgl_ext.rope import _check_kv as check_fused_arg  # metadata-only checks, no launch
 
 
 def _check_dims(head_size: int, rotary_dim: int, max_position_embeddings: int) -> None:

@@ -13,12 +13,12 @@ from srt.layers.moe.fused_moe_triton.fused_moe import (
     SHARED_MEMORY_BUDGET,
     fused_experts,
     get_config,
-    moe_sum,
 )
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import (
     max_num_blocks,
     moe_align_block_size,
 )
+from srt.layers.moe.fused_moe_triton.moe_sum import moe_sum
 from srt.layers.moe.topk_pairs import TopKPairs
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from srt import settings
 from srt.model_loader.hub import looks_like_hub_id, resolve_model_path
 from srt.model_loader.weight_memory import (
     NotEnoughMemoryError,
@@ -40,9 +41,10 @@ def test_hub_id_from_local_cache_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache), raising=False)
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True, raising=False)
     resolve_model_path.cache_clear()
-    assert resolve_model_path("acme/tiny-llm") == str(snap)
-    with pytest.raises(FileNotFoundError, match=r"HF_HUB_OFFLINE=1 \(acme/other\)"):
-        resolve_model_path("acme/other")
+    with settings.override(hf_hub_offline=True):
+        assert resolve_model_path("acme/tiny-llm") == str(snap)
+        with pytest.raises(FileNotFoundError, match=r"HF_HUB_OFFLINE=1 \(acme/other\)"):
+            resolve_model_path("acme/other")
     resolve_model_path.cache_clear()
 
 
@@ -71,7 +73,7 @@ def test_hub_download_errors_name_the_flag_and_the_id(monkeypatch, error_name, w
     monkeypatch.setattr(hf, "snapshot_download", fail)
     resolve_model_path.cache_clear()
     try:
-        with pytest.raises(OSError) as e:
+        with settings.override(hf_hub_offline=False), pytest.raises(OSError) as e:
             resolve_model_path("acme/missing-model", name="--model-path")
     finally:
         resolve_model_path.cache_clear()

@@ -31,9 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting
-from sgl_ext.triton.launcher import cached_launcher
-from sgl_ext.triton.pdl import pdl_enter
+from sgl_ext.launch import cached_launcher, interpreting, pdl_enter
 from srt.layers.attention.triton_ops.decode_merge import merge_kernel
 from srt.layers.attention.triton_ops.kv_load import (
     KV_FP8_NONE,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_ext.triton.pdl import pdl_enter
+from sgl_ext.launch import pdl_enter
 
 
 @triton.jit

@@ -17,8 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext._backend import interpreting
-from sgl_ext.triton.launcher import cached_launcher
+from sgl_ext.launch import cached_launcher, interpreting
 from srt.layers.attention.triton_ops.kv_load import (
     KV_FP8_NONE,
     AttnFlags,

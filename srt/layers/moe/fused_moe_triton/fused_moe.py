@@ -14,8 +14,6 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from sgl_ext import settings
-from sgl_ext.triton.launcher import cached_launcher
 from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
     INTERPRETER_CONFIG,
     MXFP4_MODES,
@@ -28,11 +26,11 @@ from srt.layers.moe.fused_moe_triton.config import (  # noqa: F401 (re-exported)
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import (
     moe_down_kernel,
     moe_gate_up_kernel,
-    moe_sum_kernel,
 )
 from srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block_size
 from srt.layers.moe.fused_moe_triton.moe_gemv import ExpertWeightArgs, run_gemv
 from srt.layers.moe.fused_moe_triton.moe_gemv_f16 import f16_products_apply, run_gemv_f16
+from srt.layers.moe.fused_moe_triton.moe_sum import moe_sum
 from srt.layers.moe.fused_moe_triton.moe_x_f16 import XF16
 from srt.layers.moe.topk_pairs import TopKPairs
 
@@ -286,18 +284,6 @@ def _run_gemms(
 def _combine(pairs: torch.Tensor, T: int, k: int, combine: bool) -> torch.Tensor | TopKPairs:
     """[T * k, H] pair rows -> [T, H] (moe_sum), or TopKPairs for the caller to combine."""
     return moe_sum(pairs, T, k) if combine else TopKPairs(pairs, k)
-
-
-def moe_sum(pairs: torch.Tensor, T: int, k: int) -> torch.Tensor:
-    """[T * k, H] (pair order, contiguous) -> [T, H]: each token's k rows summed in float32 in
-    pair order, rounded once (one launch; torch's strided reduction took ~5 µs a layer at T = 1)."""
-    H = pairs.shape[1]
-    out = torch.empty(T, H, dtype=pairs.dtype, device=pairs.device)
-    block_h = min(1024, triton.next_power_of_2(H))
-    cached_launcher(moe_sum_kernel)[(T, triton.cdiv(H, block_h))](
-        pairs, out, H, TOP_K=k, BLOCK_H=block_h, EMULATE=settings.get().interpret, num_warps=4
-    )
-    return out
 
 
 def _check_mxfp4(x, w13, w13_scale, w2, w2_scale) -> None:

@@ -31,9 +31,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_ext.triton.pdl import pdl_enter
-from sgl_ext.triton.rounding import cast_rne
-
 
 @triton.jit
 def _block_coords(pid, num_m, num_n, GROUP_M: tl.constexpr):
@@ -385,26 +382,3 @@ def moe_down_kernel(
     acc = acc * gate[:, None]
     out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + cols[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def moe_sum_kernel(
-    pairs_ptr,
-    out_ptr,
-    H,
-    TOP_K: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    EMULATE: tl.constexpr = False,
-    USE_PDL: tl.constexpr = False,
-):
-    """The top-k combine: out[t] = sum over j of pairs[t * TOP_K + j] ([T * k, H] -> [T, H],
-    rows contiguous), in float32 in the order j = 0..k-1, rounded once to out's dtype (to
-    nearest even under the interpreter too: EMULATE)."""
-    pdl_enter(USE_PDL)
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    ok = h < H
-    acc = tl.zeros([BLOCK_H], tl.float32)
-    for j in tl.static_range(TOP_K):
-        acc += tl.load(pairs_ptr + (t * TOP_K + j) * H + h, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * H + h, cast_rne(acc, out_ptr.dtype.element_ty, EMULATE), mask=ok)

@@ -32,9 +32,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext import settings
-from sgl_ext.triton.launcher import cached_launcher
-from sgl_ext.triton.pdl import pdl_enter
-from sgl_ext.triton.rounding import cast_rne
+from sgl_ext.launch import cached_launcher, cast_rne, pdl_enter
 from srt.layers.moe.fused_moe_triton.config import MoeConfig
 from srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels import _swiglu
 from srt.layers.moe.fused_moe_triton.moe_gemv import (

@@ -18,8 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ext.triton.launcher import cached_launcher
-from sgl_ext.triton.pdl import pdl_enter
+from sgl_ext.launch import cached_launcher, pdl_enter
 
 
 @triton.jit
