@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import os
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -36,6 +35,7 @@ from srt.distributed import (
     init_distributed_environment,
     launched_by_torchrun,
     model_parallel_is_initialized,
+    torchrun_world_size,
 )
 from srt.entrypoints import engine_client
 from srt.entrypoints.engine_loop import EngineLoop
@@ -140,10 +140,11 @@ class Engine:
         self._call_lock = threading.Lock()  # TP: one call at a time (see _serial)
         if args.tp_size > 1 and not model_parallel_is_initialized():
             if launched_by_torchrun():
-                if int(os.environ["WORLD_SIZE"]) != args.tp_size:
+                world = torchrun_world_size()
+                if world != args.tp_size:
                     raise ValueError(
-                        f"tp_size={args.tp_size} but torchrun started "
-                        f"{os.environ['WORLD_SIZE']} processes (WORLD_SIZE); they must match"
+                        f"tp_size={args.tp_size} but torchrun started {world} processes "
+                        "(WORLD_SIZE); they must match"
                     )
                 assert args.device is not None  # resolved() fills it
                 backend = "nccl" if args.device.startswith("cuda") else "gloo"
@@ -182,7 +183,7 @@ class Engine:
         self.model_runner = None  # type: ignore[assignment]  # the ranks own the model
         self.scheduler = None  # type: ignore[assignment]
         self._tp_workers = TpWorkerGroup(
-            args.tp_size, dataclasses.asdict(args), args.dist_init_addr, args.dist_timeout
+            args.tp_size, Engine, dataclasses.asdict(args), args.dist_init_addr, args.dist_timeout
         )
         tok_path = str(args.tokenizer_path or args.model_path or TINY_TOKENIZER_DIR)
         self.tokenizer = None if args.skip_tokenizer_init else _load_tokenizer(tok_path)

@@ -11,7 +11,6 @@ stops every worker and raises.
 
 from __future__ import annotations
 
-import os
 import pickle
 import socket
 import time
@@ -20,8 +19,6 @@ from multiprocessing import connection as mp_connection
 from typing import Any
 
 import torch.multiprocessing as mp
-
-from srt.distributed.parallel_state import MULTICAST_OFF_ENV
 
 _WAIT_S = 1.0
 _STOP_TIMEOUT_S = 30.0
@@ -42,11 +39,18 @@ def _pack_error(e: BaseException) -> BaseException:
         return RuntimeError("".join(traceback.format_exception(e)))
 
 
-def _worker_main(rank: int, tp_size: int, init_method: str, engine_kwargs: dict, conn) -> None:
-    """Entry of a rank's process: join the TP group, build the Engine, serve requests."""
-    os.environ.update(MULTICAST_OFF_ENV)  # before any NCCL communicator exists
-    from srt.distributed import destroy_distributed_environment, init_distributed_environment
-    from srt.entrypoints.engine import Engine
+def _worker_main(
+    rank: int, tp_size: int, init_method: str, engine_cls: Any, engine_kwargs: dict, conn
+) -> None:
+    """Entry of a rank's process: join the TP group, build the engine (engine_cls: the Engine
+    class, passed by the parent so this module does not import it), serve requests."""
+    from srt.distributed import (
+        destroy_distributed_environment,
+        init_distributed_environment,
+        set_multicast_off_env,
+    )
+
+    set_multicast_off_env()  # before any NCCL communicator exists
 
     engine = None
     try:
@@ -60,7 +64,7 @@ def _worker_main(rank: int, tp_size: int, init_method: str, engine_kwargs: dict,
             local_rank=rank,
             timeout_s=float(engine_kwargs.get("dist_timeout", 600.0)),
         )
-        engine = Engine(**engine_kwargs)
+        engine = engine_cls(**engine_kwargs)
         conn.send(("ok", {"eos_token_ids": engine.eos_token_ids}))
         while True:
             try:
@@ -94,6 +98,7 @@ class TpWorkerGroup:
     Parameters
     ----------
     tp_size : number of ranks.
+    engine_cls : the Engine class each rank builds (picklable by name).
     engine_kwargs : Engine(...) arguments each rank builds its Engine with.
     dist_init_addr : "host:port" rendezvous (None: a free port on 127.0.0.1).
     timeout_s : start-up deadline, and how long the others may take to answer once one rank
@@ -103,6 +108,7 @@ class TpWorkerGroup:
     def __init__(
         self,
         tp_size: int,
+        engine_cls: Any,
         engine_kwargs: dict[str, Any],
         dist_init_addr: str | None = None,
         timeout_s: float = 600.0,
@@ -116,7 +122,7 @@ class TpWorkerGroup:
             parent, child = ctx.Pipe()
             p = ctx.Process(
                 target=_worker_main,
-                args=(rank, tp_size, f"tcp://{addr}", engine_kwargs, child),
+                args=(rank, tp_size, f"tcp://{addr}", engine_cls, engine_kwargs, child),
                 name=f"srt-tp{rank}",
                 daemon=True,
             )

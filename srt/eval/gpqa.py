@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from srt import settings
 from srt.eval.engine_io import (
     Completion,
     context_length,
@@ -271,7 +272,7 @@ def build_parser() -> ArgumentParser:
     s.add_argument("--model", default=None, help="model name (default: the server's first)")
     s.add_argument(
         "--api-key",
-        default=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+        default=settings.get().openai_api_key,
         help="bearer token (default: $OPENAI_API_KEY, else EMPTY)",
     )
     s.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")

@@ -15,13 +15,6 @@ SRT = Path(settings.__file__).parent
 READERS = {
     "settings.py": "the settings",
     "distributed/parallel_state.py": "torchrun's RANK / WORLD_SIZE / ...; writes NCCL's switches",
-    # pending, in modules another change owns: engine.py's WORLD_SIZE check should ask
-    # srt.distributed.torchrun_world_size(); gpqa.py's --api-key default should be
-    # settings.get().openai_api_key; tp_workers.py writes NCCL's switches
-    # (srt.distributed.set_multicast_off_env does the same)
-    "entrypoints/engine.py": "pending",
-    "entrypoints/tp_workers.py": "pending",
-    "eval/gpqa.py": "pending",
 }
 
 
