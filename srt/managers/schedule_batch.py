@@ -40,10 +40,12 @@ class Req:
     `output_ids[-1]` at position `kv_len`. `kv_pages` is the host copy of the KV pages the
     request holds, in token order (token i is in slot kv_pages[i // page_size] * page_size
     + i % page_size; for page_size 1 these are the slots): freeing and the next slot are known
-    without reading the device. With a hybrid pool, `swa_pages` are the window pages the
-    request still holds: token pages swa_page_start, swa_page_start + 1, ... (token i, if still
-    in the window, is in window slot swa_pages[i // page_size - swa_page_start] * page_size
-    + i % page_size).
+    without reading the device. With the radix cache, the pages of the first
+    `cache_protected_len` tokens are the tree's (the path to `last_node`, which the request
+    keeps locked): the request never writes or frees them; the rest are its own. With a
+    hybrid pool, `swa_pages` are the window pages the request still holds: token pages
+    swa_page_start, swa_page_start + 1, ... (token i, if still in the window, is in window
+    slot swa_pages[i // page_size - swa_page_start] * page_size + i % page_size).
     """
 
     rid: int | str
@@ -72,6 +74,11 @@ class Req:
     kv_pages: list[int] = field(default_factory=list)
     swa_pages: list[int] = field(default_factory=list)
     swa_page_start: int = 0
+    # ---- prefix cache (srt/mem_cache/radix_cache.py) ----
+    extra_key: str | None = None  # requests with different extra keys never share a prefix
+    last_node: Any = None  # the radix-tree node whose path the request holds locked
+    cache_protected_len: int = 0  # leading tokens held in the tree's pages (whole pages)
+    cached_tokens: int = 0  # prompt tokens taken from the cache at admission
     finished_reason: dict[str, Any] | None = None
     # Token ids -> text, for stop strings (None: stop strings are not checked).
     decode: Callable[[list[int]], str] | None = None
