@@ -71,6 +71,7 @@ def build_parser() -> ArgumentParser:
         action="store_true",
         help="prepare each decode step only after the previous one is read back",
     )
+    a("--disable-radix-cache", action="store_true", help="no prefix cache: compute every prompt")
     a("--allow-auto-truncate", action="store_true", help="cut over-long requests to fit")
     a(
         "--incremental-streaming-output",
@@ -106,6 +107,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         allow_auto_truncate=args.allow_auto_truncate,
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         disable_overlap_schedule=args.disable_overlap_schedule,
+        disable_radix_cache=args.disable_radix_cache,
         incremental_streaming_output=args.incremental_streaming_output,
         log_level=args.log_level,
         model_impl=args.model_impl,

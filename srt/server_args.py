@@ -56,6 +56,10 @@ class ServerArgs:
     disable_overlap_schedule : read every decode step's tokens back before preparing the next
         one. By default (SGLang's overlap schedule) greedy decode steps are prepared and
         launched while the previous step still runs, its tokens fed from the device.
+    disable_radix_cache : compute every prompt from its first token. By default (SGLang's
+        RadixAttention) the prefix cache keeps finished requests' KV pages in a radix tree and
+        a new request computes only what follows its longest cached prefix (off with the hybrid
+        sliding-window pool, which has no prefix cache yet).
     incremental_streaming_output : streamed chunks carry only the ids and text added since the
         previous chunk. By default (SGLang's) every chunk has the whole output so far.
     log_level : level of the "srt" loggers ("debug" ... "critical"); None leaves logging alone.
@@ -97,6 +101,7 @@ class ServerArgs:
     allow_auto_truncate: bool = False
     disable_hybrid_swa_memory: bool = False
     disable_overlap_schedule: bool = False
+    disable_radix_cache: bool = False
     incremental_streaming_output: bool = False
     log_level: str | None = None
     model_impl: str = "srt"

@@ -7,6 +7,11 @@ allocator's `alloc_extend` / `alloc_decode`; `free_req` gives everything back. A
 `prepare_for_extend` gives back what it took; after any later failure, `free_req` on every
 request that holds memory restores both pools.
 
+With the radix cache (`tree_cache`), a request admitted with a cached prefix arrives here with
+the tree's pages of that prefix in `kv_pages` (`cache_protected_len` tokens, whole pages, their
+path locked): `prepare_for_extend` computes only the rest, in freshly allocated pages, and
+points its req_to_token row at both; nothing here writes or frees a page of the tree.
+
 With a hybrid pool (`SWATokenToKVPoolAllocator` over an `SWAKVPool`) every new token also gets
 a window slot (written to `req_to_swa_token`); `evict_swa` gives back the window pages of tokens
 that no later query of their request can see (page-aware), after every forward.
@@ -16,11 +21,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from srt.managers.req import Req
 from srt.mem_cache.decode_writes import StepExtras, write_decode_rows
 from srt.mem_cache.host_copy import upload
 from srt.model_executor.forward_batch_info import (
@@ -28,113 +33,6 @@ from srt.model_executor.forward_batch_info import (
     ForwardMode,
     compute_extend_metadata,
 )
-from srt.sampling.sampling_params import SamplingParams
-
-
-@dataclass
-class Req:
-    """One generation request and its progress.
-
-    `kv_len` counts the tokens whose K/V are in the cache; they sit at
-    `req_to_token[req_pool_idx, :kv_len]`. After the prefill, every decode step feeds
-    `output_ids[-1]` at position `kv_len`. `kv_pages` is the host copy of the KV pages the
-    request holds, in token order (token i is in slot kv_pages[i // page_size] * page_size
-    + i % page_size; for page_size 1 these are the slots): freeing and the next slot are known
-    without reading the device. With the radix cache, the pages of the first
-    `cache_protected_len` tokens are the tree's (the path to `last_node`, which the request
-    keeps locked): the request never writes or frees them; the rest are its own. With a
-    hybrid pool, `swa_pages` are the window pages the request still holds: token pages
-    swa_page_start, swa_page_start + 1, ... (token i, if still in the window, is in window
-    slot swa_pages[i // page_size - swa_page_start] * page_size + i % page_size).
-    """
-
-    rid: int | str
-    origin_input_ids: list[int]
-    sampling_params: SamplingParams
-    return_logprob: bool = False
-    generator: torch.Generator | None = None
-    draws: int = 0  # sampled steps so far (the next one's noise seed: sampler.step_seed)
-    eos_token_ids: frozenset[int] = frozenset()
-    max_total_len: int = 0  # prompt + generated tokens allowed (context limit)
-    output_ids: list[int] = field(default_factory=list)
-    output_token_logprobs: list[float] = field(default_factory=list)
-    # ---- logprobs beyond the sampled tokens' (SGLang's; only with return_logprob) ----
-    top_logprobs_num: int = 0  # top entries per scored position
-    # first prompt position with an input logprob (len(origin_input_ids): none; SGLang's -1)
-    logprob_start_len: int = -1
-    return_text_in_logprobs: bool = False  # the outputs' tuples carry each token's text
-    # prompt tokens logprob_start_len .. end: None for the first (as SGLang), then floats
-    input_token_logprobs: list[float | None] = field(default_factory=list)
-    # their top lists ((logprob, id) pairs; None for the first), when top_logprobs_num > 0
-    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
-    # each output token's top list, when top_logprobs_num > 0
-    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    req_pool_idx: int | None = None
-    kv_len: int = 0
-    kv_pages: list[int] = field(default_factory=list)
-    swa_pages: list[int] = field(default_factory=list)
-    swa_page_start: int = 0
-    # ---- prefix cache (srt/mem_cache/radix_cache.py) ----
-    extra_key: str | None = None  # requests with different extra keys never share a prefix
-    last_node: Any = None  # the radix-tree node whose path the request holds locked
-    cache_protected_len: int = 0  # leading tokens held in the tree's pages (whole pages)
-    cached_tokens: int = 0  # prompt tokens taken from the cache at admission
-    finished_reason: dict[str, Any] | None = None
-    # Token ids -> text, for stop strings (None: stop strings are not checked).
-    decode: Callable[[list[int]], str] | None = None
-    created_time: float = 0.0  # time.perf_counter() when the request was made
-    finished_time: float = 0.0  # when the scheduler finished it (0.0 while running)
-    meta: dict[str, Any] = field(default_factory=dict)  # extra meta_info (e.g. truncation)
-    # The exception that failed this request alone inside a step (finish reason "abort").
-    error: BaseException | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finished_reason is not None
-
-    def target_len(self) -> int:
-        """Most tokens this request can ever hold in the KV cache."""
-        total = len(self.origin_input_ids) + self.sampling_params.max_new_tokens
-        if self.max_total_len:
-            total = min(total, self.max_total_len)
-        # The last sampled token is never fed back, so its K/V is never stored.
-        return max(len(self.origin_input_ids), total - 1)
-
-    def check_finished(self) -> None:
-        """Set finished_reason after a token was appended to output_ids.
-
-        Stop tokens, EOS and stop strings count only once min_new_tokens were generated.
-        """
-        params = self.sampling_params
-        if not self.output_ids:
-            if params.max_new_tokens == 0:
-                self.finished_reason = {"type": "length", "length": 0}
-            return
-        last = self.output_ids[-1]
-        if len(self.output_ids) >= params.min_new_tokens:
-            if last in params.stop_token_ids:
-                self.finished_reason = {"type": "stop", "matched": last}
-            elif not params.ignore_eos and last in self.eos_token_ids:
-                self.finished_reason = {"type": "stop", "matched": last}
-            elif params.stop and self.decode is not None:
-                matched = self._matched_stop_str()
-                if matched is not None:
-                    self.finished_reason = {"type": "stop", "matched": matched}
-            if self.finished_reason is not None:
-                return
-        if len(self.output_ids) >= params.max_new_tokens:
-            self.finished_reason = {"type": "length", "length": len(self.output_ids)}
-        elif self.max_total_len and len(self.origin_input_ids) + len(self.output_ids) >= (
-            self.max_total_len
-        ):
-            self.finished_reason = {"type": "length", "length": len(self.output_ids)}
-
-    def _matched_stop_str(self) -> str | None:
-        """The first stop string in the text of the last tokens (enough to hold any of them)."""
-        stops = self.sampling_params.stop
-        tail = self.output_ids[-(max(len(s) for s in stops) + 8) :]
-        text = self.decode(tail)  # type: ignore[misc]
-        return next((s for s in stops if s in text), None)
 
 
 def pages_needed(num_tokens: int, page_size: int) -> int:
@@ -154,6 +52,11 @@ class ScheduleBatch:
     token_to_kv_pool, attn_backend : handed to every ForwardBatch.
     page_size : tokens per KV page.
     enable_fused_rope_kv : copied into every ForwardBatch.
+
+    Attributes
+    ----------
+    tree_cache : RadixCache or None (set by the scheduler): the prefix cache whose locks
+        `free_req` gives back.
     """
 
     def __init__(
@@ -179,6 +82,7 @@ class ScheduleBatch:
         # (B, block rows) -> where a decode block of B requests is written on the device (the
         # decode graph's static inputs) or None: the upload's own memory (set by from_runner)
         self.decode_dest: Callable[[int, int], torch.Tensor | None] | None = None
+        self.tree_cache: Any = None
 
     @classmethod
     def from_runner(cls, runner: Any, enable_fused_rope_kv: bool | None = None) -> ScheduleBatch:
@@ -199,11 +103,16 @@ class ScheduleBatch:
 
     # ---- memory ----
     def free_req(self, req: Req) -> None:
-        """Return the request's KV pages and its req_to_token row (a no-op if it holds none).
+        """Return the request's KV pages and its req_to_token row (a no-op if it holds none),
+        and unlock its cached prefix; the prefix's pages stay the tree's. Nothing is inserted
+        into the tree (a failed or aborted request's tokens are never cached: see
+        `RadixCache.cache_finished_req` for a finished one).
 
         The pages are known on the host (`req.kv_pages`), so this never reads the device.
         """
-        pages, req.kv_pages, req.kv_len = req.kv_pages, [], 0
+        own_from = req.cache_protected_len // self.page_size
+        node, req.last_node, req.cache_protected_len = req.last_node, None, 0
+        pages, req.kv_pages, req.kv_len = req.kv_pages[own_from:], [], 0
         swa_pages, swa_start, req.swa_pages, req.swa_page_start = (
             req.swa_pages,
             req.swa_page_start,
@@ -218,12 +127,33 @@ class ScheduleBatch:
                 first_slots = torch.tensor(pages, dtype=torch.int64) * self.page_size  # [P]
                 self.allocator.free(first_slots)
         finally:
+            if node is not None:
+                self.tree_cache.dec_lock_ref(node)
             if row is not None:
                 self.req_to_token_pool.free(row)
 
+    def undo_prefill(self, req: Req) -> None:
+        """Give back what a failed prefill took (its req_to_token row and its own pages); a
+        prefix matched at admission stays (the tree's pages, the lock), so a retry computes
+        only the rest again."""
+        keep = req.cache_protected_len
+        if keep == 0:
+            self.free_req(req)
+            return
+        self.truncate_kv(req, keep)
+        row, req.req_pool_idx = req.req_pool_idx, None
+        if row is not None:
+            self.req_to_token_pool.free(row)
+
     def truncate_kv(self, req: Req, kv_len: int) -> None:
         """Give back the KV pages of the request's tokens from `kv_len` on (those a failed step
-        took); 0 frees everything, as free_req. Host data only, no device read."""
+        took); 0 frees everything, as free_req. Host data only, no device read. The tokens of
+        a cached prefix (`cache_protected_len`) are the tree's: never given back here."""
+        if kv_len < req.cache_protected_len:
+            raise ValueError(
+                f"request {req.rid}: cannot cut its KV to {kv_len} tokens inside its cached"
+                f" prefix of {req.cache_protected_len}"
+            )
         if kv_len <= 0:
             self.free_req(req)
             return
@@ -294,62 +224,89 @@ class ScheduleBatch:
         )
 
     def prepare_for_extend(self, reqs: list[Req]) -> ForwardBatch:
-        """Give each request a req_to_token row and KV slots for its prompt; the prefill batch.
+        """Give each request a req_to_token row and KV slots for its prompt past its cached
+        prefix (the tree's pages already in `kv_pages`, `kv_len == cache_protected_len`); the
+        prefill batch computes only those tokens.
 
         On any failure (no free row, no free KV pages, an interrupt) every row and page taken
-        here is given back before the exception propagates.
+        here is given back before the exception propagates (the prefix stays).
         """
-        taken = [r for r in reqs if r.req_pool_idx is not None or r.kv_pages]
-        if taken:
-            raise ValueError(f"request {taken[0].rid} already holds memory (prefilled twice?)")
+        ps = self.page_size
+        for r in reqs:
+            p = r.cache_protected_len
+            if r.req_pool_idx is not None or r.kv_len != p or len(r.kv_pages) != p // ps:
+                raise ValueError(f"request {r.rid} already holds memory (prefilled twice?)")
+            if p % ps or p >= len(r.origin_input_ids) or (p and self.is_swa):
+                raise ValueError(
+                    f"request {r.rid}: a cached prefix of {p} tokens must be whole pages of"
+                    f" {ps}, shorter than its prompt of {len(r.origin_input_ids)} (and no"
+                    " hybrid pool)"
+                )
         rows = self.req_to_token_pool.alloc(len(reqs))
         if rows is None:
             raise RuntimeError(f"ReqToTokenPool has no room for {len(reqs)} requests")
         for req, row in zip(reqs, rows, strict=True):
-            req.req_pool_idx, req.kv_len = row, 0  # from here on free_req gives the row back
+            req.req_pool_idx = row  # from here on undo_prefill gives the row back
         try:
             return self._build_extend(reqs, rows)
         except BaseException:
             for req in reqs:
-                self.free_req(req)
+                self.undo_prefill(req)
             raise
 
+    def _page_slots(self, pages: list[int], n: int) -> torch.Tensor:
+        """int64 [n] host slots of the first n tokens held in `pages`."""
+        ps = self.page_size
+        p = torch.tensor(pages, dtype=torch.int64)
+        return (p[:, None] * ps + torch.arange(ps, dtype=torch.int64)).reshape(-1)[:n]
+
     def _build_extend(self, reqs: list[Req], rows: list[int]) -> ForwardBatch:
-        lens = [len(r.origin_input_ids) for r in reqs]
-        meta = compute_extend_metadata([0] * len(reqs), lens, self.device)
-        n_tok, ps = sum(lens), self.page_size
-        zeros = torch.zeros(len(reqs), dtype=torch.int64)  # [B] no prefix
-        lens_t = torch.tensor(lens, dtype=torch.int64)  # [B]
+        ps = self.page_size
+        prefix = [r.kv_len for r in reqs]
+        full = [len(r.origin_input_ids) for r in reqs]
+        lens = [n - p for n, p in zip(full, prefix, strict=True)]  # tokens computed
+        meta = compute_extend_metadata(prefix, lens, self.device)
+        n_tok = sum(lens)
+        prefix_t = torch.tensor(prefix, dtype=torch.int64)  # [B]
+        full_t = torch.tensor(full, dtype=torch.int64)  # [B]
+        # the prefix's last slot (its page is full: nothing is written there), or -1
+        last = torch.tensor([r.kv_pages[-1] * ps + ps - 1 if r.kv_pages else -1 for r in reqs])
         swa_slots = None
-        if self.is_swa:
-            got = self.allocator.alloc_extend(
-                zeros, lens_t, zeros - 1, n_tok, swa_last_loc=zeros - 1
-            )
+        if self.is_swa:  # (no prefix: the radix cache is off with a hybrid pool)
+            got = self.allocator.alloc_extend(prefix_t, full_t, last, n_tok, swa_last_loc=last)
             slots, swa_slots = (None, None) if got is None else (got.full, got.swa)
         else:
-            slots = self.allocator.alloc_extend(zeros, lens_t, zeros - 1, n_tok)
+            slots = self.allocator.alloc_extend(prefix_t, full_t, last, n_tok)
         # slots: host int64 [T], request order, each request from a fresh page
         if slots is None:
             # Admission control reserves every request's memory up front: this is a bug.
             raise RuntimeError(f"KV pool out of memory allocating {n_tok} slots")
         offset = 0
         for req, n in zip(reqs, lens, strict=True):
-            req.kv_pages = (slots[offset : offset + n : ps] // ps).tolist()  # one slot per page
+            req.kv_pages += (slots[offset : offset + n : ps] // ps).tolist()  # a slot a page
             if swa_slots is not None:
                 req.swa_pages = (swa_slots[offset : offset + n : ps] // ps).tolist()
                 req.swa_page_start = 0
-            req.kv_len = n
+            req.kv_len += n
             offset += n
         rows_t = torch.tensor(rows, dtype=torch.int64)  # [B]
-        row_of_token = torch.repeat_interleave(rows_t, torch.tensor(lens), output_size=n_tok)
         out_cache_loc = self._to_device(slots)  # [T]
-        row_of_token = self._to_device(row_of_token)  # [T]
         r2t = self.req_to_token_pool
-        r2t.req_to_token[row_of_token, meta["positions"]] = out_cache_loc.to(torch.int32)
-        if swa_slots is not None:
-            swa_loc = self._to_device(swa_slots).to(torch.int32)  # [T]
-            r2t.req_to_swa_token[row_of_token, meta["positions"]] = swa_loc
-        input_ids = [t for r in reqs for t in r.origin_input_ids]
+        if any(prefix):  # every token's slot (the prefix's too): [3, sum(full)] in one upload
+            pairs = zip(reqs, full, strict=True)
+            every = torch.cat([self._page_slots(r.kv_pages, n) for r, n in pairs])
+            pos = torch.cat([torch.arange(n, dtype=torch.int64) for n in full])
+            row_of = torch.repeat_interleave(rows_t, full_t, output_size=len(every))
+            table = self._to_device(torch.stack((row_of, pos, every)))
+            r2t.req_to_token[table[0], table[1]] = table[2].to(torch.int32)
+        else:
+            row_of_token = torch.repeat_interleave(rows_t, full_t, output_size=n_tok)
+            row_of_token = self._to_device(row_of_token)  # [T]
+            r2t.req_to_token[row_of_token, meta["positions"]] = out_cache_loc.to(torch.int32)
+            if swa_slots is not None:
+                swa_loc = self._to_device(swa_slots).to(torch.int32)  # [T]
+                r2t.req_to_swa_token[row_of_token, meta["positions"]] = swa_loc
+        input_ids = [t for r, p in zip(reqs, prefix, strict=True) for t in r.origin_input_ids[p:]]
         return self._forward_batch(
             ForwardMode.EXTEND,
             batch_size=len(reqs),
