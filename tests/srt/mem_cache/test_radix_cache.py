@@ -17,6 +17,7 @@ from srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
 from srt.mem_cache.memory_pool import ReqToTokenPool
 from srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 from srt.sampling.sampling_params import SamplingParams
+from tests.srt.mem_cache.radix_checks import check_ownership, path_of
 
 
 def _cache(page_size: int, pages: int = 64, rows: int = 8) -> RadixCache:
@@ -32,14 +33,7 @@ def _alloc_pages(tree: RadixCache, n: int) -> list[int]:
 
 
 def _path(tree: RadixCache, node: TreeNode) -> tuple[tuple[int, ...], list[int]]:
-    """(tokens, pages) of the path root -> node."""
-    keys, pages = [], []
-    while node is not tree.root_node:
-        keys.append(node.key)
-        pages.append(node.value)
-        assert node.parent is not None
-        node = node.parent
-    return tuple(t for k in reversed(keys) for t in k), [p for v in reversed(pages) for p in v]
+    return path_of(tree, node)
 
 
 # ----------------------------------------------------------------------------- units
@@ -245,40 +239,17 @@ class Sim:
 
     def check(self) -> None:
         tree, ps = self.tree, self.ps
-        nodes = list(tree.nodes())
-        tree_pages = [p for x in nodes for p in x.value]
-        assert len(set(tree_pages)) == len(tree_pages), "a page in two nodes"
-        owned: list[int] = []
-        locks: dict[int, int] = {}
-        for r in self.running:
-            mine = r.kv_pages[r.cache_protected_len // ps :]
-            owned += mine
-            toks, path_pages = _path(tree, r.last_node)
-            assert path_pages == r.kv_pages[: r.cache_protected_len // ps]
-            assert toks == tuple(r.origin_input_ids + r.output_ids)[: r.cache_protected_len]
-            node = r.last_node
-            while node is not tree.root_node:
-                locks[id(node)] = locks.get(id(node), 0) + 1
-                node = node.parent
-            toks_all = tuple(r.origin_input_ids + r.output_ids)
-            for p in range(r.kv_len):  # what the request reads is its own tokens' KV
+        check_ownership(tree, self.alloc, self.running)
+        for r in self.running:  # what the request reads is its own tokens' KV
+            toks = tuple(r.origin_input_ids + r.output_ids)
+            for p in range(r.kv_len):
                 slot = r.kv_pages[p // ps] * ps + p % ps
-                assert self.kv[slot] == self.value(toks_all[: p + 1]), "KV changed under it"
-        free = self.alloc.free_pages.tolist()
-        every = free + tree_pages + owned
-        assert sorted(every) == list(range(1, self.alloc.num_pages + 1)), "ownership broken"
-        for x in nodes:
-            assert x.key and len(x.key) == len(x.value) * ps
-            assert x.lock_ref == locks.get(id(x), 0), "lock count differs from the holders"
+                assert self.kv[slot] == self.value(toks[: p + 1]), "KV changed under it"
+        for x in tree.nodes():  # every cached token's KV is still that of its prefix
             toks, pages = _path(tree, x)
-            for p, tok_end in enumerate(range(1, len(toks) + 1)):
+            for p in range(len(toks)):
                 slot = pages[p // ps] * ps + p % ps
-                assert self.kv[slot] == self.value(toks[:tok_end]), "cached KV bytes changed"
-        assert tree.evictable_size() == sum(len(x.key) for x in nodes if x.lock_ref == 0)
-        assert tree.protected_size() == sum(len(x.key) for x in nodes if x.lock_ref > 0)
-        leaves = {id(x) for x in nodes if x.lock_ref == 0 and not x.children}
-        assert {id(x) for x in tree._evictable_leaves} == leaves
-        assert tree.total_size() == len(tree_pages) * ps
+                assert self.kv[slot] == self.value(toks[: p + 1]), "cached KV bytes changed"
 
 
 ACTIONS = ["new", "new", "decode", "finish", "abort", "unfinished", "evict", "match"]
