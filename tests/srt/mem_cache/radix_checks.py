@@ -75,11 +75,12 @@ def referenced_slots(tree: RadixCache | None, running: Sequence[Any], ps: int) -
 
 
 def kv_bytes(pool: Any) -> list[torch.Tensor]:
-    """A copy of every layer's K and V bytes, one [slots, bytes per slot] uint8 tensor each."""
+    """A host copy of every layer's K and V bytes, one [slots, bytes per slot] uint8 tensor
+    each (on CUDA the copy waits for the work queued before it)."""
     out = []
     for b in (*pool.k_buffer, *pool.v_buffer):
         rows = b.reshape(pool.num_slots, -1)  # [slots, H * D] (page dims merged)
-        out.append(rows.contiguous().view(torch.uint8).clone())
+        out.append(rows.contiguous().view(torch.uint8).to("cpu", copy=True))
     return out
 
 
