@@ -72,6 +72,11 @@ def build_parser() -> ArgumentParser:
         help="prepare each decode step only after the previous one is read back",
     )
     a("--disable-radix-cache", action="store_true", help="no prefix cache: compute every prompt")
+    a(
+        "--enable-cache-report",
+        action="store_true",
+        help="OpenAI usage reports prompt_tokens_details.cached_tokens",
+    )
     a("--allow-auto-truncate", action="store_true", help="cut over-long requests to fit")
     a(
         "--incremental-streaming-output",
@@ -108,6 +113,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         disable_overlap_schedule=args.disable_overlap_schedule,
         disable_radix_cache=args.disable_radix_cache,
+        enable_cache_report=args.enable_cache_report,
         incremental_streaming_output=args.incremental_streaming_output,
         log_level=args.log_level,
         model_impl=args.model_impl,

@@ -60,6 +60,8 @@ class ServerArgs:
         RadixAttention) the prefix cache keeps finished requests' KV pages in a radix tree and
         a new request computes only what follows its longest cached prefix (off with the hybrid
         sliding-window pool, which has no prefix cache yet).
+    enable_cache_report : OpenAI responses' usage also has
+        `prompt_tokens_details.cached_tokens` (the prompt tokens taken from the prefix cache).
     incremental_streaming_output : streamed chunks carry only the ids and text added since the
         previous chunk. By default (SGLang's) every chunk has the whole output so far.
     log_level : level of the "srt" loggers ("debug" ... "critical"); None leaves logging alone.
@@ -102,6 +104,7 @@ class ServerArgs:
     disable_hybrid_swa_memory: bool = False
     disable_overlap_schedule: bool = False
     disable_radix_cache: bool = False
+    enable_cache_report: bool = False
     incremental_streaming_output: bool = False
     log_level: str | None = None
     model_impl: str = "srt"

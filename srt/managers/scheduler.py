@@ -9,13 +9,10 @@ hold its whole future on top of what the running requests may still need, so a d
 never runs out of memory and no request is ever retracted or lost. With a hybrid pool, window
 pages are given back after every step (`evict_swa`).
 
-Prefix cache (SGLang's RadixAttention; `disable_radix_cache` turns it off): an admitted request
-starts from the longest cached prefix of its prompt (whole pages, locked while it runs) and
-computes only the rest; a finished one leaves its tokens' whole pages in the tree
-(`RadixCache.cache_finished_req`); memory pressure evicts unlocked prefixes, least recently used
-first, before a request waits. A request that fails or is aborted unlocks its prefix and
-inserts nothing. The hybrid sliding-window pool has no prefix cache yet: it is turned off there,
-with a log line.
+Prefix cache (RadixAttention; `disable_radix_cache`): a request starts from its prompt's
+longest cached prefix (whole pages, locked while it runs) and computes only the rest; a finished
+one leaves its whole pages in the tree (`cache_finished_req`); one that fails or is aborted
+unlocks and inserts nothing. Off, with a log line, for the hybrid sliding-window pool.
 
 Overlapped decode (SGLang's overlap schedule; `disable_overlap_schedule` turns it off): while
 decode step N runs on the GPU, the host prepares and launches step N + 1, its input tokens
@@ -58,9 +55,10 @@ from srt.managers.scheduler_logprobs import (
     top_logprobs_nums,
     wants_input_logprobs,
 )
+from srt.managers.scheduler_stats import PrefixCacheStats
 from srt.mem_cache.host_copy import upload
 from srt.mem_cache.radix_cache import RadixCache
-from srt.mem_cache.write_check import check_kv_writes, kv_write_checks_enabled
+from srt.mem_cache.write_check import check_batch_writes, kv_write_checks_enabled
 from srt.sampling.logit_bias import apply_logit_bias
 from srt.sampling.logprobs import OutputLogprob, output_logprobs
 from srt.sampling.penalties import PenaltyInputs, apply_penalties
@@ -149,9 +147,7 @@ class Scheduler:
         self.num_prefill_steps = 0
         self.num_decode_steps = 0
         self.num_overlapped_steps = 0  # decode steps launched before the previous one was read
-        # prompt tokens admitted, and of them taken from the prefix cache (the hit rate)
-        self.num_prompt_tokens = 0
-        self.num_cached_tokens = 0
+        self.stats = PrefixCacheStats()  # prompt tokens admitted, and cached (the hit rate)
         self.overlap = (
             getattr(model_runner, "tp_size", 1) == 1
             and hasattr(model_runner, "greedy_ids_device")
@@ -355,15 +351,10 @@ class Scheduler:
         self._sample_and_append(reqs, logits)
 
     def _check_writes(self, reqs: list[Req], fb: Any) -> None:
-        """With SGL_EXT_DEBUG=1, before the forward: the batch writes K/V only into slots its
-        own requests hold (write_check.py; a host read of the slots)."""
-        if not kv_write_checks_enabled():
-            return
-        mine = {id(r) for r in reqs}
-        others = [r for r in self.running if id(r) not in mine and r.req_pool_idx is not None]
-        new = fb.extend_seq_lens_cpu if fb.forward_mode.is_extend() else [1] * len(reqs)
-        tree = self.tree_cache.held_pages() if self.tree_cache is not None else ()
-        check_kv_writes(fb.out_cache_loc, reqs, new, self.page_size, tree, others)
+        """SGL_EXT_DEBUG=1: before the forward, the batch writes K/V only into its requests'
+        own slots (write_check.py; a host read of the slots)."""
+        if kv_write_checks_enabled():
+            check_batch_writes(fb, reqs, self.running, self.tree_cache, self.page_size)
 
     def _isolated(self, reqs: list[Req], run: Callable[[list[Req]], None]) -> None:
         """run(reqs), one step; if it raises, undo it and retry each half, so that only the
@@ -409,8 +400,9 @@ class Scheduler:
             return finished
         new = self.policy.admit(self.waiting, self.running)
         if new:
-            self.num_prompt_tokens += sum(len(r.origin_input_ids) for r in new)
-            self.num_cached_tokens += sum(r.cached_tokens for r in new)
+            total = self.runner.max_total_num_tokens
+            usage = 1 - self.available_kv_size() / total if total else 0.0
+            self.stats.record_prefill(new, usage, len(self.running) - len(new), len(self.waiting))
             self.running.extend(new)  # from here on they hold memory (abort_all frees it)
             self._isolated(new, self._prefill)
         elif self.running:
@@ -482,9 +474,19 @@ class Scheduler:
         free = self.runner.token_to_kv_pool_allocator.available_size()
         return free + (self.tree_cache.evictable_size() if self.tree_cache is not None else 0)
 
+    def flush_cache(self) -> bool:
+        """Drop the prefix cache (its pages back to the free list), as SGLang's flush_cache:
+        only when no request waits or runs (False then, nothing changed)."""
+        if self.has_work():
+            return False
+        if self.tree_cache is not None:
+            self.tree_cache.evict(self.tree_cache.total_size())
+            self.tree_cache.reset()
+        return True
+
     def cache_hit_rate(self) -> float:
         """Share of the admitted prompt tokens taken from the prefix cache."""
-        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+        return self.stats.hit_rate()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.finished_early or self._inflight)

@@ -100,6 +100,18 @@ def check_kv_writes(
             )
 
 
+def check_batch_writes(
+    fb: Any, reqs: Sequence[Any], running: Sequence[Any], tree_cache: Any, page_size: int
+) -> None:
+    """`check_kv_writes` for a prepared EXTEND or DECODE batch of `reqs`, beside the other
+    `running` requests and the pages of `tree_cache` (a RadixCache or None)."""
+    mine = {id(r) for r in reqs}
+    others = [r for r in running if id(r) not in mine and r.req_pool_idx is not None]
+    new = fb.extend_seq_lens_cpu if fb.forward_mode.is_extend() else [1] * len(reqs)
+    tree = tree_cache.held_pages() if tree_cache is not None else ()
+    check_kv_writes(fb.out_cache_loc, reqs, new, page_size, tree, others)
+
+
 def check_padding_writes(out_cache_loc: torch.Tensor, page_size: int) -> None:
     """Raise KVWriteViolation if a CUDA-graph padding row's slot is outside the padding page
     (slot < page_size, or < 0: not written)."""
