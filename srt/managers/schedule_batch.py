@@ -223,94 +223,121 @@ class ScheduleBatch:
             **kw,
         )
 
-    def prepare_for_extend(self, reqs: list[Req]) -> ForwardBatch:
-        """Give each request a req_to_token row and KV slots for its prompt past its cached
-        prefix (the tree's pages already in `kv_pages`, `kv_len == cache_protected_len`); the
-        prefill batch computes only those tokens.
+    def prepare_for_extend(
+        self, reqs: list[Req], extend_lens: list[int] | None = None
+    ) -> ForwardBatch:
+        """KV slots for the prompt tokens each request computes now; the EXTEND batch.
+
+        A request's first step gives it a req_to_token row and computes its prompt past its
+        cached prefix (the tree's pages already in `kv_pages`, `kv_len == cache_protected_len`);
+        a request whose earlier chunks were computed (chunked prefill) keeps its row and goes on
+        from `kv_len`. `extend_lens`: tokens each computes in this step (default: the rest of
+        its prompt).
 
         On any failure (no free row, no free KV pages, an interrupt) every row and page taken
-        here is given back before the exception propagates (the prefix stays).
+        here is given back before the exception propagates (a prefix, earlier chunks stay).
         """
         ps = self.page_size
-        for r in reqs:
+        lens = [len(r.origin_input_ids) - r.kv_len for r in reqs]
+        lens = lens if extend_lens is None else list(extend_lens)
+        if len(lens) != len(reqs):
+            raise ValueError(f"extend_lens has {len(lens)} entries for {len(reqs)} requests")
+        new = [r for r in reqs if r.req_pool_idx is None]
+        for r, n in zip(reqs, lens, strict=True):
             p = r.cache_protected_len
-            if r.req_pool_idx is not None or r.kv_len != p or len(r.kv_pages) != p // ps:
+            if r.req_pool_idx is None and (r.kv_len != p or len(r.kv_pages) != p // ps):
                 raise ValueError(f"request {r.rid} already holds memory (prefilled twice?)")
-            if p % ps or p >= len(r.origin_input_ids) or (p and self.is_swa):
+            if r.req_pool_idx is None and (p % ps or (p and self.is_swa)):
                 raise ValueError(
                     f"request {r.rid}: a cached prefix of {p} tokens must be whole pages of"
-                    f" {ps}, shorter than its prompt of {len(r.origin_input_ids)} (and no"
-                    " hybrid pool)"
+                    f" {ps} (and the hybrid pool has none)"
                 )
-        rows = self.req_to_token_pool.alloc(len(reqs))
+            if not 1 <= n <= len(r.origin_input_ids) - r.kv_len:
+                raise ValueError(
+                    f"request {r.rid} already holds memory (prefilled twice?): {n} tokens past"
+                    f" {r.kv_len} of its prompt of {len(r.origin_input_ids)}"
+                )
+        rows = self.req_to_token_pool.alloc(len(new))
         if rows is None:
-            raise RuntimeError(f"ReqToTokenPool has no room for {len(reqs)} requests")
-        for req, row in zip(reqs, rows, strict=True):
+            raise RuntimeError(f"ReqToTokenPool has no room for {len(new)} requests")
+        for req, row in zip(new, rows, strict=True):
             req.req_pool_idx = row  # from here on undo_prefill gives the row back
+        before = [r.kv_len for r in reqs]
         try:
-            return self._build_extend(reqs, rows)
+            return self._build_extend(reqs, lens, {id(r) for r in new})
         except BaseException:
-            for req in reqs:
-                self.undo_prefill(req)
+            for req, kv_len in zip(reqs, before, strict=True):
+                if any(req is r for r in new):
+                    self.undo_prefill(req)
+                else:
+                    self.truncate_kv(req, kv_len)
             raise
 
-    def _page_slots(self, pages: list[int], n: int) -> torch.Tensor:
-        """int64 [n] host slots of the first n tokens held in `pages`."""
+    def _page_slots(self, pages: list[int], first: int, end: int) -> torch.Tensor:
+        """int64 [end - first] host slots of tokens first .. end - 1 held in `pages`."""
         ps = self.page_size
         p = torch.tensor(pages, dtype=torch.int64)
-        return (p[:, None] * ps + torch.arange(ps, dtype=torch.int64)).reshape(-1)[:n]
+        return (p[:, None] * ps + torch.arange(ps, dtype=torch.int64)).reshape(-1)[first:end]
 
-    def _build_extend(self, reqs: list[Req], rows: list[int]) -> ForwardBatch:
+    def _build_extend(self, reqs: list[Req], lens: list[int], new: set[int]) -> ForwardBatch:
         ps = self.page_size
-        prefix = [r.kv_len for r in reqs]
-        full = [len(r.origin_input_ids) for r in reqs]
-        lens = [n - p for n, p in zip(full, prefix, strict=True)]  # tokens computed
+        prefix = [r.kv_len for r in reqs]  # a cached prefix or earlier chunks
         meta = compute_extend_metadata(prefix, lens, self.device)
         n_tok = sum(lens)
         prefix_t = torch.tensor(prefix, dtype=torch.int64)  # [B]
-        full_t = torch.tensor(full, dtype=torch.int64)  # [B]
-        # the prefix's last slot (its page is full: nothing is written there), or -1
-        last = torch.tensor([r.kv_pages[-1] * ps + ps - 1 if r.kv_pages else -1 for r in reqs])
+        end_t = prefix_t + torch.tensor(lens, dtype=torch.int64)  # [B]
+        # the last computed token's slot (a cached prefix's page is full), or -1
+        last = torch.tensor(
+            [
+                r.kv_pages[(p - 1) // ps] * ps + (p - 1) % ps if p else -1
+                for r, p in zip(reqs, prefix, strict=True)
+            ]
+        )
         swa_slots = None
         if self.is_swa:  # (no prefix: the radix cache is off with a hybrid pool)
-            got = self.allocator.alloc_extend(prefix_t, full_t, last, n_tok, swa_last_loc=last)
+            got = self.allocator.alloc_extend(prefix_t, end_t, last, n_tok, swa_last_loc=last)
             slots, swa_slots = (None, None) if got is None else (got.full, got.swa)
         else:
-            slots = self.allocator.alloc_extend(prefix_t, full_t, last, n_tok)
-        # slots: host int64 [T], request order, each request from a fresh page
+            slots = self.allocator.alloc_extend(prefix_t, end_t, last, n_tok)
+        # slots: host int64 [T], request order; a partly filled last page is filled first
         if slots is None:
             # Admission control reserves every request's memory up front: this is a bug.
             raise RuntimeError(f"KV pool out of memory allocating {n_tok} slots")
         offset = 0
-        for req, n in zip(reqs, lens, strict=True):
-            req.kv_pages += (slots[offset : offset + n : ps] // ps).tolist()  # a slot a page
+        for req, n, p in zip(reqs, lens, prefix, strict=True):
+            first_new = offset + (-p) % ps  # the first token of a fresh page
+            req.kv_pages += (slots[first_new : offset + n : ps] // ps).tolist()
             if swa_slots is not None:
                 req.swa_pages = (swa_slots[offset : offset + n : ps] // ps).tolist()
                 req.swa_page_start = 0
             req.kv_len += n
             offset += n
-        rows_t = torch.tensor(rows, dtype=torch.int64)  # [B]
+        rows_t = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)  # [B]
         out_cache_loc = self._to_device(slots)  # [T]
         r2t = self.req_to_token_pool
-        if any(prefix):  # every token's slot (the prefix's too): [3, sum(full)] in one upload
-            pairs = zip(reqs, full, strict=True)
-            every = torch.cat([self._page_slots(r.kv_pages, n) for r, n in pairs])
-            pos = torch.cat([torch.arange(n, dtype=torch.int64) for n in full])
-            row_of = torch.repeat_interleave(rows_t, full_t, output_size=len(every))
-            table = self._to_device(torch.stack((row_of, pos, every)))
-            r2t.req_to_token[table[0], table[1]] = table[2].to(torch.int32)
-        else:
-            row_of_token = torch.repeat_interleave(rows_t, full_t, output_size=n_tok)
-            row_of_token = self._to_device(row_of_token)  # [T]
-            r2t.req_to_token[row_of_token, meta["positions"]] = out_cache_loc.to(torch.int32)
-            if swa_slots is not None:
-                swa_loc = self._to_device(swa_slots).to(torch.int32)  # [T]
-                r2t.req_to_swa_token[row_of_token, meta["positions"]] = swa_loc
-        input_ids = [t for r, p in zip(reqs, prefix, strict=True) for t in r.origin_input_ids[p:]]
+        # req_to_token entries: a new request's whole prompt so far (its cached prefix too), a
+        # continuing one's new tokens: [3, N] (row, position, slot) in one upload
+        firsts = [0 if id(r) in new else p for r, p in zip(reqs, prefix, strict=True)]
+        ends = end_t.tolist()
+        every = torch.cat(
+            [self._page_slots(r.kv_pages, f, e) for r, f, e in zip(reqs, firsts, ends, strict=True)]
+        )
+        spans = list(zip(firsts, ends, strict=True))
+        pos = torch.cat([torch.arange(f, e, dtype=torch.int64) for f, e in spans])
+        counts = torch.tensor(ends) - torch.tensor(firsts)
+        row_of = torch.repeat_interleave(rows_t, counts, output_size=len(every))
+        table = self._to_device(torch.stack((row_of, pos, every)))  # [3, N]
+        r2t.req_to_token[table[0], table[1]] = table[2].to(torch.int32)
+        if swa_slots is not None:  # (no prefix, no chunks: the table's tokens are the new ones)
+            swa_loc = self._to_device(swa_slots).to(torch.int32)  # [T]
+            r2t.req_to_swa_token[table[0], table[1]] = swa_loc
+        ids = [
+            t for r, p, e in zip(reqs, prefix, ends, strict=True) for t in r.origin_input_ids[p:e]
+        ]
         return self._forward_batch(
             ForwardMode.EXTEND,
             batch_size=len(reqs),
-            input_ids=self._to_device(torch.tensor(input_ids, dtype=torch.int64)),
+            input_ids=self._to_device(torch.tensor(ids, dtype=torch.int64)),
             req_pool_indices=self._to_device(rows_t),
             out_cache_loc=out_cache_loc,
             **meta,
