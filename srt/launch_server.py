@@ -73,6 +73,12 @@ def build_parser() -> ArgumentParser:
     )
     a("--disable-radix-cache", action="store_true", help="no prefix cache: compute every prompt")
     a(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="prompt tokens per step of one request (-1: off; default: SGLang's per GPU)",
+    )
+    a(
         "--enable-cache-report",
         action="store_true",
         help="OpenAI usage reports prompt_tokens_details.cached_tokens",
@@ -113,6 +119,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         disable_overlap_schedule=args.disable_overlap_schedule,
         disable_radix_cache=args.disable_radix_cache,
+        chunked_prefill_size=args.chunked_prefill_size,
         enable_cache_report=args.enable_cache_report,
         incremental_streaming_output=args.incremental_streaming_output,
         log_level=args.log_level,

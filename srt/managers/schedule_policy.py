@@ -11,10 +11,16 @@ matched path, and, when the pool is short, evicts unlocked cached prefixes (leas
 first) before it makes the request wait. With a hybrid pool (sliding-window layers in their own
 pool) both pools are counted: a request needs window slots for its whole prompt during its
 prefill, and afterwards at most its window (`swa_tokens_per_request`).
+
+Chunked prefill (`chunked_prefill_size`): a request whose prompt past its cached prefix is longer
+than one chunk is admitted alone and computed a chunk per step (`chunked_prefill.py`); a request
+that scores its prompt (input logprobs) is computed whole. Neither the prefix cache nor chunking
+serves the hybrid pool yet: both are off there, with a log line.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any
 
@@ -24,18 +30,25 @@ from srt.managers.scheduler_logprobs import wants_input_logprobs
 from srt.mem_cache.kv_memory import swa_tokens_per_request
 from srt.mem_cache.radix_cache import MatchResult, RadixCache, RadixKey
 
+logger = logging.getLogger(__name__)
+
 
 class SchedulePolicy:
     """Admission control over one ModelRunner's pools (and its radix cache, if any).
 
     Parameters
     ----------
-    model_runner : ModelRunner (allocator, `max_total_num_tokens`, `max_running_requests`).
+    model_runner : ModelRunner (allocator, `max_total_num_tokens`, `max_running_requests`,
+        `server_args`: disable_radix_cache, chunked_prefill_size).
     page_size : tokens per KV page.
     sliding_window_size : the hybrid pool's window-left (0: a uniform pool).
-    tree_cache : RadixCache or None.
     max_prefill_tokens : most prompt tokens computed in one prefill batch (a longer single
         prompt still runs alone).
+
+    Attributes
+    ----------
+    tree_cache : the RadixCache, or None (disable_radix_cache, no ServerArgs, the hybrid pool).
+    chunked_prefill_size : tokens of a prompt computed per step (0: whole prompts).
     """
 
     def __init__(
@@ -43,18 +56,43 @@ class SchedulePolicy:
         model_runner: Any,
         page_size: int,
         sliding_window_size: int,
-        tree_cache: RadixCache | None,
         max_prefill_tokens: int,
     ) -> None:
         self.runner = model_runner
         self.page_size = page_size
         self.is_swa = hasattr(model_runner.token_to_kv_pool_allocator, "swa_available_size")
-        self.tree_cache = tree_cache
         self.max_prefill_tokens = max_prefill_tokens
+        self.args = args = getattr(model_runner, "server_args", None)  # None: a bare runner
+        self.tree_cache = self._tree_cache(args)
+        chunk = getattr(args, "chunked_prefill_size", None) or 0
+        if chunk > 0 and self.is_swa:
+            logger.info("chunked prefill disabled: the hybrid sliding-window KV pool")
+        self.chunked_prefill_size = chunk if chunk > 0 and not self.is_swa else 0
         # window slots one running request may hold outside its prefill (hybrid pool only)
         self.swa_slots_per_request = (
             swa_tokens_per_request(sliding_window_size, page_size) if self.is_swa else 0
         )
+
+    def _tree_cache(self, args: Any) -> RadixCache | None:
+        """The prefix cache, unless disable_radix_cache (or no ServerArgs: a bare runner)."""
+        if args is None or getattr(args, "disable_radix_cache", True):
+            return None
+        if self.is_swa:
+            logger.info(
+                "radix cache disabled: the hybrid sliding-window KV pool has no prefix cache"
+                " yet (--disable-hybrid-swa-memory gives a uniform pool that has one)"
+            )
+            return None
+        runner = self.runner
+        return RadixCache(
+            runner.req_to_token_pool, runner.token_to_kv_pool_allocator, self.page_size
+        )
+
+    def needs_chunks(self, req: Req) -> bool:
+        """Whether the request's prompt past its cached prefix (`kv_len`) is computed over
+        several steps."""
+        rest = len(req.origin_input_ids) - req.kv_len
+        return 0 < self.chunked_prefill_size < rest and not wants_input_logprobs(req)
 
     def slots_for(self, num_tokens: int) -> int:
         return pages_needed(num_tokens, self.page_size) * self.page_size
@@ -111,7 +149,8 @@ class SchedulePolicy:
 
     def admit(self, waiting: deque[Req], running: list[Req]) -> list[Req]:
         """Pop the waiting requests that fit now, in order (FIFO: the first that does not fit
-        stops admission, so none starves); each starts from its cached prefix, if any."""
+        stops admission, so none starves); each starts from its cached prefix, if any. A
+        request prefilled in chunks is admitted alone."""
         allocator = self.runner.token_to_kv_pool_allocator
         free = allocator.available_size() - self.reserved_slots(running)
         free_swa = (
@@ -127,7 +166,8 @@ class SchedulePolicy:
             need = self.slots_for(req.target_len()) - cached
             need_swa = self._swa_slots_to_admit(req) if self.is_swa else 0
             n = len(req.origin_input_ids) - cached
-            fits = not admitted or prefill_tokens + n <= self.max_prefill_tokens
+            long = 0 < self.chunked_prefill_size < n and not wants_input_logprobs(req)
+            fits = not admitted or (prefill_tokens + n <= self.max_prefill_tokens and not long)
             if fits and need > free and self.tree_cache is not None:
                 free += self.tree_cache.evict(need - free)  # unlocked prefixes, LRU first
             if not fits or need > free or need_swa > free_swa:
@@ -145,4 +185,6 @@ class SchedulePolicy:
             free -= need
             free_swa -= need_swa
             prefill_tokens += n
+            if long:
+                break
         return admitted

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from srt.distributed import tensor_model_parallel_broadcast
+from srt.managers.chunked_prefill import ChunkedPrefillMixin
 from srt.managers.inflight_step import InFlightStep
 from srt.managers.req_snapshot import ReqSnapshot
 from srt.managers.schedule_batch import Req, ScheduleBatch
@@ -57,7 +58,6 @@ from srt.managers.scheduler_logprobs import (
 )
 from srt.managers.scheduler_stats import PrefixCacheStats
 from srt.mem_cache.host_copy import upload
-from srt.mem_cache.radix_cache import RadixCache
 from srt.mem_cache.write_check import check_batch_writes, kv_write_checks_enabled
 from srt.sampling.logit_bias import apply_logit_bias
 from srt.sampling.logprobs import OutputLogprob, output_logprobs
@@ -114,7 +114,7 @@ def _ends_by_length(req: Req) -> bool:
     return bool(req.max_total_len) and len(req.origin_input_ids) + n >= req.max_total_len
 
 
-class Scheduler:
+class Scheduler(ChunkedPrefillMixin):
     """Runs requests to completion on a ModelRunner.
 
     Parameters
@@ -131,16 +131,12 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.batch = ScheduleBatch.from_runner(model_runner)
         self.is_swa = self.batch.is_swa
-        args = getattr(model_runner, "server_args", None)
-        self.tree_cache = self._init_tree_cache(args)
-        self.batch.tree_cache = self.tree_cache
         self.policy = SchedulePolicy(
-            model_runner,
-            self.page_size,
-            self.batch.sliding_window_size,
-            self.tree_cache,
-            max_prefill_tokens,
+            model_runner, self.page_size, self.batch.sliding_window_size, max_prefill_tokens
         )
+        self.tree_cache = self.batch.tree_cache = self.policy.tree_cache
+        self.chunked_req: Req | None = None  # the request prefilled in chunks (in running)
+        self._chunk_turn = False  # the next step is its chunk (decodes and chunks alternate)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.finished_early: list[Req] = []
@@ -151,7 +147,7 @@ class Scheduler:
         self.overlap = (
             getattr(model_runner, "tp_size", 1) == 1
             and hasattr(model_runner, "greedy_ids_device")
-            and not getattr(args, "disable_overlap_schedule", True)
+            and not getattr(self.policy.args, "disable_overlap_schedule", True)
         )
         self._inflight: InFlightStep | None = None
         if self.overlap and self.is_swa:  # evictions' mapping resets ride on the next step
@@ -164,21 +160,6 @@ class Scheduler:
             ]
             self._events = [torch.cuda.Event() for _ in range(2)] if pin else None
             self._buf_i = 0
-
-    def _init_tree_cache(self, args: Any) -> RadixCache | None:
-        """The prefix cache, unless disable_radix_cache (or no ServerArgs: a bare runner)."""
-        if args is None or getattr(args, "disable_radix_cache", True):
-            return None
-        if self.is_swa:
-            logger.info(
-                "radix cache disabled: the hybrid sliding-window KV pool has no prefix cache"
-                " yet (--disable-hybrid-swa-memory gives a uniform pool that has one)"
-            )
-            return None
-        runner = self.runner
-        return RadixCache(
-            runner.req_to_token_pool, runner.token_to_kv_pool_allocator, self.page_size
-        )
 
     # ---- admission (schedule_policy.py) ----
     def check_fits(self, req: Req) -> None:
@@ -252,7 +233,8 @@ class Scheduler:
         """Whether the next decode step of reqs may be launched before the current one's tokens
         are read (greedy or sampled without penalties or logprobs, nothing waiting to be
         admitted)."""
-        return self.overlap and not self.waiting and all(_plain(r) for r in reqs)
+        plain = all(_plain(r) for r in reqs)
+        return self.overlap and not self.waiting and self.chunked_req is None and plain
 
     def _launch_decode(
         self, reqs: list[Req], input_ids: torch.Tensor | None, prev: InFlightStep | None = None
@@ -398,15 +380,21 @@ class Scheduler:
         if self._inflight is not None:
             self._step_inflight(finished)
             return finished
-        new = self.policy.admit(self.waiting, self.running)
-        if new:
+        if self._chunk_due():  # chunked prefill (chunked_prefill.py)
+            self._step_chunk(finished)
+        elif self.chunked_req is None and (new := self.policy.admit(self.waiting, self.running)):
             total = self.runner.max_total_num_tokens
             usage = 1 - self.available_kv_size() / total if total else 0.0
             self.stats.record_prefill(new, usage, len(self.running) - len(new), len(self.waiting))
             self.running.extend(new)  # from here on they hold memory (abort_all frees it)
-            self._isolated(new, self._prefill)
+            if self.policy.needs_chunks(new[0]):  # (admitted alone)
+                self.chunked_req = new[0]
+                self._step_chunk(finished)
+            else:
+                self._isolated(new, self._prefill)
         elif self.running:
-            reqs = list(self.running)
+            self._chunk_turn = True  # a chunk in progress goes on after this decode step
+            reqs = [r for r in self.running if r is not self.chunked_req]
             if self._overlappable(reqs) and self._try_launch(reqs, None):
                 return finished  # read back by the next call
             self._isolated(reqs, self._decode)
@@ -423,7 +411,7 @@ class Scheduler:
         Every request is freed even if freeing one of them fails; the first such error is
         raised afterwards (the pools then hold nothing of the dropped requests but that one).
         """
-        self._inflight = None  # its tokens are dropped with the requests
+        self._inflight = self.chunked_req = None  # its tokens are dropped with the requests
         dropped = list(self.waiting) + self.running + self.finished_early
         self.finished_early = []
         self.waiting.clear()
@@ -457,6 +445,8 @@ class Scheduler:
                 self.batch.free_req(req)
                 self.running.remove(req)
                 req.finished_reason = {"type": "abort"}
+                if req is self.chunked_req:
+                    self.chunked_req = None
                 return req
         return None
 

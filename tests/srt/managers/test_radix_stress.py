@@ -1,7 +1,8 @@
 """Stress of the radix cache through the scheduler (issue 48): hundreds of random requests per
 configuration sharing a few prefixes (some ending exactly on a page, some namespaced by an
-extra key), mid-flight aborts, a pool small enough that the tree is evicted, page sizes 1 and
-16, bf16 and fp8 KV, fused and unfused RoPE + KV, the write check on (SGL_EXT_DEBUG).
+extra key), mid-flight aborts, a pool small enough that the tree is evicted, chunked prefill of
+the longer prompts (chunks not a whole number of pages too), page sizes 1 and 16, bf16 and fp8
+KV, fused and unfused RoPE + KV, the write check on (SGL_EXT_DEBUG).
 
 Around every scheduler step: every slot someone reads before and after it (a cached prefix's,
 a running request's written token's) keeps its K/V bytes, unless its page was freed in between
@@ -43,7 +44,7 @@ class Tally:
     """What the run did (so the test knows it exercised hits, evictions and aborts)."""
 
     def __init__(self) -> None:
-        self.evicted = self.aborted = self.freed_in_step = 0
+        self.evicted = self.aborted = self.freed_in_step = self.chunked = 0
 
 
 def _workload(rng: random.Random, ps: int) -> list[list[int]]:
@@ -72,6 +73,7 @@ def _stress(ps: int, kv: str, fused: bool, device: str, num_requests: int, seed:
         context_length=128,
         max_total_tokens=48 * 16 if ps == 16 else 384,
         max_running_requests=12,
+        chunked_prefill_size=11 if ps == 1 else 24,  # longer prompts go in chunks
     )
     sched, runner = eng.scheduler, eng.model_runner
     tree, alloc, pool = sched.tree_cache, runner.token_to_kv_pool_allocator, runner.token_to_kv_pool
@@ -103,12 +105,14 @@ def _stress(ps: int, kv: str, fused: bool, device: str, num_requests: int, seed:
             read_before = referenced_slots(tree, sched.running, ps)
             freed.clear()
             sched.step()
+            tally.chunked += sched.chunked_req is not None
             tally.freed_in_step += len(freed)
             read = read_before & referenced_slots(tree, sched.running, ps)
             read -= {p * ps + i for p in freed for i in range(ps)}
             assert changed_slots(before, kv_bytes(pool), read) == [], "cached K/V changed"
             check_ownership(tree, alloc, sched.running)
     assert all(r.finished and r.error is None for r in reqs), "a request failed"
+    assert sched.num_prefill_steps > tally.chunked > 0
     assert tree.protected_size() == 0
     assert sched.available_kv_size() == runner.max_total_num_tokens
     assert runner.req_to_token_pool.available_size() == runner.max_running_requests
