@@ -71,6 +71,18 @@ def build_parser() -> ArgumentParser:
         action="store_true",
         help="prepare each decode step only after the previous one is read back",
     )
+    a("--disable-radix-cache", action="store_true", help="no prefix cache: compute every prompt")
+    a(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="prompt tokens per step of one request (-1: off; default: SGLang's per GPU)",
+    )
+    a(
+        "--enable-cache-report",
+        action="store_true",
+        help="OpenAI usage reports prompt_tokens_details.cached_tokens",
+    )
     a("--allow-auto-truncate", action="store_true", help="cut over-long requests to fit")
     a(
         "--incremental-streaming-output",
@@ -106,6 +118,9 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         allow_auto_truncate=args.allow_auto_truncate,
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         disable_overlap_schedule=args.disable_overlap_schedule,
+        disable_radix_cache=args.disable_radix_cache,
+        chunked_prefill_size=args.chunked_prefill_size,
+        enable_cache_report=args.enable_cache_report,
         incremental_streaming_output=args.incremental_streaming_output,
         log_level=args.log_level,
         model_impl=args.model_impl,

@@ -56,6 +56,16 @@ class ServerArgs:
     disable_overlap_schedule : read every decode step's tokens back before preparing the next
         one. By default (SGLang's overlap schedule) greedy decode steps are prepared and
         launched while the previous step still runs, its tokens fed from the device.
+    disable_radix_cache : compute every prompt from its first token. By default (SGLang's
+        RadixAttention) the prefix cache keeps finished requests' KV pages in a radix tree and
+        a new request computes only what follows its longest cached prefix (off with the hybrid
+        sliding-window pool, which has no prefix cache yet).
+    chunked_prefill_size : prompt tokens of one request computed per step: a longer prompt is
+        prefilled over several steps while the running requests keep decoding between its
+        chunks. None: SGLang's default for the device's memory (2048 under 20 GiB, 4096 under
+        60 GiB, 8192 under 160 GiB, else 16384; 4096 without a GPU); -1 turns it off.
+    enable_cache_report : OpenAI responses' usage also has
+        `prompt_tokens_details.cached_tokens` (the prompt tokens taken from the prefix cache).
     incremental_streaming_output : streamed chunks carry only the ids and text added since the
         previous chunk. By default (SGLang's) every chunk has the whole output so far.
     log_level : level of the "srt" loggers ("debug" ... "critical"); None leaves logging alone.
@@ -97,6 +107,9 @@ class ServerArgs:
     allow_auto_truncate: bool = False
     disable_hybrid_swa_memory: bool = False
     disable_overlap_schedule: bool = False
+    disable_radix_cache: bool = False
+    chunked_prefill_size: int | None = None
+    enable_cache_report: bool = False
     incremental_streaming_output: bool = False
     log_level: str | None = None
     model_impl: str = "srt"
@@ -136,6 +149,13 @@ class ServerArgs:
             raise ValueError(
                 f"context_length must be an int >= 1 (or None: the model's), "
                 f"got {self.context_length!r}"
+            )
+        chunk = self.chunked_prefill_size
+        if chunk is not None and (
+            isinstance(chunk, bool) or not isinstance(chunk, int) or (chunk < 1 and chunk != -1)
+        ):
+            raise ValueError(
+                f"chunked_prefill_size must be an int >= 1, or -1 (off), got {chunk!r}"
             )
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
@@ -184,12 +204,30 @@ class ServerArgs:
         on_cuda = device.startswith("cuda")
         backend = self.attention_backend or ("triton" if on_cuda else "torch_native")
         check_device_backends(device, backend)
+        chunk = self.chunked_prefill_size
         return dataclasses.replace(
             self,
             device=device,
             attention_backend=backend,
             disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
+            chunked_prefill_size=default_chunked_prefill_size(device) if chunk is None else chunk,
         )
+
+
+def default_chunked_prefill_size(device: str) -> int:
+    """SGLang's chunked_prefill_size for a device, by its memory (GiB): < 20: 2048, < 60:
+    4096, < 160: 8192, else 16384; 4096 without a GPU."""
+    if not device.startswith("cuda"):
+        return 4096
+    import torch
+
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    gib = torch.cuda.get_device_properties(index).total_memory / 2**30
+    for limit, size in ((20, 2048), (60, 4096), (160, 8192)):
+        if gib < limit:
+            return size
+    return 16384
 
 
 def check_device_backends(device: str, attention_backend: str) -> None:

@@ -387,6 +387,16 @@ class Engine:
         (srt/entrypoints/server_info.py). Safe from any thread."""
         return server_info(self)
 
+    def flush_cache(self) -> bool:
+        """SGLang's flush_cache: drop the prefix cache. Only while no request waits or runs;
+        returns whether it was flushed. Safe from any thread (it runs between two steps)."""
+        if self.scheduler is None:
+            raise NotImplementedError("flush_cache with Engine-spawned TP workers")
+        loop = self._loop
+        if loop is not None and loop.alive:
+            return bool(loop.call(self.scheduler.flush_cache))
+        return self.scheduler.flush_cache()
+
     def get_kv_memory_report(self) -> Any:
         """The KV pools' `KVMemoryReport` (bytes per token of full and window layers, tokens
         that fit; `.describe()` words it), or None when the ranks run in worker processes."""

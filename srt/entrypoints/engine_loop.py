@@ -17,6 +17,9 @@ Events given to a sink, in order:
 - ("fatal", exc): a step failed beyond one request (or was interrupted); every active request
   of every submission was aborted.
 - ("cancelled",): after `cancel`, once the submission's requests are aborted.
+
+`call(fn)` runs fn on this thread between two steps and returns its result (the engine's
+`flush_cache` goes through it while the loop serves).
 """
 
 from __future__ import annotations
@@ -65,6 +68,24 @@ class Submission:
     rids: list[str] = field(default_factory=list)
 
 
+class _Call:
+    """A function to run on the loop thread, and its outcome for the waiting caller."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
+            self.error = e
+        finally:
+            self.done.set()
+
+
 @dataclass(frozen=True)
 class _Active:
     """A running request and where its events go."""
@@ -88,7 +109,7 @@ class EngineLoop:
         # A weak reference: an Engine dropped without shutdown() is still collected (its
         # model and KV cache freed); the thread then ends.
         self._engine_ref = weakref.ref(engine)
-        self._inbox: queue.SimpleQueue[tuple[str, Submission]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._active: dict[str, _Active] = {}
         # cancelled submissions whose aborted requests a pending step still references
         self._cancelling: list[tuple[Submission, list[Req]]] = []
@@ -108,6 +129,20 @@ class EngineLoop:
         if self._stop.is_set():
             raise RuntimeError("the engine loop is closed")
         self._inbox.put(("submit", sub))
+
+    def call(self, fn: Callable[[], Any], timeout_s: float = 600.0) -> Any:
+        """fn() run on the loop thread between two steps; its result (or its exception)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        if self._stop.is_set():
+            raise RuntimeError("the engine loop is closed")
+        call = _Call(fn)
+        self._inbox.put(("call", call))
+        if not call.done.wait(timeout_s):
+            raise TimeoutError(f"the engine loop did not run the call within {timeout_s} s")
+        if call.error is not None:
+            raise call.error
+        return call.result
 
     def cancel(self, sub: Submission) -> None:
         """Abort what is left of a submission (its client is gone)."""
@@ -137,7 +172,10 @@ class EngineLoop:
         except Exception:  # noqa: BLE001 - a client's broken sink must not stop the loop
             logger.exception("dropping an event for a client")
 
-    def _handle(self, kind: str, sub: Submission) -> None:
+    def _handle(self, kind: str, sub: Any) -> None:
+        if kind == "call":
+            sub.run()
+            return
         if kind == "cancel":
             self._cancelling.append((sub, self._abort(sub)))
             self._acknowledge_cancels()

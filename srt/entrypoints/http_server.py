@@ -6,7 +6,8 @@ native body: text or input_ids, sampling_params, return_logprob, logprob_start_l
 top_logprobs_num, return_text_in_logprobs, stream: cumulative text and ids per event as SGLang
 sends them, or only the new ones with incremental_streaming_output), GET /health,
 /health_generate (one token through the engine), /get_model_info, /get_server_info (also
-/server_info) and /metrics (Prometheus text).
+/server_info), /metrics (Prometheus text) and /flush_cache (GET or POST: drops the prefix
+cache; 400 while requests run).
 Every request goes to the one continuous-batching scheduler of the EngineLoop; a client that
 disconnects has its requests aborted (their KV slots freed). A bad request gets HTTP 400 with
 OpenAI's error body, checked here before it reaches the engine (http_checks.py), so it never
@@ -179,6 +180,7 @@ def create_app(
         incremental = bool(engine.server_args.incremental_streaming_output)
     metrics = ServerMetrics(model_name)
     vocab_size = _vocab_size(engine)
+    cache_report = bool(getattr(engine.server_args, "enable_cache_report", False))
 
     def card() -> dict[str, Any]:
         info = {"id": model_name, "object": "model", "created": int(time.time())}
@@ -214,6 +216,13 @@ def create_app(
     @app.get("/server_info")
     async def get_server_info() -> JSONResponse:
         return JSONResponse(engine.get_server_info())
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        """SGLang's: 200 once the prefix cache is dropped, 400 while requests run."""
+        if await asyncio.to_thread(engine.flush_cache):
+            return Response("Cache flushed.\n", status_code=200)
+        return Response("Cache not flushed: requests are running.\n", status_code=400)
 
     @app.get("/metrics")
     async def get_metrics() -> Response:
@@ -312,7 +321,7 @@ def create_app(
                 return failed
             build = oai.chat_response if chat else oai.completion_response
             return JSONResponse(
-                oai_lp.add_logprobs(build(rid, model, outs, n), outs, chat, echo, n)
+                oai_lp.add_logprobs(build(rid, model, outs, n, cache_report), outs, chat, echo, n)
             )
 
         async def openai_stream() -> AsyncIterator[str]:
@@ -342,7 +351,8 @@ def create_app(
                 kind = "chat.completion.chunk" if chat else "text_completion"
                 last = {"id": rid, "object": kind, "created": int(time.time()), "model": model}
                 ordered = [finals[i] for i in range(start[1])]
-                yield _sse({**last, "choices": [], "usage": oai.usage(ordered, n)})
+                use = oai.usage(ordered, n, cache_report)
+                yield _sse({**last, "choices": [], "usage": use})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(openai_stream(), media_type="text/event-stream")

@@ -43,9 +43,9 @@ def scheduler_load(engine: Any) -> SchedulerLoad | None:
     runner = getattr(engine, "model_runner", None)
     if sched is None or runner is None:
         return None
-    alloc = runner.token_to_kv_pool_allocator
     total = int(getattr(runner, "max_total_num_tokens", 0) or 0)
-    usage = 0.0 if total <= 0 else max(0.0, 1.0 - alloc.available_size() / total)
+    # in use: neither free nor held by the prefix cache unlocked (SGLang's token usage)
+    usage = 0.0 if total <= 0 else max(0.0, 1.0 - sched.available_kv_size() / total)
     return SchedulerLoad(len(sched.running), len(sched.waiting), usage)
 
 

@@ -220,24 +220,31 @@ def finish_reason(reason: dict[str, Any] | None) -> str | None:
     return None if reason is None else str(reason.get("type"))
 
 
-def usage(outputs: list[dict[str, Any]], n: int = 1) -> dict[str, int]:
+def usage(outputs: list[dict[str, Any]], n: int = 1, cache_report: bool = False) -> dict[str, Any]:
     """Token counts of a response: every prompt's tokens once (its n outputs share them, as
-    OpenAI counts with n > 1), every output's tokens.
+    OpenAI counts with n > 1), every output's tokens; with `cache_report` (SGLang's
+    --enable-cache-report) also `prompt_tokens_details.cached_tokens`, the prompt tokens
+    taken from the prefix cache (counted once per prompt too).
 
     Parameters
     ----------
     outputs : prompt-major, the n outputs of each prompt next to each other.
     n : outputs per prompt.
+    cache_report : add prompt_tokens_details.
     """
     if n < 1 or len(outputs) % n:
         raise ValueError(f"{len(outputs)} outputs are not a whole number of prompts of n={n}")
     prompt = sum(o["meta_info"]["prompt_tokens"] for o in outputs[::n])
     completion = sum(o["meta_info"]["completion_tokens"] for o in outputs)
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if cache_report:
+        cached = sum(o["meta_info"].get("cached_tokens", 0) for o in outputs[::n])
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 def new_id(prefix: str) -> str:
@@ -245,7 +252,7 @@ def new_id(prefix: str) -> str:
 
 
 def completion_response(
-    rid: str, model: str, outputs: list[dict[str, Any]], n: int = 1
+    rid: str, model: str, outputs: list[dict[str, Any]], n: int = 1, cache_report: bool = False
 ) -> dict[str, Any]:
     choices = [
         {
@@ -262,12 +269,12 @@ def completion_response(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(outputs, n),
+        "usage": usage(outputs, n, cache_report),
     }
 
 
 def chat_response(
-    rid: str, model: str, outputs: list[dict[str, Any]], n: int = 1
+    rid: str, model: str, outputs: list[dict[str, Any]], n: int = 1, cache_report: bool = False
 ) -> dict[str, Any]:
     choices = [
         {
@@ -284,7 +291,7 @@ def chat_response(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(outputs, n),
+        "usage": usage(outputs, n, cache_report),
     }
 
 

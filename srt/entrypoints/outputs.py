@@ -65,7 +65,7 @@ def meta_info(req: Req) -> dict[str, Any]:
         "finish_reason": req.finished_reason,
         "prompt_tokens": len(req.origin_input_ids),
         "completion_tokens": len(req.output_ids),
-        "cached_tokens": 0,  # no prefix cache: every prompt token is computed
+        "cached_tokens": req.cached_tokens,  # prompt tokens taken from the prefix cache
         "e2e_latency": end - req.created_time,
     }
     meta.update(req.meta)

@@ -8,8 +8,9 @@ Keys (SGLang's names where it has them):
   num_attention_heads, num_key_value_heads, head_dim, sliding_window, dtype (a string);
 - `internal_states`: one dict per scheduler (one here), a snapshot taken on the caller's
   thread: num_running_reqs, num_waiting_reqs (also as SGLang's metric name num_queue_reqs),
-  available_kv_tokens, token_usage (share of KV slots in use), num_prefill_steps,
-  num_decode_steps, num_overlapped_steps;
+  available_kv_tokens (free slots and the prefix cache's evictable ones), token_usage (share
+  of KV slots in use), num_prefill_steps, num_decode_steps, num_overlapped_steps,
+  cache_hit_rate (share of prompt tokens taken from the prefix cache);
 - `version`: this package's version.
 With Engine-spawned TP workers (the model lives in other processes) only the server args,
 `internal_states: []` and `version` are known here.
@@ -54,7 +55,7 @@ def _model_config(cfg: Any) -> dict[str, Any]:
 
 def _internal_state(runner: Any, sched: Any) -> dict[str, Any]:
     total = int(runner.max_total_num_tokens)
-    free = int(runner.token_to_kv_pool_allocator.available_size())
+    free = int(sched.available_kv_size())  # free slots and the prefix cache's evictable ones
     return {
         "num_running_reqs": len(sched.running),
         "num_waiting_reqs": len(sched.waiting),
@@ -64,6 +65,7 @@ def _internal_state(runner: Any, sched: Any) -> dict[str, Any]:
         "num_prefill_steps": sched.num_prefill_steps,
         "num_decode_steps": sched.num_decode_steps,
         "num_overlapped_steps": sched.num_overlapped_steps,
+        "cache_hit_rate": sched.cache_hit_rate(),
     }
 
 

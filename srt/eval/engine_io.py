@@ -46,6 +46,8 @@ def make_engine(args: argparse.Namespace, fused: bool) -> Any:
     impl: dict[str, Any] = {}
     if getattr(args, "model_impl", "srt") == "sglang":  # SGLang's own model file
         impl = {"model_impl": "sglang", "model_file": args.model_file}
+    if getattr(args, "disable_radix_cache", False):
+        impl["disable_radix_cache"] = True
     return _engine_class()(
         model_path=args.model_path,
         load_format=args.load_format,

@@ -262,6 +262,9 @@ def build_parser() -> ArgumentParser:
     e.add_argument("--page-size", type=int, default=1, help="KV-cache page size in tokens")
     e.add_argument("--disable-cuda-graph", action="store_true", help="decode eagerly")
     e.add_argument("--compare-unfused", action="store_true", help="also run unfused, compare")
+    e.add_argument(
+        "--disable-radix-cache", action="store_true", help="no prefix cache: compute every prompt"
+    )
     add_model_impl_args(e)
     s = p.add_argument_group("OpenAI-compatible server")
     s.add_argument(

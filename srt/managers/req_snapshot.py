@@ -73,8 +73,8 @@ class ReqSnapshot:
         req = self.req
         if self.held:
             batch.truncate_kv(req, self.kv_len)
-        else:  # its prefill failed: every row and slot it holds came from that step
-            batch.free_req(req)
+        else:  # its prefill failed: its row and its own slots came from that step (a cached
+            batch.undo_prefill(req)  # prefix matched at admission stays, locked)
         del req.output_ids[self.num_output :]
         del req.output_token_logprobs[self.num_logprobs :]
         del req.output_top_logprobs[self.num_top :]

@@ -7,6 +7,11 @@ allocator's `alloc_extend` / `alloc_decode`; `free_req` gives everything back. A
 `prepare_for_extend` gives back what it took; after any later failure, `free_req` on every
 request that holds memory restores both pools.
 
+With the radix cache (`tree_cache`), a request admitted with a cached prefix arrives here with
+the tree's pages of that prefix in `kv_pages` (`cache_protected_len` tokens, whole pages, their
+path locked): `prepare_for_extend` computes only the rest, in freshly allocated pages, and
+points its req_to_token row at both; nothing here writes or frees a page of the tree.
+
 With a hybrid pool (`SWATokenToKVPoolAllocator` over an `SWAKVPool`) every new token also gets
 a window slot (written to `req_to_swa_token`); `evict_swa` gives back the window pages of tokens
 that no later query of their request can see (page-aware), after every forward.
@@ -16,11 +21,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from srt.managers.req import Req
 from srt.mem_cache.decode_writes import StepExtras, write_decode_rows
 from srt.mem_cache.host_copy import upload
 from srt.model_executor.forward_batch_info import (
@@ -28,106 +33,6 @@ from srt.model_executor.forward_batch_info import (
     ForwardMode,
     compute_extend_metadata,
 )
-from srt.sampling.sampling_params import SamplingParams
-
-
-@dataclass
-class Req:
-    """One generation request and its progress.
-
-    `kv_len` counts the tokens whose K/V are in the cache; they sit at
-    `req_to_token[req_pool_idx, :kv_len]`. After the prefill, every decode step feeds
-    `output_ids[-1]` at position `kv_len`. `kv_pages` is the host copy of the KV pages the
-    request holds, in token order (token i is in slot kv_pages[i // page_size] * page_size
-    + i % page_size; for page_size 1 these are the slots): freeing and the next slot are known
-    without reading the device. With a hybrid pool, `swa_pages` are the window pages the
-    request still holds: token pages swa_page_start, swa_page_start + 1, ... (token i, if still
-    in the window, is in window slot swa_pages[i // page_size - swa_page_start] * page_size
-    + i % page_size).
-    """
-
-    rid: int | str
-    origin_input_ids: list[int]
-    sampling_params: SamplingParams
-    return_logprob: bool = False
-    generator: torch.Generator | None = None
-    draws: int = 0  # sampled steps so far (the next one's noise seed: sampler.step_seed)
-    eos_token_ids: frozenset[int] = frozenset()
-    max_total_len: int = 0  # prompt + generated tokens allowed (context limit)
-    output_ids: list[int] = field(default_factory=list)
-    output_token_logprobs: list[float] = field(default_factory=list)
-    # ---- logprobs beyond the sampled tokens' (SGLang's; only with return_logprob) ----
-    top_logprobs_num: int = 0  # top entries per scored position
-    # first prompt position with an input logprob (len(origin_input_ids): none; SGLang's -1)
-    logprob_start_len: int = -1
-    return_text_in_logprobs: bool = False  # the outputs' tuples carry each token's text
-    # prompt tokens logprob_start_len .. end: None for the first (as SGLang), then floats
-    input_token_logprobs: list[float | None] = field(default_factory=list)
-    # their top lists ((logprob, id) pairs; None for the first), when top_logprobs_num > 0
-    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
-    # each output token's top list, when top_logprobs_num > 0
-    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    req_pool_idx: int | None = None
-    kv_len: int = 0
-    kv_pages: list[int] = field(default_factory=list)
-    swa_pages: list[int] = field(default_factory=list)
-    swa_page_start: int = 0
-    finished_reason: dict[str, Any] | None = None
-    # Token ids -> text, for stop strings (None: stop strings are not checked).
-    decode: Callable[[list[int]], str] | None = None
-    created_time: float = 0.0  # time.perf_counter() when the request was made
-    finished_time: float = 0.0  # when the scheduler finished it (0.0 while running)
-    meta: dict[str, Any] = field(default_factory=dict)  # extra meta_info (e.g. truncation)
-    # The exception that failed this request alone inside a step (finish reason "abort").
-    error: BaseException | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finished_reason is not None
-
-    def target_len(self) -> int:
-        """Most tokens this request can ever hold in the KV cache."""
-        total = len(self.origin_input_ids) + self.sampling_params.max_new_tokens
-        if self.max_total_len:
-            total = min(total, self.max_total_len)
-        # The last sampled token is never fed back, so its K/V is never stored.
-        return max(len(self.origin_input_ids), total - 1)
-
-    def check_finished(self) -> None:
-        """Set finished_reason after a token was appended to output_ids.
-
-        Stop tokens, EOS and stop strings count only once min_new_tokens were generated.
-        """
-        params = self.sampling_params
-        if not self.output_ids:
-            if params.max_new_tokens == 0:
-                self.finished_reason = {"type": "length", "length": 0}
-            return
-        last = self.output_ids[-1]
-        if len(self.output_ids) >= params.min_new_tokens:
-            if last in params.stop_token_ids:
-                self.finished_reason = {"type": "stop", "matched": last}
-            elif not params.ignore_eos and last in self.eos_token_ids:
-                self.finished_reason = {"type": "stop", "matched": last}
-            elif params.stop and self.decode is not None:
-                matched = self._matched_stop_str()
-                if matched is not None:
-                    self.finished_reason = {"type": "stop", "matched": matched}
-            if self.finished_reason is not None:
-                return
-        if len(self.output_ids) >= params.max_new_tokens:
-            self.finished_reason = {"type": "length", "length": len(self.output_ids)}
-        elif self.max_total_len and len(self.origin_input_ids) + len(self.output_ids) >= (
-            self.max_total_len
-        ):
-            self.finished_reason = {"type": "length", "length": len(self.output_ids)}
-
-    def _matched_stop_str(self) -> str | None:
-        """The first stop string in the text of the last tokens (enough to hold any of them)."""
-        stops = self.sampling_params.stop
-        tail = self.output_ids[-(max(len(s) for s in stops) + 8) :]
-        text = self.decode(tail)  # type: ignore[misc]
-        return next((s for s in stops if s in text), None)
 
 
 def pages_needed(num_tokens: int, page_size: int) -> int:
@@ -147,6 +52,11 @@ class ScheduleBatch:
     token_to_kv_pool, attn_backend : handed to every ForwardBatch.
     page_size : tokens per KV page.
     enable_fused_rope_kv : copied into every ForwardBatch.
+
+    Attributes
+    ----------
+    tree_cache : RadixCache or None (set by the scheduler): the prefix cache whose locks
+        `free_req` gives back.
     """
 
     def __init__(
@@ -172,6 +82,7 @@ class ScheduleBatch:
         # (B, block rows) -> where a decode block of B requests is written on the device (the
         # decode graph's static inputs) or None: the upload's own memory (set by from_runner)
         self.decode_dest: Callable[[int, int], torch.Tensor | None] | None = None
+        self.tree_cache: Any = None
 
     @classmethod
     def from_runner(cls, runner: Any, enable_fused_rope_kv: bool | None = None) -> ScheduleBatch:
@@ -192,11 +103,16 @@ class ScheduleBatch:
 
     # ---- memory ----
     def free_req(self, req: Req) -> None:
-        """Return the request's KV pages and its req_to_token row (a no-op if it holds none).
+        """Return the request's KV pages and its req_to_token row (a no-op if it holds none),
+        and unlock its cached prefix; the prefix's pages stay the tree's. Nothing is inserted
+        into the tree (a failed or aborted request's tokens are never cached: see
+        `RadixCache.cache_finished_req` for a finished one).
 
         The pages are known on the host (`req.kv_pages`), so this never reads the device.
         """
-        pages, req.kv_pages, req.kv_len = req.kv_pages, [], 0
+        own_from = req.cache_protected_len // self.page_size
+        node, req.last_node, req.cache_protected_len = req.last_node, None, 0
+        pages, req.kv_pages, req.kv_len = req.kv_pages[own_from:], [], 0
         swa_pages, swa_start, req.swa_pages, req.swa_page_start = (
             req.swa_pages,
             req.swa_page_start,
@@ -211,12 +127,33 @@ class ScheduleBatch:
                 first_slots = torch.tensor(pages, dtype=torch.int64) * self.page_size  # [P]
                 self.allocator.free(first_slots)
         finally:
+            if node is not None:
+                self.tree_cache.dec_lock_ref(node)
             if row is not None:
                 self.req_to_token_pool.free(row)
 
+    def undo_prefill(self, req: Req) -> None:
+        """Give back what a failed prefill took (its req_to_token row and its own pages); a
+        prefix matched at admission stays (the tree's pages, the lock), so a retry computes
+        only the rest again."""
+        keep = req.cache_protected_len
+        if keep == 0:
+            self.free_req(req)
+            return
+        self.truncate_kv(req, keep)
+        row, req.req_pool_idx = req.req_pool_idx, None
+        if row is not None:
+            self.req_to_token_pool.free(row)
+
     def truncate_kv(self, req: Req, kv_len: int) -> None:
         """Give back the KV pages of the request's tokens from `kv_len` on (those a failed step
-        took); 0 frees everything, as free_req. Host data only, no device read."""
+        took); 0 frees everything, as free_req. Host data only, no device read. The tokens of
+        a cached prefix (`cache_protected_len`) are the tree's: never given back here."""
+        if kv_len < req.cache_protected_len:
+            raise ValueError(
+                f"request {req.rid}: cannot cut its KV to {kv_len} tokens inside its cached"
+                f" prefix of {req.cache_protected_len}"
+            )
         if kv_len <= 0:
             self.free_req(req)
             return
@@ -286,67 +223,121 @@ class ScheduleBatch:
             **kw,
         )
 
-    def prepare_for_extend(self, reqs: list[Req]) -> ForwardBatch:
-        """Give each request a req_to_token row and KV slots for its prompt; the prefill batch.
+    def prepare_for_extend(
+        self, reqs: list[Req], extend_lens: list[int] | None = None
+    ) -> ForwardBatch:
+        """KV slots for the prompt tokens each request computes now; the EXTEND batch.
+
+        A request's first step gives it a req_to_token row and computes its prompt past its
+        cached prefix (the tree's pages already in `kv_pages`, `kv_len == cache_protected_len`);
+        a request whose earlier chunks were computed (chunked prefill) keeps its row and goes on
+        from `kv_len`. `extend_lens`: tokens each computes in this step (default: the rest of
+        its prompt).
 
         On any failure (no free row, no free KV pages, an interrupt) every row and page taken
-        here is given back before the exception propagates.
+        here is given back before the exception propagates (a prefix, earlier chunks stay).
         """
-        taken = [r for r in reqs if r.req_pool_idx is not None or r.kv_pages]
-        if taken:
-            raise ValueError(f"request {taken[0].rid} already holds memory (prefilled twice?)")
-        rows = self.req_to_token_pool.alloc(len(reqs))
+        ps = self.page_size
+        lens = [len(r.origin_input_ids) - r.kv_len for r in reqs]
+        lens = lens if extend_lens is None else list(extend_lens)
+        if len(lens) != len(reqs):
+            raise ValueError(f"extend_lens has {len(lens)} entries for {len(reqs)} requests")
+        new = [r for r in reqs if r.req_pool_idx is None]
+        for r, n in zip(reqs, lens, strict=True):
+            p = r.cache_protected_len
+            if r.req_pool_idx is None and (r.kv_len != p or len(r.kv_pages) != p // ps):
+                raise ValueError(f"request {r.rid} already holds memory (prefilled twice?)")
+            if r.req_pool_idx is None and (p % ps or (p and self.is_swa)):
+                raise ValueError(
+                    f"request {r.rid}: a cached prefix of {p} tokens must be whole pages of"
+                    f" {ps} (and the hybrid pool has none)"
+                )
+            if not 1 <= n <= len(r.origin_input_ids) - r.kv_len:
+                raise ValueError(
+                    f"request {r.rid} already holds memory (prefilled twice?): {n} tokens past"
+                    f" {r.kv_len} of its prompt of {len(r.origin_input_ids)}"
+                )
+        rows = self.req_to_token_pool.alloc(len(new))
         if rows is None:
-            raise RuntimeError(f"ReqToTokenPool has no room for {len(reqs)} requests")
-        for req, row in zip(reqs, rows, strict=True):
-            req.req_pool_idx, req.kv_len = row, 0  # from here on free_req gives the row back
+            raise RuntimeError(f"ReqToTokenPool has no room for {len(new)} requests")
+        for req, row in zip(new, rows, strict=True):
+            req.req_pool_idx = row  # from here on undo_prefill gives the row back
+        before = [r.kv_len for r in reqs]
         try:
-            return self._build_extend(reqs, rows)
+            return self._build_extend(reqs, lens, {id(r) for r in new})
         except BaseException:
-            for req in reqs:
-                self.free_req(req)
+            for req, kv_len in zip(reqs, before, strict=True):
+                if any(req is r for r in new):
+                    self.undo_prefill(req)
+                else:
+                    self.truncate_kv(req, kv_len)
             raise
 
-    def _build_extend(self, reqs: list[Req], rows: list[int]) -> ForwardBatch:
-        lens = [len(r.origin_input_ids) for r in reqs]
-        meta = compute_extend_metadata([0] * len(reqs), lens, self.device)
-        n_tok, ps = sum(lens), self.page_size
-        zeros = torch.zeros(len(reqs), dtype=torch.int64)  # [B] no prefix
-        lens_t = torch.tensor(lens, dtype=torch.int64)  # [B]
+    def _page_slots(self, pages: list[int], first: int, end: int) -> torch.Tensor:
+        """int64 [end - first] host slots of tokens first .. end - 1 held in `pages`."""
+        ps = self.page_size
+        p = torch.tensor(pages, dtype=torch.int64)
+        return (p[:, None] * ps + torch.arange(ps, dtype=torch.int64)).reshape(-1)[first:end]
+
+    def _build_extend(self, reqs: list[Req], lens: list[int], new: set[int]) -> ForwardBatch:
+        ps = self.page_size
+        prefix = [r.kv_len for r in reqs]  # a cached prefix or earlier chunks
+        meta = compute_extend_metadata(prefix, lens, self.device)
+        n_tok = sum(lens)
+        prefix_t = torch.tensor(prefix, dtype=torch.int64)  # [B]
+        end_t = prefix_t + torch.tensor(lens, dtype=torch.int64)  # [B]
+        # the last computed token's slot (a cached prefix's page is full), or -1
+        last = torch.tensor(
+            [
+                r.kv_pages[(p - 1) // ps] * ps + (p - 1) % ps if p else -1
+                for r, p in zip(reqs, prefix, strict=True)
+            ]
+        )
         swa_slots = None
-        if self.is_swa:
-            got = self.allocator.alloc_extend(
-                zeros, lens_t, zeros - 1, n_tok, swa_last_loc=zeros - 1
-            )
+        if self.is_swa:  # (no prefix: the radix cache is off with a hybrid pool)
+            got = self.allocator.alloc_extend(prefix_t, end_t, last, n_tok, swa_last_loc=last)
             slots, swa_slots = (None, None) if got is None else (got.full, got.swa)
         else:
-            slots = self.allocator.alloc_extend(zeros, lens_t, zeros - 1, n_tok)
-        # slots: host int64 [T], request order, each request from a fresh page
+            slots = self.allocator.alloc_extend(prefix_t, end_t, last, n_tok)
+        # slots: host int64 [T], request order; a partly filled last page is filled first
         if slots is None:
             # Admission control reserves every request's memory up front: this is a bug.
             raise RuntimeError(f"KV pool out of memory allocating {n_tok} slots")
         offset = 0
-        for req, n in zip(reqs, lens, strict=True):
-            req.kv_pages = (slots[offset : offset + n : ps] // ps).tolist()  # one slot per page
+        for req, n, p in zip(reqs, lens, prefix, strict=True):
+            first_new = offset + (-p) % ps  # the first token of a fresh page
+            req.kv_pages += (slots[first_new : offset + n : ps] // ps).tolist()
             if swa_slots is not None:
                 req.swa_pages = (swa_slots[offset : offset + n : ps] // ps).tolist()
                 req.swa_page_start = 0
-            req.kv_len = n
+            req.kv_len += n
             offset += n
-        rows_t = torch.tensor(rows, dtype=torch.int64)  # [B]
-        row_of_token = torch.repeat_interleave(rows_t, torch.tensor(lens), output_size=n_tok)
+        rows_t = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)  # [B]
         out_cache_loc = self._to_device(slots)  # [T]
-        row_of_token = self._to_device(row_of_token)  # [T]
         r2t = self.req_to_token_pool
-        r2t.req_to_token[row_of_token, meta["positions"]] = out_cache_loc.to(torch.int32)
-        if swa_slots is not None:
+        # req_to_token entries: a new request's whole prompt so far (its cached prefix too), a
+        # continuing one's new tokens: [3, N] (row, position, slot) in one upload
+        firsts = [0 if id(r) in new else p for r, p in zip(reqs, prefix, strict=True)]
+        ends = end_t.tolist()
+        every = torch.cat(
+            [self._page_slots(r.kv_pages, f, e) for r, f, e in zip(reqs, firsts, ends, strict=True)]
+        )
+        spans = list(zip(firsts, ends, strict=True))
+        pos = torch.cat([torch.arange(f, e, dtype=torch.int64) for f, e in spans])
+        counts = torch.tensor(ends) - torch.tensor(firsts)
+        row_of = torch.repeat_interleave(rows_t, counts, output_size=len(every))
+        table = self._to_device(torch.stack((row_of, pos, every)))  # [3, N]
+        r2t.req_to_token[table[0], table[1]] = table[2].to(torch.int32)
+        if swa_slots is not None:  # (no prefix, no chunks: the table's tokens are the new ones)
             swa_loc = self._to_device(swa_slots).to(torch.int32)  # [T]
-            r2t.req_to_swa_token[row_of_token, meta["positions"]] = swa_loc
-        input_ids = [t for r in reqs for t in r.origin_input_ids]
+            r2t.req_to_swa_token[table[0], table[1]] = swa_loc
+        ids = [
+            t for r, p, e in zip(reqs, prefix, ends, strict=True) for t in r.origin_input_ids[p:e]
+        ]
         return self._forward_batch(
             ForwardMode.EXTEND,
             batch_size=len(reqs),
-            input_ids=self._to_device(torch.tensor(input_ids, dtype=torch.int64)),
+            input_ids=self._to_device(torch.tensor(ids, dtype=torch.int64)),
             req_pool_indices=self._to_device(rows_t),
             out_cache_loc=out_cache_loc,
             **meta,

@@ -4,12 +4,15 @@ Each step either prefills newly admitted requests (prefill first, as in SGLang) 
 decode step for every running request. Requests join the running batch between decode steps and
 leave it as soon as they finish, freeing their KV slots for the requests still waiting.
 
-Admission is conservative: a request is admitted only if the KV pool can hold its whole future
-(prompt + max_new_tokens, rounded up to pages) on top of what the running requests may still
-need, so a decode step never runs out of memory and no request is ever retracted or lost.
-With a hybrid pool (sliding-window layers in their own pool) both pools are counted: a request
-needs window slots for its whole prompt during its prefill, and afterwards at most its window
-(`swa_tokens_per_request`); window pages are given back after every step (`evict_swa`).
+Admission (`schedule_policy.py`) is conservative: a request is admitted only if the KV pool can
+hold its whole future on top of what the running requests may still need, so a decode step
+never runs out of memory and no request is ever retracted or lost. With a hybrid pool, window
+pages are given back after every step (`evict_swa`).
+
+Prefix cache (RadixAttention; `disable_radix_cache`): a request starts from its prompt's
+longest cached prefix (whole pages, locked while it runs) and computes only the rest; a finished
+one leaves its whole pages in the tree (`cache_finished_req`); one that fails or is aborted
+unlocks and inserts nothing. Off, with a log line, for the hybrid sliding-window pool.
 
 Overlapped decode (SGLang's overlap schedule; `disable_overlap_schedule` turns it off): while
 decode step N runs on the GPU, the host prepares and launches step N + 1, its input tokens
@@ -42,17 +45,20 @@ from typing import Any
 import torch
 
 from srt.distributed import tensor_model_parallel_broadcast
+from srt.managers.chunked_prefill import ChunkedPrefillMixin
 from srt.managers.inflight_step import InFlightStep
 from srt.managers.req_snapshot import ReqSnapshot
-from srt.managers.schedule_batch import Req, ScheduleBatch, pages_needed
+from srt.managers.schedule_batch import Req, ScheduleBatch
+from srt.managers.schedule_policy import SchedulePolicy
 from srt.managers.scheduler_logprobs import (
     prefill_logits,
     record_output_logprob,
     top_logprobs_nums,
     wants_input_logprobs,
 )
+from srt.managers.scheduler_stats import PrefixCacheStats
 from srt.mem_cache.host_copy import upload
-from srt.mem_cache.kv_memory import swa_tokens_per_request
+from srt.mem_cache.write_check import check_batch_writes, kv_write_checks_enabled
 from srt.sampling.logit_bias import apply_logit_bias
 from srt.sampling.logprobs import OutputLogprob, output_logprobs
 from srt.sampling.penalties import PenaltyInputs, apply_penalties
@@ -108,7 +114,7 @@ def _ends_by_length(req: Req) -> bool:
     return bool(req.max_total_len) and len(req.origin_input_ids) + n >= req.max_total_len
 
 
-class Scheduler:
+class Scheduler(ChunkedPrefillMixin):
     """Runs requests to completion on a ModelRunner.
 
     Parameters
@@ -125,23 +131,23 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.batch = ScheduleBatch.from_runner(model_runner)
         self.is_swa = self.batch.is_swa
-        # window slots one running request may hold outside its prefill (hybrid pool only)
-        self.swa_slots_per_request = (
-            swa_tokens_per_request(self.batch.sliding_window_size, self.page_size)
-            if self.is_swa
-            else 0
+        self.policy = SchedulePolicy(
+            model_runner, self.page_size, self.batch.sliding_window_size, max_prefill_tokens
         )
+        self.tree_cache = self.batch.tree_cache = self.policy.tree_cache
+        self.chunked_req: Req | None = None  # the request prefilled in chunks (in running)
+        self._chunk_turn = False  # the next step is its chunk (decodes and chunks alternate)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.finished_early: list[Req] = []
         self.num_prefill_steps = 0
         self.num_decode_steps = 0
         self.num_overlapped_steps = 0  # decode steps launched before the previous one was read
-        args = getattr(model_runner, "server_args", None)
+        self.stats = PrefixCacheStats()  # prompt tokens admitted, and cached (the hit rate)
         self.overlap = (
             getattr(model_runner, "tp_size", 1) == 1
             and hasattr(model_runner, "greedy_ids_device")
-            and not getattr(args, "disable_overlap_schedule", True)
+            and not getattr(self.policy.args, "disable_overlap_schedule", True)
         )
         self._inflight: InFlightStep | None = None
         if self.overlap and self.is_swa:  # evictions' mapping resets ride on the next step
@@ -155,36 +161,10 @@ class Scheduler:
             self._events = [torch.cuda.Event() for _ in range(2)] if pin else None
             self._buf_i = 0
 
-    # ---- admission ----
-    def _slots_for(self, num_tokens: int) -> int:
-        return pages_needed(num_tokens, self.page_size) * self.page_size
-
-    def _swa_slots_held_max(self, req: Req) -> int:
-        """Window slots the request may hold at once after its prefill."""
-        return min(self._slots_for(req.target_len()), self.swa_slots_per_request)
-
-    def _swa_slots_to_admit(self, req: Req) -> int:
-        """Window slots a waiting request needs: its whole prompt while it is prefilled."""
-        return max(self._slots_for(len(req.origin_input_ids)), self._swa_slots_held_max(req))
-
+    # ---- admission (schedule_policy.py) ----
     def check_fits(self, req: Req) -> None:
         """Raise ValueError if the request could never fit in the KV pool or the context."""
-        need = self._slots_for(req.target_len())
-        total = self.runner.max_total_num_tokens
-        if need > total:
-            raise ValueError(
-                f"request {req.rid} needs {need} KV slots (prompt {len(req.origin_input_ids)}"
-                f" + max_new_tokens {req.sampling_params.max_new_tokens}) but the KV pool holds"
-                f" {total}; raise max_total_tokens or lower max_new_tokens"
-            )
-        if self.is_swa:
-            need = self._swa_slots_to_admit(req)
-            total = self.runner.token_to_kv_pool_allocator.size_swa
-            if need > total:
-                raise ValueError(
-                    f"request {req.rid} needs {need} sliding-window KV slots for its prompt of"
-                    f" {len(req.origin_input_ids)} tokens but the window pool holds {total}"
-                )
+        self.policy.check_fits(req)
 
     def add_request(self, req: Req) -> None:
         """Queue a request (ValueError, nothing queued, if it has no prompt token, already
@@ -202,47 +182,14 @@ class Scheduler:
         else:
             self.waiting.append(req)
 
-    def _reserved_slots(self) -> int:
-        """Slots the running requests may still allocate before they finish."""
-        return sum(
-            self._slots_for(r.target_len()) - self._slots_for(r.kv_len) for r in self.running
-        )
-
-    def _reserved_swa_slots(self) -> int:
-        """Window slots the running requests may still allocate (hybrid pool)."""
-        ps = self.page_size
-        return sum(
-            max(0, self._swa_slots_held_max(r) - len(r.swa_pages) * ps) for r in self.running
-        )
-
-    def _admit(self) -> list[Req]:
-        allocator = self.runner.token_to_kv_pool_allocator
-        free = allocator.available_size() - self._reserved_slots()
-        free_swa = allocator.swa_available_size() - self._reserved_swa_slots() if self.is_swa else 0
-        rows = self.max_running_requests - len(self.running)
-        admitted: list[Req] = []
-        prefill_tokens = 0
-        while self.waiting and len(admitted) < rows:
-            req = self.waiting[0]
-            need = self._slots_for(req.target_len())
-            need_swa = self._swa_slots_to_admit(req) if self.is_swa else 0
-            n = len(req.origin_input_ids)
-            if (
-                need > free
-                or need_swa > free_swa
-                or (admitted and prefill_tokens + n > self.max_prefill_tokens)
-            ):
-                break  # FIFO: later requests wait too, so none starves
-            self.waiting.popleft()
-            admitted.append(req)
-            free -= need
-            free_swa -= need_swa
-            prefill_tokens += n
-        return admitted
-
     # ---- steps ----
     def _finish(self, req: Req, finished: list[Req]) -> None:
-        self.batch.free_req(req)
+        """A finished request leaves: its computed tokens' whole pages go into the prefix cache
+        (one that failed or was aborted holds nothing by now: it inserts nothing)."""
+        if self.tree_cache is not None and req.error is None:
+            self.tree_cache.cache_finished_req(req)
+        else:
+            self.batch.free_req(req)
         req.finished_time = time.perf_counter()
         finished.append(req)
 
@@ -286,7 +233,8 @@ class Scheduler:
         """Whether the next decode step of reqs may be launched before the current one's tokens
         are read (greedy or sampled without penalties or logprobs, nothing waiting to be
         admitted)."""
-        return self.overlap and not self.waiting and all(_plain(r) for r in reqs)
+        plain = all(_plain(r) for r in reqs)
+        return self.overlap and not self.waiting and self.chunked_req is None and plain
 
     def _launch_decode(
         self, reqs: list[Req], input_ids: torch.Tensor | None, prev: InFlightStep | None = None
@@ -303,6 +251,7 @@ class Scheduler:
             else:
                 prev.queue_copy()
         fb = self.batch.prepare_for_decode(reqs, input_ids, host_ids=host_ids)
+        self._check_writes(reqs, fb)
         if prev is not None and host_ids is not None:
             assert prev.done is not None
             prev.done.record()  # after the table kernel, before this step's graph
@@ -371,15 +320,23 @@ class Scheduler:
     # ---- isolation ----
     def _prefill(self, reqs: list[Req]) -> None:
         fb = self.batch.prepare_for_extend(reqs)
+        self._check_writes(reqs, fb)
         logits = prefill_logits(self.runner, fb, reqs)  # [B, V] last-position logits
         self.num_prefill_steps += 1
         self._sample_and_append(reqs, logits)
 
     def _decode(self, reqs: list[Req]) -> None:
         fb = self.batch.prepare_for_decode(reqs)
+        self._check_writes(reqs, fb)
         logits = self.runner.forward(fb)  # [B, V]
         self.num_decode_steps += 1
         self._sample_and_append(reqs, logits)
+
+    def _check_writes(self, reqs: list[Req], fb: Any) -> None:
+        """SGL_EXT_DEBUG=1: before the forward, the batch writes K/V only into its requests'
+        own slots (write_check.py; a host read of the slots)."""
+        if kv_write_checks_enabled():
+            check_batch_writes(fb, reqs, self.running, self.tree_cache, self.page_size)
 
     def _isolated(self, reqs: list[Req], run: Callable[[list[Req]], None]) -> None:
         """run(reqs), one step; if it raises, undo it and retry each half, so that only the
@@ -423,12 +380,21 @@ class Scheduler:
         if self._inflight is not None:
             self._step_inflight(finished)
             return finished
-        new = self._admit()
-        if new:
+        if self._chunk_due():  # chunked prefill (chunked_prefill.py)
+            self._step_chunk(finished)
+        elif self.chunked_req is None and (new := self.policy.admit(self.waiting, self.running)):
+            total = self.runner.max_total_num_tokens
+            usage = 1 - self.available_kv_size() / total if total else 0.0
+            self.stats.record_prefill(new, usage, len(self.running) - len(new), len(self.waiting))
             self.running.extend(new)  # from here on they hold memory (abort_all frees it)
-            self._isolated(new, self._prefill)
+            if self.policy.needs_chunks(new[0]):  # (admitted alone)
+                self.chunked_req = new[0]
+                self._step_chunk(finished)
+            else:
+                self._isolated(new, self._prefill)
         elif self.running:
-            reqs = list(self.running)
+            self._chunk_turn = True  # a chunk in progress goes on after this decode step
+            reqs = [r for r in self.running if r is not self.chunked_req]
             if self._overlappable(reqs) and self._try_launch(reqs, None):
                 return finished  # read back by the next call
             self._isolated(reqs, self._decode)
@@ -445,7 +411,7 @@ class Scheduler:
         Every request is freed even if freeing one of them fails; the first such error is
         raised afterwards (the pools then hold nothing of the dropped requests but that one).
         """
-        self._inflight = None  # its tokens are dropped with the requests
+        self._inflight = self.chunked_req = None  # its tokens are dropped with the requests
         dropped = list(self.waiting) + self.running + self.finished_early
         self.finished_early = []
         self.waiting.clear()
@@ -479,6 +445,8 @@ class Scheduler:
                 self.batch.free_req(req)
                 self.running.remove(req)
                 req.finished_reason = {"type": "abort"}
+                if req is self.chunked_req:
+                    self.chunked_req = None
                 return req
         return None
 
@@ -488,6 +456,27 @@ class Scheduler:
         free already (a finished or aborted request's is)."""
         inflight = self._inflight.reqs if self._inflight is not None else ()
         return any(r is req for r in inflight) or any(r is req for r in self.finished_early)
+
+    def available_kv_size(self) -> int:
+        """KV slots free or freeable: the allocator's free slots and the prefix cache's
+        evictable ones (SGLang's available size). With nothing running it is the whole pool,
+        unless a page leaked or a lock was never given back."""
+        free = self.runner.token_to_kv_pool_allocator.available_size()
+        return free + (self.tree_cache.evictable_size() if self.tree_cache is not None else 0)
+
+    def flush_cache(self) -> bool:
+        """Drop the prefix cache (its pages back to the free list), as SGLang's flush_cache:
+        only when no request waits or runs (False then, nothing changed)."""
+        if self.has_work():
+            return False
+        if self.tree_cache is not None:
+            self.tree_cache.evict(self.tree_cache.total_size())
+            self.tree_cache.reset()
+        return True
+
+    def cache_hit_rate(self) -> float:
+        """Share of the admitted prompt tokens taken from the prefix cache."""
+        return self.stats.hit_rate()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.finished_early or self._inflight)

@@ -34,8 +34,14 @@ def prefill_logits(runner: Any, forward_batch: Any, reqs: Sequence[Req]) -> torc
     wanted = [wants_input_logprobs(r) for r in reqs]
     if not any(wanted):
         return runner.forward(forward_batch)
-    lens = [len(r.origin_input_ids) for r in reqs]
-    starts = [r.logprob_start_len if w else n for r, w, n in zip(reqs, wanted, lens, strict=True)]
+    # positions relative to each request's computed tokens (past a cached prefix, which the
+    # scheduler keeps at or before logprob_start_len for requests that ask)
+    lens = list(forward_batch.extend_seq_lens_cpu)
+    pre = list(forward_batch.extend_prefix_lens_cpu)
+    starts = [
+        r.logprob_start_len - p if w else n
+        for r, w, n, p in zip(reqs, wanted, lens, pre, strict=True)
+    ]
     tops = [r.top_logprobs_num if w else 0 for r, w in zip(reqs, wanted, strict=True)]
     rows, counts = input_logprob_rows(lens, starts)
     host: list[list[float]] = []

@@ -48,9 +48,9 @@ class PagedTokenToKVPoolAllocator:
 
     Every call checks its arguments before it changes anything: a double free, a free of a
     slot never handed out (page 0 included) or out of range, a `last_loc` that is not an
-    allocated slot at the right offset, or two requests' `last_loc` in one page raise
-    ValueError naming the slot; arguments of the wrong type raise TypeError. The allocator is
-    unchanged then.
+    allocated slot at the right offset, or two requests' `last_loc` in one page that is not
+    full (both would fill its rest) raise ValueError naming the slot; arguments of the wrong
+    type raise TypeError. The allocator is unchanged then.
 
     Parameters
     ----------
@@ -237,9 +237,11 @@ class PagedTokenToKVPoolAllocator:
 
     # ------------------------------------------------------------------ paged allocation
     def _check_last_loc(self, name: str, last: torch.Tensor, prev_pos: torch.Tensor) -> None:
-        """Requests with a previous token (prev_pos >= 0) must name an allocated slot of it,
-        each in a page of its own (pages are never shared between requests here: two requests
-        naming one page would fill its free rest with each other's tokens)."""
+        """Requests with a previous token (prev_pos >= 0) must name an allocated slot of it;
+        where that page has a free rest (prev_pos + 1 not a page boundary), in a page no other
+        request names: two requests naming one such page would fill its rest with each other's
+        tokens. A full page may be named by many (a prefix shared through the radix cache:
+        every request's next token starts a fresh page)."""
         ps, n = self.page_size, self.num_pages
         pages = last // ps  # [B]
         ok = self._live[pages.clamp(0, n + 1)]  # [B] in range and live (page 0 is not)
@@ -247,7 +249,7 @@ class PagedTokenToKVPoolAllocator:
             ok &= (last - prev_pos) % ps == 0  # at the previous token's offset within its page
         ok |= prev_pos < 0  # no previous token: last_loc is ignored
         if bool(ok.all()):  # the hot path: a handful of vectorised host ops
-            if len(last) > 1:
+            if len(last) > 1 and ps > 1:  # (page_size 1: every page is full)
                 self._check_last_pages_distinct(name, last, pages, prev_pos)
             return
         bad = ~ok
@@ -264,9 +266,12 @@ class PagedTokenToKVPoolAllocator:
     ) -> None:
         """ValueError naming two requests whose last_loc lie in one page (`pages`: last //
         page_size; entries with prev_pos < 0 have no last_loc). On Python lists: for a batch's
-        few hundred entries one host copy and a set beat a chain of small torch ops."""
+        few hundred entries one host copy and a set beat a chain of small torch ops. Requests
+        whose last page is full are left out: nothing is written into it."""
+        ps = self.page_size
         pv = zip(pages.tolist(), prev_pos.tolist(), strict=True)
-        held = [(p, i) for i, (p, v) in enumerate(pv) if v >= 0]  # (page, request)
+        # (page, request) of the requests whose next token goes into the same page
+        held = [(p, i) for i, (p, v) in enumerate(pv) if v >= 0 and (v + 1) % ps]
         if len({p for p, _ in held}) == len(held):
             return
         first: dict[int, int] = {}
@@ -294,9 +299,9 @@ class PagedTokenToKVPoolAllocator:
         prefix_lens, seq_lens : int32/int64 [B] (host, or copied there)
             Tokens already cached, and the length after this extend (seq >= prefix >= 0).
         last_loc : int32/int64 [B]
-            Slot of token prefix_lens[i] - 1, which must be allocated, in a page no other
-            request's last_loc names (any value, e.g. -1, when prefix_lens[i] == 0). The free
-            rest of its page is filled first.
+            Slot of token prefix_lens[i] - 1, which must be allocated (any value, e.g. -1,
+            when prefix_lens[i] == 0); if its page is not full, the free rest of the page is
+            filled first, and no other request's last_loc may name that page.
         extend_num_tokens : int
             sum(seq_lens - prefix_lens), known on the host.
 
@@ -358,8 +363,8 @@ class PagedTokenToKVPoolAllocator:
         seq_lens : int32/int64 [B] (host, or copied there)
             Lengths including the new token (>= 1).
         last_loc : int32/int64 [B]
-            Slot of token seq_lens[i] - 2, which must be allocated, in a page no other
-            request's last_loc names (any value when seq_lens[i] == 1).
+            Slot of token seq_lens[i] - 2, which must be allocated (any value when
+            seq_lens[i] == 1); no other request's last_loc may name its page unless it is full.
 
         Returns
         -------

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from srt.mem_cache.write_check import check_padding_writes, kv_write_checks_enabled
 from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
@@ -252,6 +253,8 @@ class CudaGraphRunner:
         if bs != raw_bs:  # padding rows: harmless inputs, KV write to the padding slot 0
             self.decode_inputs[:, raw_bs:bs].copy_(self._padding[:, raw_bs:bs])
             self.seq_lens_cpu[raw_bs:bs].fill_(fill)
+            if kv_write_checks_enabled():  # never a slot a request or the prefix cache holds
+                check_padding_writes(self.decode_inputs[3, raw_bs:bs], self.model_runner.page_size)
         rows = self.decode_inputs.shape[0]
         block = _decode_block(forward_batch, raw_bs, rows)
         static = self.decode_inputs

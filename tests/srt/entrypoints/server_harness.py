@@ -38,7 +38,7 @@ def stop_server(st: ServerThread) -> None:
 
 def free_slots(eng: Any) -> tuple[int, int]:
     r = eng.model_runner
-    return r.token_to_kv_pool_allocator.available_size(), r.req_to_token_pool.available_size()
+    return eng.scheduler.available_kv_size(), r.req_to_token_pool.available_size()
 
 
 def wait_idle(st: ServerThread, start: tuple[int, int]) -> None:

@@ -33,7 +33,7 @@ def make_engine(monkeypatch):
 
 def _free(eng):
     r = eng.model_runner
-    return r.token_to_kv_pool_allocator.available_size(), r.req_to_token_pool.available_size()
+    return eng.scheduler.available_kv_size(), r.req_to_token_pool.available_size()
 
 
 def test_over_long_request_is_rejected_with_the_three_numbers(make_engine):

@@ -23,7 +23,7 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 def _free(eng) -> tuple[int, int]:
     r = eng.model_runner
-    return r.token_to_kv_pool_allocator.available_size(), r.req_to_token_pool.available_size()
+    return eng.scheduler.available_kv_size(), r.req_to_token_pool.available_size()
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=gpu)])

@@ -181,8 +181,10 @@ def test_stream_chunks_carry_the_same_logprobs(engine):
         top_logprobs_num=2,
         logprob_start_len=2,
     )
-    whole = engine.generate(**kw)
+    engine.generate(**kw)  # fills the prefix cache: every call below starts from the same
+    whole = engine.generate(**kw)  # cached prefix (its first 2 tokens), so computes the same bits
     meta = whole["meta_info"]
+    assert meta["cached_tokens"] == 2
     # cumulative (the default): every chunk has the lists so far, the last one all of them
     chunks = list(engine.generate(**kw, stream=True))
     assert len(chunks) == 6
@@ -204,7 +206,7 @@ def test_prompt_only_scoring_with_max_new_tokens_0(engine, ckpt):
     """lm-eval's loglikelihood: max_new_tokens 0, the whole prompt scored, nothing generated."""
     hf = ckpt[1]
     prompt = _prompts([9], seed=6)[0]
-    free = engine.model_runner.token_to_kv_pool_allocator.available_size()
+    free = engine.scheduler.available_kv_size()
     out = engine.generate(
         input_ids=[prompt, prompt],
         sampling_params={"max_new_tokens": 0},
@@ -220,7 +222,7 @@ def test_prompt_only_scoring_with_max_new_tokens_0(engine, ckpt):
     assert lps[1:] == pytest.approx([float(ref[p - 1, prompt[p]]) for p in range(1, 9)], abs=ATOL)
     assert out[0]["meta_info"]["output_token_logprobs"] == []
     assert "input_token_logprobs" not in out[1]["meta_info"]
-    assert engine.model_runner.token_to_kv_pool_allocator.available_size() == free
+    assert engine.scheduler.available_kv_size() == free
 
 
 def test_bad_logprob_arguments_are_rejected_alone(engine):

@@ -64,7 +64,7 @@ def client(server):
 
 def _free(eng):
     r = eng.model_runner
-    return r.token_to_kv_pool_allocator.available_size(), r.req_to_token_pool.available_size()
+    return eng.scheduler.available_kv_size(), r.req_to_token_pool.available_size()
 
 
 def _wait_idle(server, start):

@@ -43,7 +43,7 @@ def engine(request):
 def _free_counts(eng) -> tuple[int, int]:
     runner = eng.model_runner
     return (
-        runner.token_to_kv_pool_allocator.available_size(),
+        eng.scheduler.available_kv_size(),
         runner.req_to_token_pool.available_size(),
     )
 

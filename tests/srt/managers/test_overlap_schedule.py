@@ -45,7 +45,7 @@ def engines(request):
 
 def _free(eng) -> tuple[int, int]:
     r = eng.model_runner
-    return r.token_to_kv_pool_allocator.available_size(), r.req_to_token_pool.available_size()
+    return eng.scheduler.available_kv_size(), r.req_to_token_pool.available_size()
 
 
 def _run(eng, prompts, params):

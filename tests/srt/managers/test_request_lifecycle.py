@@ -48,9 +48,8 @@ def engine(monkeypatch):
 
 def test_abort_one_running_or_waiting_request_frees_it(engine):
     sched = engine.scheduler
-    alloc = engine.model_runner.token_to_kv_pool_allocator
     rows = engine.model_runner.req_to_token_pool
-    start = (alloc.available_size(), rows.available_size())
+    start = (sched.available_kv_size(), rows.available_size())
     sp = {"temperature": 0.0, "max_new_tokens": 20, "ignore_eos": True}
     batch = engine.make_requests(input_ids=[[1, 2, 3], [4] * 7, [5] * 40], sampling_params=sp)
     a, b, c = batch.items
@@ -63,4 +62,4 @@ def test_abort_one_running_or_waiting_request_frees_it(engine):
     assert sched.abort("nope") is None
     sched.run_until_idle()
     assert len(b.output_ids) == 20 and not a.output_ids[1:] and not c.output_ids
-    assert (alloc.available_size(), rows.available_size()) == start
+    assert (sched.available_kv_size(), rows.available_size()) == start

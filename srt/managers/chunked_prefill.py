@@ -1,0 +1,68 @@
+"""Chunked prefill (SGLang's `--chunked-prefill-size`): a long prompt computed over several
+steps, while the running requests keep decoding between its chunks.
+
+The scheduler admits such a request alone (`SchedulePolicy.needs_chunks`), with its whole future
+reserved as any other; it sits in `running` as `chunked_req` but takes no decode step until its
+prompt is done. Steps alternate: one chunk of at most `chunked_prefill_size` tokens, then one
+decode step of the other running requests (when there are any), then the next chunk. After each
+chunk but the last, its whole pages go into the radix cache (`cache_unfinished_req`: insert at
+chunk boundaries), so a request sharing the prompt matches them at once; the last chunk samples
+its first token and the request decodes with the others from then on. A chunk that fails is
+undone like any step (the pages of earlier chunks, in the tree or the request's own, stay) and
+fails the request alone. A request that scores its prompt (input logprobs) is never chunked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from srt.managers.req import Req
+from srt.managers.schedule_batch import ScheduleBatch
+from srt.managers.scheduler_logprobs import prefill_logits
+
+
+class ChunkedPrefillMixin:
+    """The chunk steps of `Scheduler` (its attributes, declared here for the type checker)."""
+
+    runner: Any
+    batch: ScheduleBatch
+    tree_cache: Any
+    running: list[Req]
+    chunked_req: Req | None
+    _chunk_turn: bool
+    num_prefill_steps: int
+    _isolated: Callable[[list[Req], Callable[[list[Req]], None]], None]
+    _check_writes: Callable[[list[Req], Any], None]
+    _sample_and_append: Callable[[list[Req], Any], None]
+    policy: Any
+
+    def _chunk_due(self) -> bool:
+        """Whether this step is the chunked request's (its turn, or nothing else runs)."""
+        req = self.chunked_req
+        return req is not None and (self._chunk_turn or all(r is req for r in self.running))
+
+    def _step_chunk(self, finished: list[Req]) -> None:
+        """One chunk of `chunked_req` (isolated like any step); decodes go next."""
+        req = self.chunked_req
+        assert req is not None
+        self._chunk_turn = False
+        self._isolated([req], self._prefill_chunk)
+        if req.finished or req.kv_len == len(req.origin_input_ids):
+            self.chunked_req = None  # failed alone, or prompt done: it decodes from now on
+
+    def _prefill_chunk(self, reqs: list[Req]) -> None:
+        (req,) = reqs
+        rest = len(req.origin_input_ids) - req.kv_len
+        n = min(self.policy.chunked_prefill_size, rest)
+        fb = self.batch.prepare_for_extend([req], [n])
+        self._check_writes([req], fb)
+        if n < rest:  # a middle chunk: no token yet; its whole pages into the prefix cache
+            self.runner.forward(fb)
+            self.num_prefill_steps += 1
+            if self.tree_cache is not None:
+                self.tree_cache.cache_unfinished_req(req)
+            return
+        logits = prefill_logits(self.runner, fb, [req])  # [1, V]
+        self.num_prefill_steps += 1
+        self._sample_and_append([req], logits)

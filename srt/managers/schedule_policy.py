@@ -1,0 +1,190 @@
+"""Admission of waiting requests (SGLang's `schedule_policy.py` concern): what fits, and the
+cached prefix each admitted request starts from.
+
+Admission is conservative: a request is admitted only if the KV pool can hold its whole future
+(prompt + max_new_tokens, rounded up to pages, less its cached prefix) on top of what the
+running requests may still need, so a decode step never runs out of memory and no request is
+ever retracted or lost. With the radix cache, admission first matches the request's prompt in
+the tree (whole pages, at most all but its last token: one token is always computed for its
+logits; for a request that scores its prompt, at most up to `logprob_start_len`), locks the
+matched path, and, when the pool is short, evicts unlocked cached prefixes (least recently used
+first) before it makes the request wait. With a hybrid pool (sliding-window layers in their own
+pool) both pools are counted: a request needs window slots for its whole prompt during its
+prefill, and afterwards at most its window (`swa_tokens_per_request`).
+
+Chunked prefill (`chunked_prefill_size`): a request whose prompt past its cached prefix is longer
+than one chunk is admitted alone and computed a chunk per step (`chunked_prefill.py`); a request
+that scores its prompt (input logprobs) is computed whole. Neither the prefix cache nor chunking
+serves the hybrid pool yet: both are off there, with a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+from srt.managers.req import Req
+from srt.managers.schedule_batch import pages_needed
+from srt.managers.scheduler_logprobs import wants_input_logprobs
+from srt.mem_cache.kv_memory import swa_tokens_per_request
+from srt.mem_cache.radix_cache import MatchResult, RadixCache, RadixKey
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulePolicy:
+    """Admission control over one ModelRunner's pools (and its radix cache, if any).
+
+    Parameters
+    ----------
+    model_runner : ModelRunner (allocator, `max_total_num_tokens`, `max_running_requests`,
+        `server_args`: disable_radix_cache, chunked_prefill_size).
+    page_size : tokens per KV page.
+    sliding_window_size : the hybrid pool's window-left (0: a uniform pool).
+    max_prefill_tokens : most prompt tokens computed in one prefill batch (a longer single
+        prompt still runs alone).
+
+    Attributes
+    ----------
+    tree_cache : the RadixCache, or None (disable_radix_cache, no ServerArgs, the hybrid pool).
+    chunked_prefill_size : tokens of a prompt computed per step (0: whole prompts).
+    """
+
+    def __init__(
+        self,
+        model_runner: Any,
+        page_size: int,
+        sliding_window_size: int,
+        max_prefill_tokens: int,
+    ) -> None:
+        self.runner = model_runner
+        self.page_size = page_size
+        self.is_swa = hasattr(model_runner.token_to_kv_pool_allocator, "swa_available_size")
+        self.max_prefill_tokens = max_prefill_tokens
+        self.args = args = getattr(model_runner, "server_args", None)  # None: a bare runner
+        self.tree_cache = self._tree_cache(args)
+        chunk = getattr(args, "chunked_prefill_size", None) or 0
+        if chunk > 0 and self.is_swa:
+            logger.info("chunked prefill disabled: the hybrid sliding-window KV pool")
+        self.chunked_prefill_size = chunk if chunk > 0 and not self.is_swa else 0
+        # window slots one running request may hold outside its prefill (hybrid pool only)
+        self.swa_slots_per_request = (
+            swa_tokens_per_request(sliding_window_size, page_size) if self.is_swa else 0
+        )
+
+    def _tree_cache(self, args: Any) -> RadixCache | None:
+        """The prefix cache, unless disable_radix_cache (or no ServerArgs: a bare runner)."""
+        if args is None or getattr(args, "disable_radix_cache", True):
+            return None
+        if self.is_swa:
+            logger.info(
+                "radix cache disabled: the hybrid sliding-window KV pool has no prefix cache"
+                " yet (--disable-hybrid-swa-memory gives a uniform pool that has one)"
+            )
+            return None
+        runner = self.runner
+        return RadixCache(
+            runner.req_to_token_pool, runner.token_to_kv_pool_allocator, self.page_size
+        )
+
+    def needs_chunks(self, req: Req) -> bool:
+        """Whether the request's prompt past its cached prefix (`kv_len`) is computed over
+        several steps."""
+        rest = len(req.origin_input_ids) - req.kv_len
+        return 0 < self.chunked_prefill_size < rest and not wants_input_logprobs(req)
+
+    def slots_for(self, num_tokens: int) -> int:
+        return pages_needed(num_tokens, self.page_size) * self.page_size
+
+    def _swa_slots_held_max(self, req: Req) -> int:
+        """Window slots the request may hold at once after its prefill."""
+        return min(self.slots_for(req.target_len()), self.swa_slots_per_request)
+
+    def _swa_slots_to_admit(self, req: Req) -> int:
+        """Window slots a waiting request needs: its whole prompt while it is prefilled."""
+        return max(self.slots_for(len(req.origin_input_ids)), self._swa_slots_held_max(req))
+
+    def check_fits(self, req: Req) -> None:
+        """Raise ValueError if the request could never fit in the KV pool or the context."""
+        need = self.slots_for(req.target_len())
+        total = self.runner.max_total_num_tokens
+        if need > total:
+            raise ValueError(
+                f"request {req.rid} needs {need} KV slots (prompt {len(req.origin_input_ids)}"
+                f" + max_new_tokens {req.sampling_params.max_new_tokens}) but the KV pool holds"
+                f" {total}; raise max_total_tokens or lower max_new_tokens"
+            )
+        if self.is_swa:
+            need = self._swa_slots_to_admit(req)
+            total = self.runner.token_to_kv_pool_allocator.size_swa
+            if need > total:
+                raise ValueError(
+                    f"request {req.rid} needs {need} sliding-window KV slots for its prompt of"
+                    f" {len(req.origin_input_ids)} tokens but the window pool holds {total}"
+                )
+
+    def reserved_slots(self, running: list[Req]) -> int:
+        """Slots the running requests may still allocate before they finish."""
+        return sum(self.slots_for(r.target_len()) - self.slots_for(r.kv_len) for r in running)
+
+    def _reserved_swa_slots(self, running: list[Req]) -> int:
+        """Window slots the running requests may still allocate (hybrid pool)."""
+        ps = self.page_size
+        return sum(max(0, self._swa_slots_held_max(r) - len(r.swa_pages) * ps) for r in running)
+
+    def match_prefix(self, req: Req) -> MatchResult | None:
+        """The request's cached prefix, locked (None: no cache or nothing matched)."""
+        tree = self.tree_cache
+        if tree is None:
+            return None
+        n = len(req.origin_input_ids) - 1  # one token is always computed (its logits)
+        if wants_input_logprobs(req):
+            n = min(n, req.logprob_start_len)  # the scored tokens are computed
+        m = tree.match_prefix(RadixKey(tuple(req.origin_input_ids[:n]), req.extra_key))
+        if m.prefix_len == 0:
+            return None
+        tree.inc_lock_ref(m.last_node)
+        return m
+
+    def admit(self, waiting: deque[Req], running: list[Req]) -> list[Req]:
+        """Pop the waiting requests that fit now, in order (FIFO: the first that does not fit
+        stops admission, so none starves); each starts from its cached prefix, if any. A
+        request prefilled in chunks is admitted alone."""
+        allocator = self.runner.token_to_kv_pool_allocator
+        free = allocator.available_size() - self.reserved_slots(running)
+        free_swa = (
+            allocator.swa_available_size() - self._reserved_swa_slots(running) if self.is_swa else 0
+        )
+        rows = self.runner.max_running_requests - len(running)
+        admitted: list[Req] = []
+        prefill_tokens = 0
+        while waiting and len(admitted) < rows:
+            req = waiting[0]
+            m = self.match_prefix(req)
+            cached = m.prefix_len if m is not None else 0
+            need = self.slots_for(req.target_len()) - cached
+            need_swa = self._swa_slots_to_admit(req) if self.is_swa else 0
+            n = len(req.origin_input_ids) - cached
+            long = 0 < self.chunked_prefill_size < n and not wants_input_logprobs(req)
+            fits = not admitted or (prefill_tokens + n <= self.max_prefill_tokens and not long)
+            if fits and need > free and self.tree_cache is not None:
+                free += self.tree_cache.evict(need - free)  # unlocked prefixes, LRU first
+            if not fits or need > free or need_swa > free_swa:
+                if m is not None:
+                    assert self.tree_cache is not None
+                    self.tree_cache.dec_lock_ref(m.last_node)
+                break
+            waiting.popleft()
+            if m is not None:
+                req.kv_pages = list(m.pages)
+                req.kv_len = req.cache_protected_len = m.prefix_len
+                req.last_node = m.last_node
+            req.cached_tokens = cached
+            admitted.append(req)
+            free -= need
+            free_swa -= need_swa
+            prefill_tokens += n
+            if long:
+                break
+        return admitted
