@@ -51,6 +51,9 @@ class GraphModelRunner(Protocol):
     def token_to_kv_pool(self) -> Any: ...
 
     @property
+    def page_size(self) -> int: ...
+
+    @property
     def greedy(self) -> GreedySampler | None:
         """The greedy argmax each graph ends with (None: none captured)."""
         ...
