@@ -179,6 +179,8 @@ def _bad_op(sim: SWASim, kind: int, data: st.DataObject) -> None:
         sim.rejected(call, TypeError, "extend_num_tokens")
     elif kind == 4 and len(live) >= 2:  # another request's window slot as swa_last_loc
         r, o = live[:2]
+        if len(sim.full[r]) % ps == 0:
+            return  # r's last page is full: many requests may name a full page (a shared prefix)
         new_pages = sum(len(sim.full[x]) % ps == 0 for x in (r, o))
         if a.available_size() < new_pages * ps:
             return  # the full pool is full: the call returns None before the window check
