@@ -11,6 +11,8 @@
 # Targets:
 #   info       GPU name, torch/triton versions, device-copy bandwidth
 #   tests      every test file's GPU tests (the CPU ones too: the whole suite)
+#   gputests   only the tests that need CUDA (pytest --gpu-only: a "needs CUDA" skipif or a cuda
+#              parameter), kernels | the runtime in two processes: the quick GPU pass after a merge
 #   fast       the C fast path's tests and the op tests that go through it (issue 14)
 #   layers     the decoder-layer tests only (norm / SiLU kernels, attention backends, models,
 #              graph runner), for a quick check of issue 15's work
@@ -102,6 +104,18 @@ t_tests() {
   wait $a; local ra=$?
   wait $b; local rb=$?
   for f in tests_a tests_b; do echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/$f.txt" | tail -40; done
+  echo "rc a=$ra b=$rb"
+  [ $ra -eq 0 ] && [ $rb -eq 0 ]
+}
+t_gputests() {
+  local T="timeout ${TESTS_TIMEOUT:-560} python -m pytest --gpu-only -q -p no:cacheprovider -rfE --tb=short"
+  $T tests/sgl_ext tests/srt/layers >"$LOGS/gputests_a.txt" 2>&1 &
+  local a=$!
+  $T tests --ignore=tests/sgl_ext --ignore=tests/srt/layers >"$LOGS/gputests_b.txt" 2>&1 &
+  local b=$!
+  wait $a; local ra=$?
+  wait $b; local rb=$?
+  for f in gputests_a gputests_b; do echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/$f.txt" | tail -40; done
   echo "rc a=$ra b=$rb"
   [ $ra -eq 0 ] && [ $rb -eq 0 ]
 }

@@ -25,3 +25,27 @@ def backend(monkeypatch: pytest.MonkeyPatch):
     yield _force
     monkeypatch.undo()
     settings.reload()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--gpu-only",
+        action="store_true",
+        help="run only the tests that need CUDA (a 'needs CUDA' skipif, or a cuda parameter)",
+    )
+
+
+def _needs_cuda(item: pytest.Item) -> bool:
+    """A GPU test: marked with a "needs CUDA" skipif, or a "cuda" parameter in its id."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "cuda" in callspec.id.split("-"):
+        return True
+    return any("needs CUDA" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--gpu-only"):
+        return
+    keep = [i for i in items if _needs_cuda(i)]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
