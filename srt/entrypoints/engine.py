@@ -390,8 +390,10 @@ class Engine:
     def flush_cache(self) -> bool:
         """SGLang's flush_cache: drop the prefix cache. Only while no request waits or runs;
         returns whether it was flushed. Safe from any thread (it runs between two steps)."""
-        if self.scheduler is None:
-            raise NotImplementedError("flush_cache with Engine-spawned TP workers")
+        if self._tp_workers is not None:  # every rank flushes: their trees stay in lockstep
+            with self._call_lock:
+                return bool(self._tp_workers.call("flush_cache"))
+        assert self.scheduler is not None
         loop = self._loop
         if loop is not None and loop.alive:
             return bool(loop.call(self.scheduler.flush_cache))

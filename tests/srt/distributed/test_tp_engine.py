@@ -40,6 +40,15 @@ def _run_engine(tp: int, **kw) -> tuple[list, list]:
                 engine.generate(input_ids=[5000], sampling_params=GREEDY)  # one request raises
             again = engine.generate(input_ids=PROMPTS[1], sampling_params=GREEDY)
             assert again["output_ids"] == outs[1]["output_ids"]
+            # the prefix cache on every rank alike (off for gpt-oss's hybrid pool): a repeat
+            # hits it, flush_cache drops it on all ranks, and the tokens stay the same
+            cached = engine.generate(input_ids=PROMPTS[2], sampling_params=GREEDY)
+            hit = cached["meta_info"]["cached_tokens"]
+            assert hit > 0 or "json_model_override_args" in kw
+            assert engine.flush_cache() is True
+            fresh = engine.generate(input_ids=PROMPTS[2], sampling_params=GREEDY)
+            assert fresh["meta_info"]["cached_tokens"] == 0
+            assert cached["output_ids"] == fresh["output_ids"] == outs[2]["output_ids"]
             procs = engine._tp_workers.procs
     finally:
         engine.shutdown()
