@@ -22,10 +22,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Completion:
-    """One prompt's outcome: its text, or the error that rejected it (then text is None)."""
+    """One prompt's outcome: its text, or the error that rejected it (then text is None), and
+    its prompt's token counts where the engine reports them (cached: taken from the prefix
+    cache; None: not reported)."""
 
     text: str | None
     error: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 def _engine_class() -> type:
@@ -111,7 +115,8 @@ def _completions_of(engine: Any, outputs: Any, n: int) -> list[Completion]:
         text = out.get("text")
         if text is None:
             text = engine.tokenizer.decode(out["output_ids"], skip_special_tokens=True)
-        done.append(Completion(text))
+        meta = out.get("meta_info") or {}
+        done.append(Completion(text, None, meta.get("prompt_tokens"), meta.get("cached_tokens")))
     return done
 
 

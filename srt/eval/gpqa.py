@@ -95,6 +95,8 @@ def score_responses(
                 "correct": ex.correct_letter,
                 "score": float(extracted == ex.correct_letter),
                 "error": done.error,
+                "prompt_tokens": done.prompt_tokens,
+                "cached_tokens": done.cached_tokens,
             }
         )
     return records
@@ -117,6 +119,13 @@ def summarize(
         "num_errors": sum(bool(r.get("error")) for r in records),
         "fused": fused,
     }
+    reported = [r for r in records if r.get("cached_tokens") is not None]
+    if reported:  # the prefix cache at work: the shared chat template and instructions
+        prompt = sum(r.get("prompt_tokens") or 0 for r in reported)
+        cached = sum(r["cached_tokens"] for r in reported)
+        summary["num_prompt_tokens"] = prompt
+        summary["num_cached_tokens"] = cached
+        summary["cache_hit_rate"] = round(cached / prompt, 4) if prompt else 0.0
     errors = [r["error"] for r in records if r.get("error")]
     if errors:
         summary["first_error"] = errors[0]

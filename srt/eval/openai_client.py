@@ -121,7 +121,13 @@ class OpenAIChatClient:
         for attempt in range(self.max_retries + 1):
             try:
                 out = self._request("POST", "/chat/completions", body)
-                return Completion(out["choices"][0]["message"].get("content") or "")
+                usage = out.get("usage") or {}
+                details = usage.get("prompt_tokens_details") or {}  # --enable-cache-report
+                return Completion(
+                    out["choices"][0]["message"].get("content") or "",
+                    prompt_tokens=usage.get("prompt_tokens"),
+                    cached_tokens=details.get("cached_tokens"),
+                )
             except urllib.error.HTTPError as e:
                 error = f"HTTP {e.code}: {_error_message(e)}"
                 if e.code < 500:

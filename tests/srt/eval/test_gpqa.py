@@ -309,6 +309,19 @@ def test_end_to_end_dummy_cpu(gpqa_csv, tmp_path: Path, capsys, page_size):
     right = sum(r["extracted"] == r["correct"] for r in recs)
     assert summary["accuracy"] == pytest.approx(right / 3)
     assert all(r["response"] == r["unfused_response"] for r in recs)
+    # the shared chat template comes from the prefix cache after the first batch
+    assert summary["num_cached_tokens"] > 0 and recs[2]["cached_tokens"] > 0
+    assert summary["num_prompt_tokens"] == sum(r["prompt_tokens"] for r in recs)
+    hit = summary["num_cached_tokens"] / summary["num_prompt_tokens"]
+    assert summary["cache_hit_rate"] == pytest.approx(hit, abs=1e-4)
+
+
+def test_end_to_end_disable_radix_cache_reports_no_cached_tokens(gpqa_csv, capsys):
+    argv = ["--load-format", "dummy", "--device", "cpu", "--data", str(gpqa_csv(3))]
+    argv += ["--max-new-tokens", "2", "--batch-size", "2", "--disable-radix-cache"]
+    summary = _run(argv, gpqa.make_engine, capsys)
+    assert summary["num_prompt_tokens"] > 0
+    assert summary["num_cached_tokens"] == 0 and summary["cache_hit_rate"] == 0.0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -320,4 +333,5 @@ def test_end_to_end_dummy_cuda(gpqa_csv, tmp_path: Path, capsys, kv_cache_dtype)
     argv += ["--dtype", "bfloat16", "--kv-cache-dtype", kv_cache_dtype, "--page-size", "16"]
     summary = _run(argv, gpqa.make_engine, capsys)
     assert summary["num_samples"] == 5 and summary["agreement"] == 1.0
+    assert summary["num_cached_tokens"] > 0  # the shared template, from the prefix cache
     assert summary["accuracy"] == summary["unfused_accuracy"]

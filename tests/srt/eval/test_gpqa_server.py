@@ -20,7 +20,9 @@ CONTEXT = 512
 
 @pytest.fixture(scope="module")
 def server():
-    eng = srt.Engine(device="cpu", context_length=CONTEXT, max_total_tokens=4096)
+    eng = srt.Engine(
+        device="cpu", context_length=CONTEXT, max_total_tokens=4096, enable_cache_report=True
+    )
     if eng.tokenizer is None:
         eng.shutdown()
         pytest.skip("tiny tokenizer not shipped")
@@ -34,7 +36,7 @@ def test_readme_command_reports_real_numbers(server, tmp_path, capsys):
     data = write_csv(tmp_path / "gpqa.csv", synthetic_rows(3))
     out = tmp_path / "recs.jsonl"
     argv = ["--base-url", server.url + "/v1", "--data", str(data), "--output", str(out)]
-    assert gpqa.main(argv) == 0
+    assert gpqa.main([*argv, "--batch-size", "1"]) == 0
     cap = capsys.readouterr()
     summary = json.loads(cap.out.strip().splitlines()[-1])
     assert summary["num_samples"] == 3 and summary["num_errors"] == 0
@@ -43,6 +45,9 @@ def test_readme_command_reports_real_numbers(server, tmp_path, capsys):
     assert f"256 (half the server's {CONTEXT}-token context)" in cap.err
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert all(isinstance(r["response"], str) and r["error"] is None for r in recs)
+    # --enable-cache-report: one question at a time, the later ones reuse the chat template
+    assert summary["num_cached_tokens"] > 0 and recs[-1]["cached_tokens"] > 0
+    assert summary["num_prompt_tokens"] == sum(r["prompt_tokens"] for r in recs)
 
 
 def test_every_question_rejected_is_a_clear_failure(server, tmp_path, capsys):
