@@ -208,6 +208,7 @@ class Engine:
         logprob_start_len: int | list[int] | None = None,
         top_logprobs_num: int | list[int] | None = None,
         return_text_in_logprobs: bool = False,
+        extra_key: str | list[str] | None = None,
     ) -> PreparedBatch:
         """Check and build the requests of one `generate` call without running them
         (`RequestBuilder.make`: a bad request becomes a RequestError in its place)."""
@@ -219,6 +220,7 @@ class Engine:
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=return_text_in_logprobs,
+            extra_key=extra_key,
         )
 
     def output(self, item: Req | RequestError) -> dict[str, Any]:
@@ -241,7 +243,8 @@ class Engine:
         self, prompt: Any, sampling_params: Any, input_ids: Any, lp: Any, lp_args: dict[str, Any]
     ) -> PreparedBatch:
         """The call's checked requests; a bad one refuses the whole call, naming its index
-        (lp_args: make_requests' logprob_start_len, top_logprobs_num, return_text_in_logprobs)."""
+        (lp_args: make_requests' logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+        extra_key)."""
         if self._closed:
             raise RuntimeError("generate() after shutdown()")
         batch = self.make_requests(prompt, sampling_params, input_ids, lp, **lp_args)
@@ -259,6 +262,7 @@ class Engine:
         logprob_start_len: int | list[int] | None = None,
         top_logprobs_num: int | list[int] | None = None,
         return_text_in_logprobs: bool = False,
+        extra_key: str | list[str] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one request or a batch. Safe to call from several threads at once.
 
@@ -277,6 +281,8 @@ class Engine:
         stream : return an iterator of chunks instead (see below).
         logprob_start_len, top_logprobs_num, return_text_in_logprobs : SGLang's, see
             logprob_io.py (like return_logprob, one value or a list with one per prompt).
+        extra_key : SGLang's: a string, or one per prompt; requests with different keys never
+            share a cached prefix (a tenant or cache salt).
 
         Returns
         -------
@@ -306,10 +312,11 @@ class Engine:
         """
         if self._closed:
             raise RuntimeError("generate() after shutdown()")
-        lp_args: dict[str, Any] = dict(
+        lp_args: dict[str, Any] = dict(  # per-request arguments beside the sampling params
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=return_text_in_logprobs,
+            extra_key=extra_key,
         )
         if self._tp_workers is not None:
             if stream:
@@ -362,7 +369,8 @@ class Engine:
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """`generate` for asyncio code; concurrent calls (asyncio.gather) join one batch.
 
-        logprob_args: generate's logprob_start_len, top_logprobs_num, return_text_in_logprobs.
+        logprob_args: generate's logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+        extra_key.
         Returns what `generate` returns; with stream=True an async iterator of the same
         chunks (`async for chunk in await engine.async_generate(..., stream=True)`).
         """

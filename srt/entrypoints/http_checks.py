@@ -158,9 +158,28 @@ def check_generate_body(body: dict[str, Any], vocab_size: int | None = None) -> 
         check_sampling_params(p, vocab_size)
 
 
+def cache_key_args(body: dict[str, Any], openai: bool) -> dict[str, Any]:
+    """`extra_key` for generate: SGLang's `extra_key` (on /generate a string or one per
+    prompt), and on the OpenAI routes vLLM's `cache_salt` too (both given: both count).
+    Requests with different keys never share a cached prefix. {} when neither is set."""
+    key, salt = body.get("extra_key"), body.get("cache_salt") if openai else None
+    for name, v in (("extra_key", key), ("cache_salt", salt)):
+        many = name == "extra_key" and not openai and isinstance(v, list)
+        ok = v is None or isinstance(v, str) or (many and all(isinstance(k, str) for k in v))
+        if not ok:
+            want = "a string" + ("" if openai else " or a list of strings")
+            raise BadRequest(f"{name} must be {want}, got {_describe(v)}", name)
+    if key is None and salt is None:
+        return {}
+    if salt is not None:
+        key = salt if key is None else f"{key}\x00salt:{salt}"
+    return {"extra_key": key}
+
+
 __all__ = [
     "MAX_N",
     "BadRequest",
+    "cache_key_args",
     "check_depth",
     "check_generate_body",
     "check_logit_bias",

@@ -37,7 +37,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from srt.entrypoints import openai_api as oai
 from srt.entrypoints import openai_logprobs as oai_lp
 from srt.entrypoints.engine_loop import EngineLoop, Submission
-from srt.entrypoints.http_checks import BadRequest, check_depth, check_generate_body
+from srt.entrypoints.http_checks import (
+    BadRequest,
+    cache_key_args,
+    check_depth,
+    check_generate_body,
+)
 from srt.entrypoints.logprob_io import LOGPROB_ARGS
 from srt.entrypoints.metrics import CONTENT_TYPE, ServerMetrics, scheduler_load
 
@@ -250,6 +255,7 @@ def create_app(
                 "return_logprob": body.get("return_logprob") or False,
             }
             kwargs.update({k: body[k] for k in LOGPROB_ARGS[1:] if body.get(k) is not None})
+            kwargs.update(cache_key_args(body, openai=False))
             stream = bool(body.get("stream"))
             events = _events(loop, request, kwargs, stream, metrics, incremental)
             start = await _first(events)
@@ -302,6 +308,7 @@ def create_app(
             echo = None if chat else oai_lp.echo_texts(body, engine.tokenizer)
             include_usage = _include_usage(body)
             kwargs = {**inputs, "sampling_params": params, **lp_args}
+            kwargs.update(cache_key_args(body, openai=True))
             events = _events(loop, request, kwargs, stream, metrics)
             start = await _first(events)
         except BadRequest as e:

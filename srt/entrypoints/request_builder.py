@@ -112,10 +112,15 @@ class RequestBuilder:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     def _new_reqs(
-        self, raw: Any, sampling_params: Any, logprob_args: dict[str, Any], index: int
+        self,
+        raw: Any,
+        sampling_params: Any,
+        logprob_args: dict[str, Any],
+        index: int,
+        extra_key: str | None = None,
     ) -> list[Req | RequestError]:
         """The `n` requests of one prompt (str) or token list, or their errors (logprob_args:
-        this prompt's, see srt/entrypoints/logprob_io.py)."""
+        this prompt's, see srt/entrypoints/logprob_io.py; extra_key: its prefix-cache key)."""
         now = time.perf_counter()
         rids = [uuid.uuid4().hex]
         lim = self.limits
@@ -149,6 +154,7 @@ class RequestBuilder:
                     decode=self.decode_for_stop if params.stop else None,
                     created_time=now,
                     meta=dict(meta),
+                    extra_key=extra_key,
                 )
                 lim.check_fits(req)
                 reqs.append(req)
@@ -165,8 +171,12 @@ class RequestBuilder:
         logprob_start_len: int | list[int] | None = None,
         top_logprobs_num: int | list[int] | None = None,
         return_text_in_logprobs: bool | list[bool] = False,
+        extra_key: str | list[str] | None = None,
     ) -> PreparedBatch:
         """Check and build the requests of one `generate` call without running them.
+
+        extra_key (SGLang's): one string, or one per prompt; requests with different keys never
+        share a cached prefix (a tenant, a LoRA adapter, a cache salt).
 
         A request with bad input or sampling parameters becomes a RequestError in its place
         (its `n` places); the call itself raises only for a malformed call (both or neither of
@@ -205,9 +215,21 @@ class RequestBuilder:
             top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=return_text_in_logprobs,
         )
+        keys = _per_request_keys(extra_key, n)
         items: list[Req | RequestError] = []
         for i, (raw, sp, lp) in enumerate(zip(raws, per_req, logprob_flags, strict=True)):
-            items.extend(self._new_reqs(raw, sp, lp, i))
+            items.extend(self._new_reqs(raw, sp, lp, i, keys[i]))
         if single and isinstance(items[0], RequestError):  # (n > 1: the same error n times)
             raise items[0].error
         return PreparedBatch(single=single and len(items) == 1, items=tuple(items))
+
+
+def _per_request_keys(extra_key: Any, n: int) -> list[str | None]:
+    """extra_key as one entry per request: None, a string for all, or a list of n strings."""
+    keys = extra_key if isinstance(extra_key, (list, tuple)) else [extra_key] * n
+    if len(keys) != n:
+        raise ValueError(f"{len(keys)} extra_key values for {n} requests")
+    for k in keys:
+        if k is not None and not isinstance(k, str):
+            raise TypeError(f"extra_key must be a string or a list of strings, got {k!r}")
+    return list(keys)

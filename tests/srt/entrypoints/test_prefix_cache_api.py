@@ -48,6 +48,29 @@ def test_engine_flush_cache(caplog):
     off.shutdown()
 
 
+def test_extra_key_keeps_requests_from_sharing_a_prefix():
+    """SGLang's extra_key: a prefix cached under one key is never matched under another."""
+    eng = srt.Engine(device="cpu", skip_tokenizer_init=True, max_total_tokens=1024, page_size=4)
+    try:
+        run = lambda **kw: eng.generate(input_ids=PROMPT, sampling_params=SP, **kw)
+        first = run(extra_key="tenant-a")
+        assert first["meta_info"]["cached_tokens"] == 0
+        assert run(extra_key="tenant-b")["meta_info"]["cached_tokens"] == 0
+        assert run()["meta_info"]["cached_tokens"] == 0  # no key is a key of its own
+        hit = run(extra_key="tenant-a")
+        assert hit["meta_info"]["cached_tokens"] == 48 and hit["output_ids"] == first["output_ids"]
+        outs = eng.generate(
+            input_ids=[PROMPT] * 3, sampling_params=SP, extra_key=["a", "b", "tenant-b"]
+        )
+        assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 0, 48]
+        with pytest.raises(ValueError, match="2 extra_key values for 3 requests"):
+            eng.generate(input_ids=[PROMPT] * 3, sampling_params=SP, extra_key=["a", "b"])
+        with pytest.raises(TypeError, match="extra_key must be a string"):
+            eng.generate(input_ids=PROMPT, sampling_params=SP, extra_key=7)
+    finally:
+        eng.shutdown()
+
+
 httpx = pytest.importorskip("httpx", reason="install the dev extra (httpx)")
 pytest.importorskip("fastapi", reason="install the server extra (fastapi, uvicorn)")
 
@@ -88,5 +111,37 @@ def test_openai_usage_cached_tokens_and_flush_endpoint(report):
             assert next(ln for ln in lines if ln.startswith("data: {"))
             busy = httpx.post(url + "/flush_cache")
         assert busy.status_code == 400 and "running" in busy.text
+    finally:
+        stop_server(st)
+
+
+def test_extra_key_and_cache_salt_over_http():
+    """/generate's extra_key (one or one per prompt), OpenAI's extra_key / cache_salt; a
+    wrong type is a 400 naming the field."""
+    st = start_server({"enable_cache_report": True})
+    url = st.url
+    ids = list(range(40, 90))
+    gen = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
+    body = {"model": "tiny", "prompt": ids, "max_tokens": 2}
+    cached = lambda r: r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    try:
+        post = lambda path, b: httpx.post(url + path, json=b)
+        assert (
+            post("/generate", {**gen, "extra_key": "a"}).json()["meta_info"]["cached_tokens"] == 0
+        )
+        assert post("/generate", {**gen, "extra_key": "a"}).json()["meta_info"]["cached_tokens"] > 0
+        two = post("/generate", {**gen, "input_ids": [ids, ids], "extra_key": ["b", "a"]}).json()
+        assert [o["meta_info"]["cached_tokens"] > 0 for o in two] == [False, True]
+        assert cached(post("/v1/completions", {**body, "cache_salt": "s1"})) == 0
+        assert cached(post("/v1/completions", {**body, "cache_salt": "s1"})) > 0
+        assert cached(post("/v1/completions", {**body, "cache_salt": "s2"})) == 0
+        assert cached(post("/v1/completions", {**body, "extra_key": "a", "cache_salt": "s1"})) == 0
+        for path, b, field in (
+            ("/generate", {**gen, "extra_key": 3}, "extra_key"),
+            ("/v1/completions", {**body, "extra_key": ["a"]}, "extra_key"),
+            ("/v1/completions", {**body, "cache_salt": 1}, "cache_salt"),
+        ):
+            r = post(path, b)
+            assert r.status_code == 400 and field in r.text
     finally:
         stop_server(st)
