@@ -92,12 +92,13 @@ async def run_requests(
 
 async def warm_up(backend: Backend, rows: list[DatasetRow], flush: bool) -> list[RequestOutput]:
     """Send the warm-up rows at once (compiles, allocator growth) and, with ``flush``, drop
-    the prefix cache afterwards so the timed run starts cold. Raises if a warm-up request
-    failed: the run would fail the same way."""
+    the prefix cache afterwards so the timed run starts cold. Raises ValueError if a warm-up
+    request failed (too long for the server, a wrong model name, ...): the run would fail the
+    same way."""
     outs = list(await asyncio.gather(*(backend.send(r) for r in rows)))
     bad = [o.error for o in outs if not o.success]
     if bad:
-        raise RuntimeError(f"warm-up request failed: {bad[0]}")
+        raise ValueError(f"a warm-up request failed: {bad[0]}")
     if flush:
         await backend.flush_cache()
     return outs
