@@ -344,14 +344,21 @@ t_serving() {
   local lpa="--dataset-name long-prompt-arrival --lpa-decoders ${SERVING_LPA_DECODERS:-32}
     --lpa-decoder-input-len 512 --lpa-decoder-output-len 1024
     --lpa-long-len ${SERVING_LPA_LONG:-32768} --lpa-delay-s 1"
+  # Time (estimated, H100, not yet measured): each run starts a process and builds the
+  # Engine (weights drawn on the GPU, decode graphs up to bs 64) in ~15-25 s, the first one
+  # also compiles the Triton kernels. (a) with the cache ~98k prompt tokens to compute,
+  # without ~1.1M (~30 s at ~35-40k tok/s), then 512 x 256 decode tokens at <= 256 running
+  # (~15-20 s); (b) 524k prompt tokens (~15 s) + the same decode, twice; (c) a 32k-token
+  # warm-up prefill, then ~8 s of decoding. About 4.5-6 min in all; the timeouts below add
+  # up to 8 min, so a slow run is cut rather than the target overrunning.
   # shellcheck disable=SC2086
   {
-    timeout 150 $B $gsp --tag gsp_cache
-    timeout 150 $B $gsp --tag gsp_nocache --disable-radix-cache
-    timeout 120 $B $rnd --tag random_cache
-    timeout 120 $B $rnd --tag random_nocache --disable-radix-cache
-    timeout 90 $B $lpa --tag lpa_chunked --plot "$dir/serving_lpa_chunked.png"
-    timeout 90 $B $lpa --tag lpa_unchunked --chunked-prefill-size -1 \
+    timeout 100 $B $gsp --tag gsp_cache
+    timeout 110 $B $gsp --tag gsp_nocache --disable-radix-cache
+    timeout 75 $B $rnd --tag random_cache
+    timeout 75 $B $rnd --tag random_nocache --disable-radix-cache
+    timeout 60 $B $lpa --tag lpa_chunked --plot "$dir/serving_lpa_chunked.png"
+    timeout 60 $B $lpa --tag lpa_unchunked --chunked-prefill-size -1 \
       --plot "$dir/serving_lpa_unchunked.png"
   }
   python - "$f" <<'PY'
