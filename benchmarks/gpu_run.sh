@@ -68,6 +68,14 @@
 #              qwen3-8b, bs 1), top functions by own time
 #   attn       issue 15 attention: backend + scrub + layernorm GPU tests, decode / extend tile
 #              sweeps (graph-timed per layer over per-layer caches, floors printed)
+#   serving    issue 48's serving measurements (python -m srt.bench_serving, in-process Engine,
+#              SERVING_PRESET default llama3-8b, random bf16 weights): (a) generated-shared-prefix
+#              16 groups x 32 prompts, system 2048, question 128, output 256, radix cache on / off;
+#              (b) random 512 prompts, in 1024 / out 256, cache on / off; (c) 32 decoders (in 512,
+#              out 1024) while a 32768-token prompt arrives after 1 s, chunked prefill on (the
+#              GPU's default size) / off. One jsonl line per run in ${OUT:-$LOGS}/serving.jsonl,
+#              then the goals' ratios. Sizes: SERVING_GSP_GROUPS, SERVING_GSP_PER_GROUP,
+#              SERVING_RANDOM_PROMPTS, SERVING_LPA_LONG, SERVING_LPA_DECODERS
 #   gemm       issue 15 decode GEMMs: skinny Triton GEMM + gemm_choice GPU tests, then
 #              bench_gemm (F.linear / mv / x@w_t / Triton sweep at M 1..64, L2-cold graph timing,
 #              floors); ends with rows for sgl_ext/tables/gemm.json and the
@@ -337,6 +345,63 @@ t_gemm() {
     tests/srt/layers/test_vocab_parallel_embedding.py tests/srt/test_bench_gemm.py
   timeout 320 python benchmarks/bench_gemm.py --budget-s 230 --hard-extra-s 40 \
     --json-out "$LOGS/gemm.json" ${GEMM_ARGS:-}
+}
+t_serving() {
+  local dir=${OUT:-$LOGS} m=${SERVING_PRESET:-llama3-8b}
+  local f=$dir/serving.jsonl
+  local B="python -m srt.bench_serving --model-preset $m --disable-tqdm --output-file $f"
+  local gsp="--dataset-name generated-shared-prefix --gsp-num-groups ${SERVING_GSP_GROUPS:-16}
+    --gsp-prompts-per-group ${SERVING_GSP_PER_GROUP:-32} --gsp-system-prompt-len 2048
+    --gsp-question-len 128 --gsp-output-len 256"
+  local rnd="--dataset-name random --num-prompts ${SERVING_RANDOM_PROMPTS:-512}
+    --random-input-len 1024 --random-output-len 256 --random-range-ratio 1"
+  local lpa="--dataset-name long-prompt-arrival --lpa-decoders ${SERVING_LPA_DECODERS:-32}
+    --lpa-decoder-input-len 512 --lpa-decoder-output-len 1024
+    --lpa-long-len ${SERVING_LPA_LONG:-32768} --lpa-delay-s 1"
+  # Time (estimated, H100, not yet measured): each run starts a process and builds the
+  # Engine (weights drawn on the GPU, decode graphs up to bs 64) in ~15-25 s, the first one
+  # also compiles the Triton kernels. (a) with the cache ~98k prompt tokens to compute,
+  # without ~1.1M (~30 s at ~35-40k tok/s), then 512 x 256 decode tokens at <= 256 running
+  # (~15-20 s); (b) 524k prompt tokens (~15 s) + the same decode, twice; (c) a 32k-token
+  # warm-up prefill, then ~8 s of decoding. About 4.5-6 min in all; the timeouts below add
+  # up to 8 min, so a slow run is cut rather than the target overrunning.
+  # shellcheck disable=SC2086
+  {
+    timeout 100 $B $gsp --tag gsp_cache
+    timeout 110 $B $gsp --tag gsp_nocache --disable-radix-cache
+    timeout 75 $B $rnd --tag random_cache
+    timeout 75 $B $rnd --tag random_nocache --disable-radix-cache
+    timeout 60 $B $lpa --tag lpa_chunked --plot "$dir/serving_lpa_chunked.png"
+    timeout 60 $B $lpa --tag lpa_unchunked --chunked-prefill-size -1 \
+      --plot "$dir/serving_lpa_unchunked.png"
+  }
+  python - "$f" <<'PY'
+import json, os, sys
+rows = {}
+if not os.path.exists(sys.argv[1]):
+    sys.exit(f"no results in {sys.argv[1]}")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    rows[r["tag"]] = r  # the last run of each tag
+def ratio(a, b, key):
+    if a in rows and b in rows and rows[b][key]:
+        return f"{rows[a][key] / rows[b][key]:.2f}"
+    return "n/a"
+print("gsp: total throughput cache/nocache", ratio("gsp_cache", "gsp_nocache", "total_throughput"),
+      "(goal >= 3); median TTFT cache/nocache", ratio("gsp_cache", "gsp_nocache", "median_ttft_ms"),
+      "(goal <= 0.2)")
+print("random: total throughput cache/nocache", ratio("random_cache", "random_nocache",
+      "total_throughput"), "(goal >= 0.98)")
+for t in ("gsp_cache", "gsp_nocache", "random_cache", "random_nocache"):
+    if t in rows:
+        print(f"{t}: hit rate {rows[t]['cache_hit_rate']}, failed {rows[t]['failed']}")
+for t in ("lpa_chunked", "lpa_unchunked"):
+    r = rows.get(t, {})
+    print(f"{t}: decoder ITL median {r.get('lpa_decoder_itl_median_ms')} ms, p99",
+          f"{r.get('lpa_decoder_itl_p99_ms')} ms, p99/median {r.get('lpa_itl_p99_over_median')}",
+          f"(goal <= 3 chunked), max {r.get('lpa_decoder_itl_max_ms')} ms,",
+          f"long TTFT {r.get('lpa_long_ttft_ms')} ms")
+PY
 }
 
 summary=()

@@ -1,10 +1,11 @@
 """The command line of ``python -m srt.bench_one_batch`` and the checks that need no GPU.
 
 SGLang's flag names (model flags of its ServerArgs, benchmark flags of its BenchArgs), help on
-every flag with its default shown. `validate_args` and `check_model_path` reject bad values
-before anything is built; `check_lengths` needs the model config (its context length).
-`build_server_args` turns the flags into the runner's ServerArgs (the latency test's and the
-correctness test's).
+every flag with its default shown. `add_model_args` / `validate_model_args` are the model flags
+and their checks, shared with ``python -m srt.bench_serving``. `validate_args` and
+`check_model_path` reject bad values before anything is built; `check_lengths` needs the model
+config (its context length). `build_server_args` turns the flags into the runner's ServerArgs
+(the latency test's and the correctness test's).
 """
 
 from __future__ import annotations
@@ -34,56 +35,7 @@ def build_parser() -> ArgumentParser:
         description="Benchmark one static batch: prefill, then decode, fused vs unfused "
         "RoPE + KV write (SGLang's bench_one_batch).",
     )
-    m = p.add_argument_group("model")
-    m.add_argument(
-        "--model-path", default=None, help="HF checkpoint dir or Hub id (default: tiny config)"
-    )
-    m.add_argument(
-        "--load-format",
-        default="auto",
-        choices=["auto", "dummy", "safetensors", "pt"],
-        help="how weights are read; dummy = seeded random weights",
-    )
-    m.add_argument(
-        "--model-preset",
-        default=None,
-        choices=sorted(PRESETS),
-        help="dummy model of a real model's shape (implies dummy weights)",
-    )
-    m.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda if any")
-    m.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bf16 on CUDA, fp32 CPU")
-    m.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=["auto", "fp8_e4m3", "fp8_e5m2"],
-        help="KV-cache dtype (auto = --dtype)",
-    )
-    m.add_argument("--page-size", type=int, default=1, help="KV-cache page size in tokens")
-    m.add_argument(
-        "--attention-backend",
-        default=None,
-        choices=["torch_native", "triton"],
-        help="default: triton on CUDA, torch_native on CPU (triton on CPU: TRITON_INTERPRET=1)",
-    )
-    m.add_argument("--context-length", type=int, default=None, help="default: the model's")
-    m.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (torchrun)")
-    m.add_argument(
-        "--mem-fraction-static",
-        type=float,
-        default=None,
-        help="size the KV pool from this share of GPU memory (default: just what the batch needs)",
-    )
-    m.add_argument("--disable-cuda-graph", action="store_true", help="decode eagerly only")
-    m.add_argument(
-        "--disable-hybrid-swa-memory",
-        action="store_true",
-        help="one uniform KV pool even for models with sliding-window layers",
-    )
-    m.add_argument(
-        "--cuda-graph-max-bs", type=int, default=None, help="largest graph (default: max bs)"
-    )
-    m.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts")
-    add_model_impl_args(m)
+    add_model_args(p.add_argument_group("model"))
     b = p.add_argument_group("benchmark")
     b.add_argument("--run-name", default="default", help="run_name of the result rows")
     b.add_argument("--batch-size", type=int, nargs="+", default=[1, 8], help="batch sizes")
@@ -124,6 +76,69 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+def add_model_args(
+    m: Any,
+    pool_default: str = "just what the batch needs",
+    graph_default: str = "max bs",
+) -> None:
+    """The model flags (SGLang's ServerArgs names) on a parser or argument group; shared by
+    every job that builds a model runner or an Engine (bench_one_batch, bench_serving).
+    ``pool_default`` / ``graph_default``: what the job does without --mem-fraction-static /
+    --cuda-graph-max-bs (shown in --help)."""
+    m.add_argument(
+        "--model-path", default=None, help="HF checkpoint dir or Hub id (default: tiny config)"
+    )
+    m.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "dummy", "safetensors", "pt"],
+        help="how weights are read; dummy = seeded random weights",
+    )
+    m.add_argument(
+        "--model-preset",
+        default=None,
+        choices=sorted(PRESETS),
+        help="dummy model of a real model's shape (implies dummy weights)",
+    )
+    m.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda if any")
+    m.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bf16 on CUDA, fp32 CPU")
+    m.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8_e4m3", "fp8_e5m2"],
+        help="KV-cache dtype (auto = --dtype)",
+    )
+    m.add_argument("--page-size", type=int, default=1, help="KV-cache page size in tokens")
+    m.add_argument(
+        "--attention-backend",
+        default=None,
+        choices=["torch_native", "triton"],
+        help="default: triton on CUDA, torch_native on CPU (triton on CPU: TRITON_INTERPRET=1)",
+    )
+    m.add_argument("--context-length", type=int, default=None, help="default: the model's")
+    m.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (torchrun)")
+    m.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help=f"size the KV pool from this share of GPU memory (default: {pool_default})",
+    )
+    m.add_argument("--disable-cuda-graph", action="store_true", help="decode eagerly only")
+    m.add_argument(
+        "--disable-hybrid-swa-memory",
+        action="store_true",
+        help="one uniform KV pool even for models with sliding-window layers",
+    )
+    m.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=None,
+        help=f"largest graph (default: {graph_default})",
+    )
+    m.add_argument("--seed", type=int, default=0, help="seed of the weights and prompts")
+    add_model_impl_args(m)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and check the flags that need no model (bad ones: one ``error:`` line, exit 2)."""
     args = build_parser().parse_args(argv)
@@ -139,6 +154,14 @@ def validate_args(args: argparse.Namespace) -> None:
     check_positive("--batch-size", args.batch_size)
     check_positive("--input-len", args.input_len)
     check_positive("--output-len", args.output_len)
+    if args.correctness_test:
+        check_positive("--cut-len", args.cut_len, minimum=0)
+    validate_model_args(args, "srt.bench_one_batch")
+
+
+def validate_model_args(args: argparse.Namespace, module: str) -> None:
+    """Raise CLIError for a model flag (`add_model_args`) that can never work; ``module`` is
+    the job's ``python -m`` name (for the torchrun hint)."""
     check_positive("--page-size", args.page_size)
     check_positive("--tp-size", args.tp_size)
     check_model_impl_args(args)
@@ -146,8 +169,6 @@ def validate_args(args: argparse.Namespace) -> None:
         check_positive("--context-length", args.context_length)
     if args.cuda_graph_max_bs is not None:
         check_positive("--cuda-graph-max-bs", args.cuda_graph_max_bs)
-    if args.correctness_test:
-        check_positive("--cut-len", args.cut_len, minimum=0)
     frac = args.mem_fraction_static
     if frac is not None and not 0.0 < frac <= 1.0:
         raise CLIError("--mem-fraction-static must be in (0, 1]", frac)
@@ -167,7 +188,7 @@ def validate_args(args: argparse.Namespace) -> None:
         if not launched_by_torchrun():
             raise CLIError(
                 f"--tp-size > 1 runs one process per rank: torchrun --nproc-per-node "
-                f"{args.tp_size} -m srt.bench_one_batch ...",
+                f"{args.tp_size} -m {module} ...",
                 args.tp_size,
             )
         if torchrun_world_size() != args.tp_size:

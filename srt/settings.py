@@ -7,7 +7,8 @@ fields for a `with` block.
     HF_HUB_OFFLINE             1 / true / yes / on: a Hub id resolves from the local cache only
                                (huggingface_hub's own variable; `srt.model_loader.hub`)
     SGLANG_TORCH_PROFILER_DIR  where `bench_one_batch --profile` writes its traces (default /tmp)
-    OPENAI_API_KEY             the key the GPQA eval sends to `--base-url` (default "EMPTY")
+    OPENAI_API_KEY             the key the GPQA eval and bench_serving send to `--base-url`
+                               (default "EMPTY")
 
 Read elsewhere, on purpose:
     TRITON_INTERPRET, SGL_EXT_*   `sgl_ext.settings`: one reading for both packages
