@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from sgl_ext import settings
+from sgl_ext.fused_arg import FusedSetKVBufferArg, Scale
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
-Scale = float | torch.Tensor | None
 SCALE_NONE, SCALE_FLOAT, SCALE_TENSOR = 0, 1, 2  # how a kernel receives a cache scale
 
 
@@ -386,8 +386,10 @@ def check_rope(
     head_size: object,
     cos_sin_cache: object,
     is_neox: object,
+    fused_set_kv_buffer_arg: object = None,
 ) -> RopeCall:
-    """Check the RoPE arguments; the result has no cache write (kv None)."""
+    """Every check of the RoPE op (metadata only), the KV write's last: the checked call, or a
+    ValueError / TypeError naming the bad argument."""
     check_tensor("positions", positions, INDEX_DTYPES)
     check_tensor("query", query, INPUT_DTYPES)
     check_tensor("key", key, INPUT_DTYPES)
@@ -425,6 +427,10 @@ def check_rope(
         raise ValueError("cos_sin_cache must be contiguous in its last dim")
     check_writable("query", query)
     check_writable("key", key)
+    kv = None
+    if fused_set_kv_buffer_arg is not None:
+        kv = check_fused_arg(key, fused_set_kv_buffer_arg, head_size)
+    cs_stride = cos_sin_cache.stride(0)
     return RopeCall(
         num_tokens,
         head_size,
@@ -434,10 +440,21 @@ def check_rope(
         k_view,
         rot,
         max_pos,
-        cos_sin_cache.stride(0),
+        cs_stride,
         is_neox,
-        None,
+        kv,
     )
+
+
+def check_fused_arg(key: torch.Tensor, arg: object, head_size: int) -> KVWrite:
+    """Check a fused argument against an already checked key (no launch)."""
+    if not isinstance(arg, FusedSetKVBufferArg):
+        raise TypeError(
+            f"fused_set_kv_buffer_arg must be a FusedSetKVBufferArg or None, got {type(arg)}"
+        )
+    a = arg
+    args = (a.value, a.k_buffer, a.v_buffer, a.cache_loc, a.k_scale, a.v_scale)
+    return check_kv_write(key, *args, key.shape[0], head_size)
 
 
 def debug_check_slots(cache_loc: torch.Tensor, num_slots: int) -> None:

@@ -1,22 +1,126 @@
-"""The plan-cache keys and launches the RoPE op, the q/k-norm op and set_kv_buffer share (the
-cache itself: `plan_cache.py`).
+"""The plan-cache keys, plans and slow-path launches the RoPE op, the q/k-norm op and
+set_kv_buffer share (the cache itself: `plan_cache.py`).
 
 Keys are flat tuples in a fixed order per op (no nested tuples to build, hash and compare), read
-from each tensor once. The pieces the RoPE op, the q/k-norm op and set_kv_buffer share live
-here: the KV-write part of a key (`kv_key`), a cache scale's part (`scale_key`), the Triton plan
-of a checked call (`rope_kv_launcher`) and a float scale as the registered ops take it
-(`scale_tensor`).
+from each tensor once. The pieces the three ops share live here: the KV-write part of a key
+(`kv_key`), a cache scale's part (`scale_key`), the plan of a checked call (`RopeKVPlan`,
+`new_plan`: the aliasing check, the backend, the Triton launch), the slow way to run one (`run`:
+the debug checks, then the torch path, `run_native`, or the Triton JIT) and a float scale as the
+registered ops take it (`scale_tensor`).
+
+Past its checks a call is its tensors in the kernel's pointer order (`rope_kv_schema.
+POINTER_TENSORS`: positions, cos_sin_cache, query, key, value, k_buffer, v_buffer, cache_loc,
+k_scale, v_scale, q_norm_weight, k_norm_weight; None where the op or call has none): the aliasing
+check, the torch path and the kernel read them in that one order.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sgl_ext import _common as C
+from sgl_ext import settings
+from sgl_ext._alias import AliasGuard, rope_kv_guard
+from sgl_ext._backend import select_backend
+from sgl_ext.native import kv_write_native, rms_norm_heads_native, rotate_native
+from sgl_ext.rope_kv_schema import stand_in
+
 if TYPE_CHECKING:
     from sgl_ext._common import QKNormCall, RopeCall, Scale
+    from sgl_ext.fused_arg import FusedSetKVBufferArg
     from sgl_ext.triton.launcher import KernelLauncher
+
+
+@dataclass(frozen=True)
+class RopeKVPlan:
+    """What a checked call launches: the call, its backend and (Triton) its kernel launch;
+    for the q/k-norm op also the checked norm; the guard of its aliasing decision (`_alias`:
+    a call whose pointers break it is checked again)."""
+
+    call: RopeCall
+    backend: str
+    debug: bool
+    launcher: KernelLauncher | None  # for backend "triton"
+    norm: QKNormCall | None = None
+    alias: AliasGuard | None = None
+
+
+def kv_tensors(a: FusedSetKVBufferArg | None) -> tuple[Any, ...]:
+    """(value, k_buffer, v_buffer, cache_loc, k_scale, v_scale): the kernels' order (all None
+    without a KV write)."""
+    if a is None:
+        return None, None, None, None, None, None
+    return a.value, a.k_buffer, a.v_buffer, a.cache_loc, a.k_scale, a.v_scale
+
+
+def new_plan(
+    call: RopeCall,
+    tensors: Sequence[Any],
+    written: frozenset[int],
+    enable_pdl: bool | None,
+    norm: QKNormCall | None = None,
+    backend: str | None = None,
+) -> RopeKVPlan:
+    """The plan of a checked call (tensors: its tensors in pointer order; written: the indexes
+    of those the op writes): a ValueError naming both where a written one may share memory with
+    another, else the guard of that decision; the backend (`backend`, or `select_backend`'s);
+    for Triton with tokens to write, the kernel launch."""
+    alias = rope_kv_guard(tensors, written)
+    backend = backend or select_backend(call.device)
+    launcher = None
+    if backend == "triton" and call.num_tokens > 0:
+        query, key, k_buffer = tensors[2], tensors[3], tensors[5]
+        launcher = rope_kv_launcher(call, query, key, k_buffer, enable_pdl, norm)
+    return RopeKVPlan(call, backend, settings.get().debug, launcher, norm, alias)
+
+
+def run(plan: RopeKVPlan, tensors: Sequence[Any]) -> None:
+    """Launch a plan the slow way (tensors in pointer order): SGL_EXT_DEBUG's checks, then the
+    torch path, or Triton through its JIT."""
+    call = plan.call
+    if plan.debug:
+        debug_checks(call, tensors)
+    if call.num_tokens == 0:
+        return
+    if plan.backend == "native":
+        run_native(plan, tensors)
+        return
+    launcher = plan.launcher
+    assert launcher is not None
+    launcher.launch(*stand_in(tensors, tensors[3]))  # key for the pointers the call lacks
+
+
+def run_native(plan: RopeKVPlan, tensors: Sequence[Any]) -> None:
+    """The torch path of a checked call (tensors in pointer order): the q/k norm (Qwen3's
+    rounding) with one, the rotation with a query, the KV write with one; the same bits as the
+    unfused model path (torch q/k norm, RoPE, set_kv_buffer) on the CPU."""
+    call, norm = plan.call, plan.norm
+    positions, cos_sin_cache, query, key = tensors[:4]
+    d = call.head_size
+    if norm is not None:
+        rms_norm_heads_native(query, d, tensors[10], norm.eps)
+        rms_norm_heads_native(key, d, tensors[11], norm.eps)
+    if call.query is not None:
+        rotate_native(positions, query, d, cos_sin_cache, call.is_neox)
+        rotate_native(positions, key, d, cos_sin_cache, call.is_neox)
+    if call.kv is not None:
+        value, k_buffer, v_buffer, cache_loc, k_scale, v_scale = tensors[4:10]
+        k_lay, v_lay = call.kv.k_layout, call.kv.v_layout
+        kv_write_native(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, k_lay, v_lay)
+
+
+def debug_checks(call: RopeCall, tensors: Sequence[Any]) -> None:
+    """SGL_EXT_DEBUG's synchronising checks: positions inside the table (with a rotation); with
+    a KV write, slots in range and unique, scales positive and finite."""
+    if call.query is not None:
+        C.debug_check_positions(tensors[0], call.max_pos)
+    if call.kv is not None:
+        C.debug_check_slots(tensors[7], call.kv.k_layout.num_slots)
+        C.debug_check_scales(tensors[8], tensors[9])
 
 
 def scale_key(scale: object, unused_ptr: int) -> tuple[object, int]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_ext._common import Scale
+# A cache scale as the ops take it: none, a float, or a 1-element float tensor.
+Scale = float | torch.Tensor | None
 
 
 @dataclass

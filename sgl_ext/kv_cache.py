@@ -8,19 +8,17 @@ directly, like the fused op (see `rope.py`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
 from sgl_ext import _common as C
-from sgl_ext import settings
 from sgl_ext._alias import AliasGuard, rope_kv_guard
-from sgl_ext._backend import select_backend
 from sgl_ext._common import RopeCall, Scale
-from sgl_ext._plans import kv_key, kv_present, rope_kv_launcher, scale_tensor
+from sgl_ext._plans import RopeKVPlan, kv_key, kv_present, new_plan, run, run_native, scale_tensor
+from sgl_ext._reference import native_reference
 from sgl_ext.fast_launch import OpTable
-from sgl_ext.native import kv_write_native
 from sgl_ext.plan_cache import KEY_ERRORS, PlanCache
-from sgl_ext.rope import RopeKVPlan
 from sgl_ext.rope_kv_schema import SET_KV_OP
 
 _is_compiling = torch.compiler.is_compiling
@@ -32,32 +30,23 @@ _FAST = OpTable(expand=SET_KV_OP.expand(), grad=SET_KV_OP.grad(), written=SET_KV
 _WRITTEN = SET_KV_OP.written_pointers()
 
 
-def alias_check(
-    key: object,
-    value: object,
-    k_buffer: object,
-    v_buffer: object,
-    cache_loc: object,
-    k_scale: object,
-    v_scale: object,
-) -> AliasGuard:
-    """ValueError naming both when k_buffer or v_buffer may share memory with another
-    argument; the guard of that decision (after the other checks passed)."""
-    tensors = (None, None, None, key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
-    return rope_kv_guard(tensors, _WRITTEN)
+def alias_check(*tensors: object) -> AliasGuard:
+    """alias_check(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale): a ValueError
+    naming both when k_buffer or v_buffer may share memory with another of them; the guard of
+    that decision (after the other checks passed)."""
+    return rope_kv_guard(_tensors(tensors), _WRITTEN)
 
 
-def check(
-    key: object,
-    value: object,
-    k_buffer: object,
-    v_buffer: object,
-    cache_loc: object,
-    k_scale: object,
-    v_scale: object,
-    head_size: object,
-) -> RopeCall:
-    """All argument checks of set_kv_buffer: the checked call (no rotation)."""
+def _tensors(args: tuple) -> tuple:
+    """The op's arguments (key .. v_scale, head_size) as the kernel's per-call tensors, in
+    pointer order: no positions, cos_sin_cache, query or norm weights."""
+    return (None, None, None, *args[:7], None, None)
+
+
+def check(*args: Any) -> RopeCall:
+    """All argument checks of set_kv_buffer (args: its arguments, key .. head_size, in its
+    order): the checked call (no rotation)."""
+    key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size = args
     C.check_tensor("key", key, C.INPUT_DTYPES)
     assert isinstance(key, torch.Tensor)
     if head_size is None:
@@ -70,23 +59,9 @@ def check(
     if not isinstance(head_size, int) or isinstance(head_size, bool) or head_size <= 0:
         raise ValueError(f"head_size must be a positive int, got {head_size!r}")
     k_view = C.heads_view("key", key, key.shape[0], head_size)
-    kv = C.check_kv_write(
-        key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, key.shape[0], head_size
-    )
+    kv_args = (value, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
+    kv = C.check_kv_write(key, *kv_args, key.shape[0], head_size)
     return RopeCall(key.shape[0], head_size, key.dtype, key.device, None, k_view, 0, 1, 0, True, kv)
-
-
-def _new_plan(plan_key: object, *args: object) -> RopeKVPlan:
-    call = check(*args)
-    key, k_buffer = args[0], args[2]
-    assert isinstance(key, torch.Tensor) and isinstance(k_buffer, torch.Tensor)
-    alias = alias_check(*args[:7])
-    s = settings.get()
-    backend = select_backend(call.device)
-    launcher = None
-    if backend == "triton" and call.num_tokens > 0:
-        launcher = rope_kv_launcher(call, None, key, k_buffer, None)
-    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher, alias=alias))
 
 
 def set_kv_buffer(
@@ -154,9 +129,9 @@ def set_kv_buffer(
     except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
         plan_key = plan = None
     if plan is None:
-        plan = _new_plan(plan_key, *args)
+        plan = _PLANS.put(plan_key, new_plan(check(*args), _tensors(args), _WRITTEN, None))
     elif plan.alias is not None and not plan.alias.holds(ptrs):  # checked again
-        alias = alias_check(*args[:7])
+        alias = alias_check(*args)
         plan = _PLANS.put(plan_key, dataclasses.replace(plan, alias=alias))
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
@@ -165,55 +140,13 @@ def set_kv_buffer(
             leaves = SET_KV_OP.leaves({"key"} | kv_present(True, k_scale, v_scale))
             _FAST.register(launcher, leaves, *args)
         return
-    _run(plan, *args[:7])
+    run(plan, _tensors(args))
 
 
-def _run(
-    plan: RopeKVPlan,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    cache_loc: torch.Tensor,
-    k_scale: Scale,
-    v_scale: Scale,
-) -> None:
-    call = plan.call
-    kv = call.kv
-    assert kv is not None
-    if plan.debug:
-        C.debug_check_slots(cache_loc, kv.k_layout.num_slots)
-        C.debug_check_scales(k_scale, v_scale)
-    if call.num_tokens == 0:
-        return
-    if plan.backend == "native":
-        kv_write_native(
-            key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, kv.k_layout, kv.v_layout
-        )
-        return
-    from sgl_ext.triton.rope_kv_plan import rope_kv_args
-
-    tensors = rope_kv_args(
-        None, None, key, None, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale
-    )
-    plan.launcher.launch(*tensors)  # type: ignore[union-attr]
+def _reference(*args: Any) -> None:
+    """(No rotation: the KV write alone.)"""
+    tensors = _tensors(args)
+    run_native(new_plan(check(*args), tensors, _WRITTEN, None, backend="native"), tensors)
 
 
-def set_kv_buffer_native(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    cache_loc: torch.Tensor,
-    k_scale: Scale = None,
-    v_scale: Scale = None,
-    head_size: int | None = None,
-) -> None:
-    """Torch-native reference of set_kv_buffer."""
-    call = check(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, head_size)
-    alias_check(key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
-    kv = call.kv
-    assert kv is not None
-    kv_write_native(
-        key, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale, kv.k_layout, kv.v_layout
-    )
+set_kv_buffer_native = native_reference(set_kv_buffer, _reference)

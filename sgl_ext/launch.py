@@ -38,8 +38,14 @@ KV buffers (the ops' own checks, for a pool that lays out the buffers the ops wr
 from __future__ import annotations
 
 from sgl_ext._backend import interpreting, select_backend
-from sgl_ext._common import KVLayout, KVWrite, check_kv_write, kv_layout, next_pow2
-from sgl_ext.rope import _check_kv as check_fused_arg
+from sgl_ext._common import (
+    KVLayout,
+    KVWrite,
+    check_fused_arg,
+    check_kv_write,
+    kv_layout,
+    next_pow2,
+)
 from sgl_ext.triton.launcher import CachedLauncher, cached_launcher, pdl_on
 from sgl_ext.triton.pdl import pdl_enter
 from sgl_ext.triton.rounding import cast_rne

@@ -18,28 +18,19 @@ inputs, whatever the layout).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
 from sgl_ext import _common as C
-from sgl_ext import settings
-from sgl_ext._backend import select_backend
+from sgl_ext._alias import rope_kv_guard
 from sgl_ext._common import QKNormCall, RopeCall
-from sgl_ext._plans import kv_present, rope_kv_launcher
+from sgl_ext._plans import RopeKVPlan, kv_present, kv_tensors, new_plan, run, run_native
+from sgl_ext._reference import native_reference
 from sgl_ext.fast_launch import OpTable
-from sgl_ext.native import rms_norm_heads_native, rotate_native
+from sgl_ext.fused_arg import FusedSetKVBufferArg
 from sgl_ext.plan_cache import KEY_ERRORS, PlanCache
-from sgl_ext.rope import (
-    FusedSetKVBufferArg,
-    RopeKVPlan,
-    _check_kv,
-    _kv_tensors,
-    _write_native,
-    alias_check,
-    call_key,
-    debug_checks,
-    op_kv_args,
-)
+from sgl_ext.rope import ROPE_WRITTEN, call_key, op_kv_args
 from sgl_ext.rope_kv_schema import QK_NORM_OP
 
 _is_compiling = torch.compiler.is_compiling
@@ -87,107 +78,18 @@ def check(
     assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
     eps_f = _check_norm(query, call.head_size, q_norm_weight, k_norm_weight, eps)
     if fused_set_kv_buffer_arg is not None:
-        kv = _check_kv(key, fused_set_kv_buffer_arg, call.head_size)
+        kv = C.check_fused_arg(key, fused_set_kv_buffer_arg, call.head_size)
         call = dataclasses.replace(call, kv=kv)
     return call, eps_f
 
 
-def _new_plan(
-    plan_key: object,
-    positions: object,
-    query: object,
-    key: object,
-    head_size: object,
-    cos_sin_cache: object,
-    q_norm_weight: object,
-    k_norm_weight: object,
-    eps: object,
-    is_neox: object,
-    arg: object,
-    enable_pdl: bool | None,
-) -> RopeKVPlan:
-    call, eps_f = check(
-        positions,
-        query,
-        key,
-        head_size,
-        cos_sin_cache,
-        q_norm_weight,
-        k_norm_weight,
-        eps,
-        is_neox,
-        arg,
-    )
-    assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
-    assert isinstance(q_norm_weight, torch.Tensor) and isinstance(k_norm_weight, torch.Tensor)
-    norm = QKNormCall(eps_f, q_norm_weight.data_ptr() % 16, k_norm_weight.data_ptr() % 16)
-    alias = alias_check(
-        positions,
-        query,
-        key,
-        cos_sin_cache,
-        arg,
-        q_norm_weight,
-        k_norm_weight,  # type: ignore[arg-type]
-    )
-    backend = select_backend(call.device)
-    launcher = None
-    if backend == "triton" and call.num_tokens > 0:
-        kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else None
-        launcher = rope_kv_launcher(call, query, key, kb, enable_pdl, norm)
-    plan = RopeKVPlan(call, backend, settings.get().debug, launcher, norm, alias)
-    return _PLANS.put(plan_key, plan)
-
-
-def _run(
-    plan: RopeKVPlan,
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_norm_weight: torch.Tensor,
-    k_norm_weight: torch.Tensor,
-    arg: FusedSetKVBufferArg | None,
-) -> None:
-    """Launch a plan the slow way: native, or Triton through its JIT."""
-    call = plan.call
-    if plan.debug:
-        debug_checks(call, positions, arg)
-    if call.num_tokens == 0:
-        return
-    if plan.backend == "native":
-        _native(positions, query, key, cos_sin_cache, q_norm_weight, k_norm_weight, arg, plan)
-        return
-    from sgl_ext.triton.rope_kv_plan import rope_kv_args
-
-    kv_tensors = _kv_tensors(arg)
-    tensors = rope_kv_args(
-        positions, query, key, cos_sin_cache, *kv_tensors, q_norm_weight, k_norm_weight
-    )
-    plan.launcher.launch(*tensors)  # type: ignore[union-attr]
-
-
-def _native(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_norm_weight: torch.Tensor,
-    k_norm_weight: torch.Tensor,
-    a: FusedSetKVBufferArg | None,
-    plan: RopeKVPlan,
-) -> None:
-    """Torch RMSNorm (Qwen3's rounding), then the RoPE op's native path: the same bits as the
-    unfused model path (torch q/k norm, RoPE, set_kv_buffer) on the CPU."""
-    call = plan.call
-    assert plan.norm is not None
-    eps = plan.norm.eps
-    rms_norm_heads_native(query, call.head_size, q_norm_weight, eps)
-    rms_norm_heads_native(key, call.head_size, k_norm_weight, eps)
-    rotate_native(positions, query, call.head_size, cos_sin_cache, call.is_neox)
-    rotate_native(positions, key, call.head_size, cos_sin_cache, call.is_neox)
-    if a is not None and call.kv is not None:
-        _write_native(key, a, call.kv)
+def _new_plan(args: tuple, enable_pdl: bool | None, backend: str | None = None) -> RopeKVPlan:
+    """The plan of a call (args: the op's, enable_pdl aside), after every check."""
+    call, eps = check(*args)
+    positions, query, key, _, cos_sin_cache, qw, kw, _, _, a = args
+    norm = QKNormCall(eps, qw.data_ptr() % 16, kw.data_ptr() % 16)
+    tensors = (positions, cos_sin_cache, query, key, *kv_tensors(a), qw, kw)
+    return new_plan(call, tensors, ROPE_WRITTEN, enable_pdl, norm, backend)
 
 
 def apply_qk_norm_rope_with_cos_sin_cache_inplace(
@@ -236,17 +138,17 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
     Raises
     ------
     TypeError, ValueError
-        A bad argument, named, before anything is written. ValueError naming both when
-        query, key, k_buffer and v_buffer (written in place) may share memory with each other
-        or another argument; views of one buffer in disjoint places (q/k/v columns of one qkv
-        row, the cross-layer KV layout's K and V) are fine.
+        As apply_rope_with_cos_sin_cache_inplace: a bad argument, named, before anything is
+        written; a ValueError naming both where two written arguments (query, key, k_buffer,
+        v_buffer) or one and another argument may share memory.
     """
     a = fused_set_kv_buffer_arg
     qw, kw = q_norm_weight, k_norm_weight
-    if _is_compiling():
-        _compiled(positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox, a)
-        return
     fast_args = (positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox)
+    if _is_compiling():  # check while tracing, then one opaque mutating op
+        _, eps_f = check(*fast_args, a)
+        torch.ops.sgl_ext.qk_norm_rope_kv(*fast_args[:7], eps_f, is_neox, *op_kv_args(a))
+        return
     fast = _FAST.launch(*fast_args, enable_pdl, a)
     if fast == 1:
         return
@@ -277,10 +179,10 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
     except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
         plan_key = plan = None
     if plan is None:
-        args = (positions, query, key, head_size, cos_sin_cache, qw, kw, eps, is_neox, a)
-        plan = _new_plan(plan_key, *args, enable_pdl)
+        plan = _PLANS.put(plan_key, _new_plan((*fast_args, a), enable_pdl))
     elif plan.alias is not None and not plan.alias.holds(ptrs):  # checked again
-        alias = alias_check(positions, query, key, cos_sin_cache, a, qw, kw)
+        tensors = (positions, cos_sin_cache, query, key, *kv_tensors(a), qw, kw)
+        alias = rope_kv_guard(tensors, ROPE_WRITTEN)
         plan = _PLANS.put(plan_key, dataclasses.replace(plan, alias=alias))
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
@@ -290,66 +192,16 @@ def apply_qk_norm_rope_with_cos_sin_cache_inplace(
             leaves = QK_NORM_OP.leaves(_NORM_TENSORS | kv_present(a is not None, ks, vs))
             _FAST.register(launcher, leaves, *fast_args, enable_pdl, a)
         return
-    _run(plan, positions, query, key, cos_sin_cache, qw, kw, a)
+    run(plan, (positions, cos_sin_cache, query, key, *kv_tensors(a), qw, kw))
 
 
-def _compiled(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    q_norm_weight: torch.Tensor,
-    k_norm_weight: torch.Tensor,
-    eps: float,
-    is_neox: bool,
-    a: FusedSetKVBufferArg | None,
-) -> None:
-    """Under torch.compile: check while tracing, then one opaque mutating op."""
-    _, eps_f = check(
-        positions,
-        query,
-        key,
-        head_size,
-        cos_sin_cache,
-        q_norm_weight,
-        k_norm_weight,
-        eps,
-        is_neox,
-        a,
-    )
-    kv_args = op_kv_args(a)
-    torch.ops.sgl_ext.qk_norm_rope_kv(
-        positions,
-        query,
-        key,
-        head_size,
-        cos_sin_cache,
-        q_norm_weight,
-        k_norm_weight,
-        eps_f,
-        is_neox,
-        *kv_args,
-    )
+def _reference(*args: Any) -> None:
+    """Torch RMSNorm as Qwen3 does it, then the RoPE op's reference."""
+    positions, query, key, _, cos_sin_cache, qw, kw, _, _, a = args
+    tensors = (positions, cos_sin_cache, query, key, *kv_tensors(a), qw, kw)
+    run_native(_new_plan(args, None, backend="native"), tensors)
 
 
-def apply_qk_norm_rope_native(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    q_norm_weight: torch.Tensor,
-    k_norm_weight: torch.Tensor,
-    eps: float,
-    is_neox: bool = True,
-    fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
-) -> None:
-    """The torch-native reference of apply_qk_norm_rope_with_cos_sin_cache_inplace (same
-    arguments and semantics): torch RMSNorm as Qwen3 does it, then the RoPE op's reference."""
-    a = fused_set_kv_buffer_arg
-    args = (positions, query, key, head_size, cos_sin_cache, q_norm_weight, k_norm_weight, eps)
-    call, eps_f = check(*args, is_neox, a)
-    alias_check(positions, query, key, cos_sin_cache, a, q_norm_weight, k_norm_weight)
-    plan = RopeKVPlan(call, "native", False, None, QKNormCall(eps_f, 0, 0))
-    _native(positions, query, key, cos_sin_cache, q_norm_weight, k_norm_weight, a, plan)
+apply_qk_norm_rope_native = native_reference(
+    apply_qk_norm_rope_with_cos_sin_cache_inplace, _reference
+)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -24,15 +24,12 @@ import torch.nn.functional as F
 from sgl_ext import _common as C
 from sgl_ext._alias import AliasGuard, rope_kv_guard
 from sgl_ext._backend import select_backend
+from sgl_ext._common import check_rope
+from sgl_ext._reference import native_reference
+from sgl_ext.fused_arg import FusedSetKVBufferArg
 from sgl_ext.gemm import MAX_M, GemmConfig, _check, linear_small_m
 from sgl_ext.plan_cache import KEY_ERRORS, PlanCache, optional_key, tensor_key
-from sgl_ext.rope import (
-    FusedSetKVBufferArg,
-    apply_rope_native,
-    apply_rope_with_cos_sin_cache_inplace,
-    call_key,
-)
-from sgl_ext.rope import check as check_rope
+from sgl_ext.rope import apply_rope_native, apply_rope_with_cos_sin_cache_inplace, call_key
 from sgl_ext.rope_kv_schema import POINTER_TENSORS
 
 if TYPE_CHECKING:
@@ -96,20 +93,11 @@ def _views(out: torch.Tensor, q_size: int, kv_size: int) -> tuple[torch.Tensor, 
     return out.split_with_sizes((q_size, kv_size, kv_size), -1)
 
 
-def _check_call(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    head_size: int,
-    num_kv_heads: int,
-    is_neox: bool,
-    arg: FusedSetKVBufferArg | None,
-    config: GemmConfig | None,
-    out: torch.Tensor,
-) -> QKVRopePlan:
-    """Every check of a call (metadata only), and the launch when the fused kernel serves it."""
+def _check_call(*args: Any) -> QKVRopePlan:
+    """Every check of a call (args: the op's, in its order; metadata only), and the launch
+    when the fused kernel serves it."""
+    x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads = args[:7]
+    out, is_neox, arg, config = args[7:]
     m, n, k = _check(x, weight, bias)
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
@@ -156,29 +144,6 @@ def _check_call(
     return QKVRopePlan(q_size, kv_size, launch, alias)
 
 
-def qkv_proj_with_rope_kv_native(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    head_size: int,
-    num_kv_heads: int,
-    out: torch.Tensor,
-    is_neox: bool = True,
-    fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
-) -> torch.Tensor:
-    """The torch-native reference: F.linear into out, then apply_rope_native on its q and k."""
-    a = fused_set_kv_buffer_arg
-    plan = _check_call(
-        x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox, a, None, out
-    )
-    out.copy_(F.linear(x, weight, bias).reshape(out.shape))
-    q, k, _ = _views(out, plan.q_size, plan.kv_size)
-    apply_rope_native(positions, q, k, head_size, cos_sin_cache, is_neox, fused_set_kv_buffer_arg)
-    return out
-
-
 def qkv_proj_with_rope_kv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -219,8 +184,8 @@ def qkv_proj_with_rope_kv(
     """
     a = fused_set_kv_buffer_arg
     if _is_compiling() or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        args = (x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox)
-        return _two_ops(*args, a, config, out)
+        args = (x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, out, is_neox)
+        return _two_ops(*args, a, config)
     key: tuple | None = None
     ptrs: tuple[int, ...] = ()
     plan: QKVRopePlan | None = None
@@ -244,11 +209,11 @@ def qkv_proj_with_rope_kv(
     except KEY_ERRORS:  # the checks will say
         key = None
     if plan is None or plan.launch is None:
-        args = (x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, is_neox)
+        args = (x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, out, is_neox)
         if plan is None:
-            plan = _PLANS.put(key, _check_call(*args, a, config, out))
+            plan = _PLANS.put(key, _check_call(*args, a, config))
         if plan.launch is None:
-            return _two_ops(*args, a, config, out)
+            return _two_ops(*args, a, config)
     b = bias if bias is not None else weight  # never read without a bias
     main = plan.launch.launcher
     if ptrs and main.compiled is not None:  # a cached plan: the compiled kernel, directly
@@ -281,25 +246,25 @@ def _split_sizes(weight: torch.Tensor, head_size: int, num_kv_heads: int) -> tup
     return weight.shape[0] - 2 * kv_size, kv_size
 
 
-def _two_ops(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    head_size: int,
-    num_kv_heads: int,
-    is_neox: bool,
-    a: FusedSetKVBufferArg | None,
-    config: GemmConfig | None,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """The composition the fused kernel stands for (_check_call's arguments)."""
-    if config is None:
-        y = F.linear(x, weight, bias)
-    else:
-        y = linear_small_m(x, weight, bias, config)
+def _two_ops(*args: Any) -> torch.Tensor:
+    """The composition the fused kernel stands for (args: the op's, in its order)."""
+    x, weight, bias, positions, cos_sin_cache, head_size, num_kv_heads, out, is_neox, a = args[:10]
+    config = args[10]
+    y = F.linear(x, weight, bias) if config is None else linear_small_m(x, weight, bias, config)
     out.copy_(y.reshape(out.shape))
     q, k, _ = _views(out, *_split_sizes(weight, head_size, num_kv_heads))
     apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_size, cos_sin_cache, is_neox, a)
     return out
+
+
+def _reference(*args: Any) -> torch.Tensor:
+    """F.linear into out, then apply_rope_native on its q and k."""
+    plan = _check_call(*args, None)
+    x, weight, bias, positions, cos_sin_cache, head_size, _, out, is_neox, a = args
+    out.copy_(F.linear(x, weight, bias).reshape(out.shape))
+    q, k, _ = _views(out, plan.q_size, plan.kv_size)
+    apply_rope_native(positions, q, k, head_size, cos_sin_cache, is_neox, a)
+    return out
+
+
+qkv_proj_with_rope_kv_native = native_reference(qkv_proj_with_rope_kv, _reference, ("config",))

@@ -18,42 +18,29 @@ after its first launch (`triton/launcher.py`). Under torch.compile the op goes t
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-from sgl_ext import _common as C
-from sgl_ext import settings
-from sgl_ext._alias import AliasGuard, rope_kv_guard
-from sgl_ext._backend import select_backend
-from sgl_ext._common import QKNormCall, RopeCall, Scale
-from sgl_ext._plans import kv_key, kv_present, rope_kv_launcher, scale_tensor
+from sgl_ext._alias import rope_kv_guard
+from sgl_ext._common import check_rope as check
+from sgl_ext._plans import (
+    RopeKVPlan,
+    kv_key,
+    kv_present,
+    kv_tensors,
+    new_plan,
+    run,
+    run_native,
+    scale_tensor,
+)
+from sgl_ext._reference import native_reference
 from sgl_ext.fast_launch import OpTable
 from sgl_ext.fused_arg import FusedSetKVBufferArg, sglang_call
-from sgl_ext.native import kv_write_native, rotate_native
 from sgl_ext.plan_cache import KEY_ERRORS, PlanCache
 from sgl_ext.rope_kv_schema import ROPE_OP
 
-if TYPE_CHECKING:
-    from sgl_ext.triton.launcher import KernelLauncher
-
 _is_compiling = torch.compiler.is_compiling
-
-
-@dataclass(frozen=True)
-class RopeKVPlan:
-    """What a checked call launches: the call, its backend and (Triton) its kernel launch;
-    for the q/k-norm op also the checked norm; the guard of its aliasing decision (`_alias`:
-    a call whose pointers break it is checked again)."""
-
-    call: RopeCall
-    backend: str
-    debug: bool
-    launcher: KernelLauncher | None  # for backend "triton"
-    norm: QKNormCall | None = None
-    alias: AliasGuard | None = None
-
 
 _PLANS = PlanCache()
 # The C fast path's table: its leaves and the written ones come from ROPE_OP's declaration
@@ -64,149 +51,6 @@ _ROPE_TENSORS = {"positions", "query", "key", "cos_sin_cache"}
 # The written tensors (query, key, k_buffer, v_buffer) by their index in the kernels' pointer
 # order (rope_kv_schema.POINTER_TENSORS).
 ROPE_WRITTEN = ROPE_OP.written_pointers()
-
-
-def _check_kv(key: torch.Tensor, arg: object, head_size: int) -> C.KVWrite:
-    """Check a fused argument against an already checked key (no launch)."""
-    if not isinstance(arg, FusedSetKVBufferArg):
-        raise TypeError(
-            f"fused_set_kv_buffer_arg must be a FusedSetKVBufferArg or None, got {type(arg)}"
-        )
-    return C.check_kv_write(
-        key,
-        arg.value,
-        arg.k_buffer,
-        arg.v_buffer,
-        arg.cache_loc,
-        arg.k_scale,
-        arg.v_scale,
-        key.shape[0],
-        head_size,
-    )
-
-
-def check(
-    positions: object,
-    query: object,
-    key: object,
-    head_size: object,
-    cos_sin_cache: object,
-    is_neox: object,
-    fused_set_kv_buffer_arg: object = None,
-) -> RopeCall:
-    """All argument checks of the op (metadata only): the checked call, or a ValueError /
-    TypeError naming the bad argument."""
-    call = C.check_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
-    if fused_set_kv_buffer_arg is None:
-        return call
-    assert isinstance(key, torch.Tensor)
-    kv = _check_kv(key, fused_set_kv_buffer_arg, call.head_size)
-    # dataclasses.replace, not RopeCall(**call.__dict__): torch 2.11's dynamo traces the former
-    # (the q/k-norm op's check does the same) but not the latter.
-    return dataclasses.replace(call, kv=kv)
-
-
-def _new_plan(
-    plan_key: object,
-    positions: object,
-    query: object,
-    key: object,
-    head_size: object,
-    cos_sin_cache: object,
-    is_neox: object,
-    arg: object,
-    enable_pdl: bool | None,
-) -> RopeKVPlan:
-    call = check(positions, query, key, head_size, cos_sin_cache, is_neox, arg)
-    assert isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
-    assert isinstance(cos_sin_cache, torch.Tensor)
-    s = settings.get()
-    alias = alias_check(positions, query, key, cos_sin_cache, arg)
-    backend = select_backend(call.device)
-    launcher = None
-    if backend == "triton" and call.num_tokens > 0:
-        kb = arg.k_buffer if isinstance(arg, FusedSetKVBufferArg) else None
-        launcher = rope_kv_launcher(call, query, key, kb, enable_pdl)
-    return _PLANS.put(plan_key, RopeKVPlan(call, backend, s.debug, launcher, alias=alias))
-
-
-def alias_check(
-    positions: object,
-    query: object,
-    key: object,
-    cos_sin_cache: object,
-    a: object,
-    q_norm_weight: object = None,
-    k_norm_weight: object = None,
-) -> AliasGuard:
-    """ValueError naming both when a written argument (query, key, k_buffer, v_buffer) may
-    share memory with another; the guard of that decision (once the other checks passed)."""
-    kv = _kv_tensors(a if isinstance(a, FusedSetKVBufferArg) else None)
-    tensors = (positions, cos_sin_cache, query, key, *kv)
-    return rope_kv_guard((*tensors, q_norm_weight, k_norm_weight), ROPE_WRITTEN)
-
-
-def _run(
-    plan: RopeKVPlan,
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    arg: FusedSetKVBufferArg | None,
-    enable_pdl: bool | None,
-) -> None:
-    """Launch a plan the slow way: native, or Triton through its JIT."""
-    call = plan.call
-    if plan.debug:
-        debug_checks(call, positions, arg)
-    if call.num_tokens == 0:
-        return
-    if plan.backend == "native":
-        rotate_native(positions, query, call.head_size, cos_sin_cache, call.is_neox)
-        rotate_native(positions, key, call.head_size, cos_sin_cache, call.is_neox)
-        if arg is not None and call.kv is not None:
-            _write_native(key, arg, call.kv)
-        return
-    from sgl_ext.triton.rope_kv_plan import rope_kv_args
-
-    tensors = rope_kv_args(positions, query, key, cos_sin_cache, *_kv_tensors(arg))
-    plan.launcher.launch(*tensors)  # type: ignore[union-attr]
-
-
-def debug_checks(call: RopeCall, positions: torch.Tensor, arg: FusedSetKVBufferArg | None) -> None:
-    """SGL_EXT_DEBUG's synchronising checks: positions inside the table; with a KV write, slots
-    in range and unique, scales positive and finite."""
-    C.debug_check_positions(positions, call.max_pos)
-    if arg is not None and call.kv is not None:
-        C.debug_check_slots(arg.cache_loc, call.kv.k_layout.num_slots)
-        C.debug_check_scales(arg.k_scale, arg.v_scale)
-
-
-_OptTensor = torch.Tensor | None
-
-
-def _kv_tensors(
-    a: FusedSetKVBufferArg | None,
-) -> tuple[_OptTensor, _OptTensor, _OptTensor, _OptTensor, Scale, Scale]:
-    """(value, k_buffer, v_buffer, cache_loc, k_scale, v_scale): the kernels' order (all None
-    without a KV write)."""
-    if a is None:
-        return None, None, None, None, None, None
-    return a.value, a.k_buffer, a.v_buffer, a.cache_loc, a.k_scale, a.v_scale
-
-
-def _write_native(key: torch.Tensor, a: FusedSetKVBufferArg, kv: C.KVWrite) -> None:
-    kv_write_native(
-        key,
-        a.value,
-        a.k_buffer,
-        a.v_buffer,
-        a.cache_loc,
-        a.k_scale,
-        a.v_scale,
-        kv.k_layout,
-        kv.v_layout,
-    )
 
 
 def apply_rope_with_cos_sin_cache_inplace(
@@ -283,8 +127,12 @@ def apply_rope_with_cos_sin_cache_inplace(
             fused_args,
         )
     a = fused_set_kv_buffer_arg
-    if _is_compiling():
-        _compiled(positions, query, key, head_size, cos_sin_cache, is_neox, a)
+    if _is_compiling():  # check while tracing, then one opaque mutating op
+        check(positions, query, key, head_size, cos_sin_cache, is_neox, a)
+        kv_args = op_kv_args(a)
+        torch.ops.sgl_ext.rope_kv(
+            positions, query, key, head_size, cos_sin_cache, is_neox, *kv_args
+        )
         return
     fast = _FAST.launch(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl, a)
     if fast == 1:
@@ -299,10 +147,12 @@ def apply_rope_with_cos_sin_cache_inplace(
     except KEY_ERRORS:  # not a (dense) tensor, unhashable: the checks will say
         plan_key = plan = None
     if plan is None:
-        args = (positions, query, key, head_size, cos_sin_cache, is_neox, a, enable_pdl)
-        plan = _new_plan(plan_key, *args)
+        call = check(positions, query, key, head_size, cos_sin_cache, is_neox, a)
+        tensors = (positions, cos_sin_cache, query, key, *kv_tensors(a), None, None)
+        plan = _PLANS.put(plan_key, new_plan(call, tensors, ROPE_WRITTEN, enable_pdl))
     elif plan.alias is not None and not plan.alias.holds(ptrs):  # checked again
-        alias = alias_check(positions, query, key, cos_sin_cache, a)
+        tensors = (positions, cos_sin_cache, query, key, *kv_tensors(a), None, None)
+        alias = rope_kv_guard(tensors, ROPE_WRITTEN)
         plan = _PLANS.put(plan_key, dataclasses.replace(plan, alias=alias))
     launcher = plan.launcher
     if launcher is not None and launcher.compiled is not None and not plan.debug:
@@ -314,7 +164,7 @@ def apply_rope_with_cos_sin_cache_inplace(
             fast_args = (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl, a)
             _FAST.register(launcher, leaves, *fast_args)
         return
-    _run(plan, positions, query, key, cos_sin_cache, a, enable_pdl)
+    run(plan, (positions, cos_sin_cache, query, key, *kv_tensors(a), None, None))
 
 
 def call_key(
@@ -374,21 +224,6 @@ def call_key(
     return (rope_key, a.__class__, kv), (pp, cp, qp, kp, *kv_ptrs)
 
 
-def _compiled(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool,
-    a: FusedSetKVBufferArg | None,
-) -> None:
-    """Under torch.compile: check while tracing, then one opaque mutating op."""
-    check(positions, query, key, head_size, cos_sin_cache, is_neox, a)
-    kv_args = op_kv_args(a)
-    torch.ops.sgl_ext.rope_kv(positions, query, key, head_size, cos_sin_cache, is_neox, *kv_args)
-
-
 def op_kv_args(a: FusedSetKVBufferArg | None) -> tuple:
     """(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc) as the registered ops take them
     (float scales as 0-d tensors; all None without a KV write); `fused_arg` undoes it."""
@@ -413,20 +248,15 @@ def fused_arg(
     return FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)
 
 
-def apply_rope_native(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool = True,
-    fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
-) -> None:
-    """The torch-native reference of apply_rope_with_cos_sin_cache_inplace (same semantics)."""
-    a = fused_set_kv_buffer_arg
-    call = check(positions, query, key, head_size, cos_sin_cache, is_neox, a)
-    alias_check(positions, query, key, cos_sin_cache, a)
-    rotate_native(positions, query, head_size, cos_sin_cache, is_neox)
-    rotate_native(positions, key, head_size, cos_sin_cache, is_neox)
-    if a is not None and call.kv is not None:
-        _write_native(key, a, call.kv)
+def _reference(*args: Any) -> None:
+    """sgl_kernel's call form (SGLang 0.5's is the op's own)."""
+    positions, query, key, _, cos_sin_cache, _, a = args
+    tensors = (positions, cos_sin_cache, query, key, *kv_tensors(a), None, None)
+    run_native(new_plan(check(*args), tensors, ROPE_WRITTEN, None, backend="native"), tensors)
+
+
+apply_rope_native = native_reference(
+    apply_rope_with_cos_sin_cache_inplace,
+    _reference,
+    drop=("enable_pdl", "q", "k", "rope_dim", "fused_args"),
+)

@@ -9,8 +9,8 @@ arguments; everything else is derived from the two declarations:
   per-call pointers, then the plan's fixed arguments): `KernelLauncher`'s call_names;
 - `fixed(...)` / `constexprs(...)`: a plan's fixed arguments by name, in that order, and its
   constexprs, every name checked against the kernel's;
-- `pointer_tensors(...)`: a call's tensors in pointer order (the key standing in for the ones a
-  call does not have);
+- `pointer_tensors(...)` / `stand_in(...)`: a call's tensors in pointer order (the key standing
+  in for the ones a call does not have);
 - `OpSpec.leaves(...)` / `OpSpec.grad`: where the C fast path (`fast_launch.py`) finds each
   pointer among an op's arguments, and which of them it keys requires_grad on;
 - `OpSpec.schema`: the `torch.library` schema of the op's registered form (`_ops.py`).
@@ -21,7 +21,7 @@ strides); tests/sgl_ext/test_rope_kv_schema.py checks the two against each other
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -183,16 +183,17 @@ def ordered(names: tuple[str, ...], values: Mapping[str, object], kind: str) -> 
 
 def pointer_tensors(key: object, **tensors: object) -> tuple:
     """A call's per-call tensors in pointer order: each pointer's op argument from `tensors`
-    (by its name in POINTERS), `key` for the ones missing, None or not tensors (a float
-    scale). The kernel never reads a pointer the call does not have."""
+    (by its name in POINTERS), `key` for the ones missing (`stand_in`)."""
     unknown = [n for n in tensors if n not in POINTER_TENSORS]
     if unknown:
         raise TypeError(f"rope_kv pointers: unknown {unknown}")
-    out = []
-    for name in POINTER_TENSORS:
-        t = key if name == "key" else tensors.get(name)
-        out.append(t if t is not None and hasattr(t, "data_ptr") else key)
-    return tuple(out)
+    return stand_in((key if n == "key" else tensors.get(n) for n in POINTER_TENSORS), key)
+
+
+def stand_in(tensors: Iterable[object], key: object) -> tuple:
+    """tensors (pointer order) with key in place of each one that is None or not a tensor (a
+    float scale): the kernel never reads a pointer the call does not have."""
+    return tuple(t if t is not None and hasattr(t, "data_ptr") else key for t in tensors)
 
 
 @dataclass(frozen=True)

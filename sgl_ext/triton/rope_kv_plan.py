@@ -1,8 +1,7 @@
 """Host side of the rope_kv Triton kernel: launch layouts (`launch_config`,
 `qk_norm_launch_config`, read from the tables sgl_ext/tables/rope_kv.json and qk_norm.json), the
-launch plan (`plan_rope_kv`: grid, fixed arguments, constexprs, a `KernelLauncher`) and the
-per-call argument tuple (`rope_kv_args`). The kernel itself is rope_kv.py; a layout's named
-values are sgl_ext/launch_layout.py.
+launch plan (`plan_rope_kv`: grid, fixed arguments, constexprs, a `KernelLauncher`). The
+kernel itself is rope_kv.py; a layout's named values are sgl_ext/launch_layout.py.
 """
 
 from __future__ import annotations
@@ -243,7 +242,7 @@ def plan_rope_kv(
     kv None: RoPE alone; norm: RMSNorm every q and k head first (the QK_NORM variant). Per
     call, `launch` (tensors) or `KernelLauncher.direct` (pointers) takes pos, cos_sin, q, k, v,
     k_buffer, v_buffer, cache_loc, k_scale, v_scale, q_norm_weight, k_norm_weight in that
-    order (`rope_kv_args` fills the ones a call does not have).
+    order (`rope_kv_schema.stand_in` fills the ones a call does not have).
     """
     s = settings.get()
     head_size = call.head_size
@@ -353,35 +352,3 @@ def plan_rope_kv(
 
 def _strides(v) -> tuple[int, int]:
     return v.token_stride, v.head_stride
-
-
-def rope_kv_args(
-    positions: torch.Tensor | None,
-    query: torch.Tensor | None,
-    key: torch.Tensor,
-    cos_sin_cache: torch.Tensor | None,
-    value: torch.Tensor | None,
-    k_buffer: torch.Tensor | None,
-    v_buffer: torch.Tensor | None,
-    cache_loc: torch.Tensor | None,
-    k_scale: object,
-    v_scale: object,
-    q_norm_weight: torch.Tensor | None = None,
-    k_norm_weight: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """The kernel's per-call tensors in pointer order (rope_kv_schema.pointer_tensors); key
-    stands in for the ones a call does not have."""
-    return rope_kv_schema.pointer_tensors(
-        key,
-        positions=positions,
-        cos_sin_cache=cos_sin_cache,
-        query=query,
-        value=value,
-        k_buffer=k_buffer,
-        v_buffer=v_buffer,
-        cache_loc=cache_loc,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        q_norm_weight=q_norm_weight,
-        k_norm_weight=k_norm_weight,
-    )
