@@ -95,7 +95,10 @@ def context_length(args: argparse.Namespace, config: Any, rows: list[DatasetRow]
         if need > args.context_length:
             raise CLIError("the longest request exceeds --context-length", need)
         return int(args.context_length)
-    model_ctx = int(getattr(config, "context_len", 0) or 0)
+    # as ModelRunner resolves it: the config's context_len where it has one, else its positions
+    model_ctx = int(
+        getattr(config, "context_len", 0) or getattr(config, "max_position_embeddings", 0) or 0
+    )
     if model_ctx and need > model_ctx:
         logger.warning("context length raised from the model's %d to %d", model_ctx, need)
         return need

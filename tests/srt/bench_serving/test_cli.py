@@ -236,3 +236,18 @@ def test_module_entry_point():
     assert out.stderr.strip().splitlines() == [
         "error: --request-rate must be > 0 (inf: all at once) (-1.0)"
     ]
+
+
+def test_context_length_raised_past_a_config_without_context_len():
+    """A preset's ModelConfig has max_position_embeddings only (no context_len): a request
+    longer than it still raises the engine's context length (the 32k long-prompt run)."""
+    from types import SimpleNamespace
+
+    from srt.bench_serving.cli import context_length
+    from srt.bench_serving.datasets import DatasetRow
+
+    rows = [DatasetRow(prompt=[1] * 300, output_len=8)]
+    args = SimpleNamespace(context_length=None)
+    assert context_length(args, SimpleNamespace(max_position_embeddings=256), rows) == 308
+    assert context_length(args, SimpleNamespace(max_position_embeddings=4096), rows) is None
+    assert context_length(args, SimpleNamespace(context_len=128), rows) == 308
