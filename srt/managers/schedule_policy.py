@@ -32,6 +32,42 @@ from srt.mem_cache.radix_cache import MatchResult, RadixCache, RadixKey
 
 logger = logging.getLogger(__name__)
 
+# A waiting request that shares this many more tokens with a request admitted in the same
+# prefill batch than with the tree waits one step: once the other's prompt is inserted (after
+# its prefill) it matches them instead of computing them a second time (SGLang's in-batch
+# prefix caching check uses the same 32).
+IN_BATCH_PREFIX_THRESHOLD = 32
+
+
+class InBatchPrefixes:
+    """The prompts admitted into one prefill batch, as chained hashes of their first blocks
+    (one block: `block` tokens, whole pages), to find how much of a candidate's prompt one of
+    them shares. A hash collision only defers a request by one step."""
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+        self.seen: set[tuple[str | None, int, int]] = set()  # (extra_key, blocks, chain hash)
+
+    def _chain(self, req: Req, limit: int) -> list[int]:
+        ids, b, h, out = req.origin_input_ids, self.block, 0, []
+        for j in range(min(limit, len(ids)) // b):
+            h = hash((h, tuple(ids[j * b : (j + 1) * b])))
+            out.append(h)
+        return out
+
+    def shared_len(self, req: Req, limit: int) -> int:
+        """Tokens (whole blocks, at most `limit`) of req's prompt that an added prompt shares."""
+        n = 0
+        for j, h in enumerate(self._chain(req, limit)):
+            if (req.extra_key, j, h) not in self.seen:
+                break
+            n = (j + 1) * self.block
+        return n
+
+    def add(self, req: Req) -> None:
+        for j, h in enumerate(self._chain(req, len(req.origin_input_ids))):
+            self.seen.add((req.extra_key, j, h))
+
 
 class SchedulePolicy:
     """Admission control over one ModelRunner's pools (and its radix cache, if any).
@@ -150,7 +186,9 @@ class SchedulePolicy:
     def admit(self, waiting: deque[Req], running: list[Req]) -> list[Req]:
         """Pop the waiting requests that fit now, in order (FIFO: the first that does not fit
         stops admission, so none starves); each starts from its cached prefix, if any. A
-        request prefilled in chunks is admitted alone."""
+        request prefilled in chunks is admitted alone. With the cache, a request that shares a
+        prefix with one admitted in this batch (`IN_BATCH_PREFIX_THRESHOLD` tokens more than
+        the tree holds) also stops admission: the next step it matches that prefix."""
         allocator = self.runner.token_to_kv_pool_allocator
         free = allocator.available_size() - self.reserved_slots(running)
         free_swa = (
@@ -159,10 +197,18 @@ class SchedulePolicy:
         rows = self.runner.max_running_requests - len(running)
         admitted: list[Req] = []
         prefill_tokens = 0
+        block = pages_needed(IN_BATCH_PREFIX_THRESHOLD, self.page_size) * self.page_size
+        in_batch = InBatchPrefixes(block) if self.tree_cache is not None else None
         while waiting and len(admitted) < rows:
             req = waiting[0]
             m = self.match_prefix(req)
             cached = m.prefix_len if m is not None else 0
+            if admitted and in_batch is not None:
+                limit = len(req.origin_input_ids) - 1
+                if in_batch.shared_len(req, limit) >= cached + block:  # next step it hits
+                    if m is not None:
+                        self.tree_cache.dec_lock_ref(m.last_node)  # type: ignore[union-attr]
+                    break
             need = self.slots_for(req.target_len()) - cached
             need_swa = self._swa_slots_to_admit(req) if self.is_swa else 0
             n = len(req.origin_input_ids) - cached
@@ -176,6 +222,8 @@ class SchedulePolicy:
                     self.tree_cache.dec_lock_ref(m.last_node)
                 break
             waiting.popleft()
+            if in_batch is not None:
+                in_batch.add(req)
             if m is not None:
                 req.kv_pages = list(m.pages)
                 req.kv_len = req.cache_protected_len = m.prefix_len

@@ -325,6 +325,17 @@ class Scheduler(ChunkedPrefillMixin):
         self.num_prefill_steps += 1
         self._sample_and_append(reqs, logits)
 
+    def _cache_prompts(self, reqs: list[Req]) -> None:
+        """After a prefill, its requests' whole prompt pages go into the prefix cache (SGLang
+        inserts after every prefill, not only at finish), so a request admitted in a later
+        step matches a prompt that is still decoding; each moves its lock to its longer path.
+        A request that failed or finished in the step inserts nothing here (`_finish` does)."""
+        if self.tree_cache is None:
+            return
+        for req in reqs:
+            if not req.finished and req.error is None:
+                self.tree_cache.cache_unfinished_req(req)
+
     def _decode(self, reqs: list[Req]) -> None:
         fb = self.batch.prepare_for_decode(reqs)
         self._check_writes(reqs, fb)
@@ -392,6 +403,7 @@ class Scheduler(ChunkedPrefillMixin):
                 self._step_chunk(finished)
             else:
                 self._isolated(new, self._prefill)
+                self._cache_prompts(new)
         elif self.running:
             self._chunk_turn = True  # a chunk in progress goes on after this decode step
             reqs = [r for r in self.running if r is not self.chunked_req]

@@ -137,9 +137,12 @@ def test_failed_or_aborted_request_sharing_a_prefix(ps, where, monkeypatch):
     assert [r.output_ids for r in reqs[:3]] == solo
     assert reqs[-1].finished_reason["type"] == "abort"
     tree = sched.tree_cache
-    # nothing of the poison past the shared prefix entered the tree
+    # nothing of the poison past its computed prompt entered the tree: a prompt is inserted
+    # after its prefill succeeded (complete K/V), never its decoded tokens; a failed prefill
+    # inserts nothing past the shared prefix
     m = tree.match_prefix(RadixKey(tuple(poison_ids + reqs[-1].output_ids)))
-    assert m.prefix_len == len(system) // ps * ps
+    inserted = system if where == "prefill" else poison_ids
+    assert m.prefix_len == len(inserted) // ps * ps
     check_ownership(tree, runner.token_to_kv_pool_allocator, [])
     assert tree.protected_size() == 0
     assert sched.available_kv_size() == runner.max_total_num_tokens
