@@ -12,7 +12,8 @@ pages are given back after every step (`evict_swa`).
 Prefix cache (RadixAttention; `disable_radix_cache`): a request starts from its prompt's
 longest cached prefix (whole pages, locked while it runs) and computes only the rest; a finished
 one leaves its whole pages in the tree (`cache_finished_req`); one that fails or is aborted
-unlocks and inserts nothing. Off, with a log line, for the hybrid sliding-window pool.
+unlocks and inserts nothing. On the hybrid pool (`SWARadixCache`) a prefilled prompt's whole
+pages go into the tree at once (`_cache_prompts`), window pages included.
 
 Overlapped decode (SGLang's overlap schedule; `disable_overlap_schedule` turns it off): while
 decode step N runs on the GPU, the host prepares and launches step N + 1, its input tokens
@@ -332,6 +333,15 @@ class Scheduler(ChunkedPrefillMixin):
         self.num_decode_steps += 1
         self._sample_and_append(reqs, logits)
 
+    def _cache_prompts(self, reqs: list[Req]) -> None:
+        """Hybrid pool: prefilled prompts' whole pages into the tree before the window eviction
+        frees the window pages a request sharing them needs (SGLang inserts every prompt)."""
+        ps = self.page_size
+        for r in reqs if self.is_swa and self.tree_cache is not None else ():
+            grows = r.kv_len // ps > r.cache_protected_len // ps
+            if grows and not r.finished and r.req_pool_idx is not None:
+                self.tree_cache.cache_unfinished_req(r)
+
     def _check_writes(self, reqs: list[Req], fb: Any) -> None:
         """SGL_EXT_DEBUG=1: before the forward, the batch writes K/V only into its requests'
         own slots (write_check.py; a host read of the slots)."""
@@ -392,6 +402,7 @@ class Scheduler(ChunkedPrefillMixin):
                 self._step_chunk(finished)
             else:
                 self._isolated(new, self._prefill)
+                self._cache_prompts(new)
         elif self.running:
             self._chunk_turn = True  # a chunk in progress goes on after this decode step
             reqs = [r for r in self.running if r is not self.chunked_req]
