@@ -233,18 +233,35 @@ ACTIONS = ["new", "new", "decode", "decode", "trim", "finish", "abort", "unfinis
 ACTIONS += ["evict", "evict_swa", "match"]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     ps=st.sampled_from([1, 2, 4]),
     w=st.integers(1, 6),
     pages=st.integers(8, 24),
     swa_pages=st.integers(8, 16),
     seed=st.integers(0, 2**31 - 1),
-    actions=st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=50),
+    actions=st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=80),
 )
 def test_random_lifecycles_keep_both_pools_exact(ps, w, pages, swa_pages, seed, actions):
-    sim = Sim(ps, pages, swa_pages, w, random.Random(seed))
-    rng, tree = sim.rng, sim.tree
+    _run(Sim(ps, pages, swa_pages, w, random.Random(seed)), actions)
+
+
+def test_long_random_lifecycles_keep_both_pools_exact():
+    """Longer runs than hypothesis draws (fresh seeds): requests that decode, give back their
+    window pages and are inserted again mid-flight, under both pools' pressure."""
+    for _ in range(40):
+        seed = random.randrange(2**32)
+        rng = random.Random(seed)
+        ps, w = rng.choice([1, 2, 4]), rng.randrange(1, 7)
+        sim = Sim(ps, rng.randrange(8, 24), rng.randrange(8, 16), w, rng)
+        try:
+            _run(sim, [rng.choice(ACTIONS) for _ in range(100)])
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed}: {e}") from e
+
+
+def _run(sim: Sim, actions: list[str]) -> None:
+    rng, tree, ps = sim.rng, sim.tree, sim.ps
     for act in actions:
         if act == "new":
             sim.new()
