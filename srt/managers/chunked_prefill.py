@@ -34,6 +34,7 @@ class ChunkedPrefillMixin:
     num_prefill_steps: int
     _isolated: Callable[[list[Req], Callable[[list[Req]], None]], None]
     _check_writes: Callable[[list[Req], Any], None]
+    _cache_prompts: Callable[[list[Req]], None]
     _sample_and_append: Callable[[list[Req], Any], None]
     policy: Any
 
@@ -50,6 +51,7 @@ class ChunkedPrefillMixin:
         self._isolated([req], self._prefill_chunk)
         if req.finished or req.kv_len == len(req.origin_input_ids):
             self.chunked_req = None  # failed alone, or prompt done: it decodes from now on
+            self._cache_prompts([req])
 
     def _prefill_chunk(self, reqs: list[Req]) -> None:
         (req,) = reqs

@@ -14,7 +14,9 @@ points its req_to_token row at both; nothing here writes or frees a page of the 
 
 With a hybrid pool (`SWATokenToKVPoolAllocator` over an `SWAKVPool`) every new token also gets
 a window slot (written to `req_to_swa_token`); `evict_swa` gives back the window pages of tokens
-that no later query of their request can see (page-aware), after every forward.
+that no later query of their request can see (page-aware), after every forward. A cached prefix
+brings the tree's window pages of its last W tokens (`Req.swa_pages` below
+`cache_protected_len`): read, never written or freed here (nor its full pages).
 """
 
 from __future__ import annotations
@@ -101,7 +103,6 @@ class ScheduleBatch:
         batch.decode_dest = getattr(runner, "decode_static_inputs", None)
         return batch
 
-    # ---- memory ----
     def free_req(self, req: Req) -> None:
         """Return the request's KV pages and its req_to_token row (a no-op if it holds none),
         and unlock its cached prefix; the prefix's pages stay the tree's. Nothing is inserted
@@ -111,18 +112,14 @@ class ScheduleBatch:
         The pages are known on the host (`req.kv_pages`), so this never reads the device.
         """
         own_from = req.cache_protected_len // self.page_size
+        swa_pages, swa_full = self._own_swa_pages(req, len(req.swa_pages))
         node, req.last_node, req.cache_protected_len = req.last_node, None, 0
         pages, req.kv_pages, req.kv_len = req.kv_pages[own_from:], [], 0
-        swa_pages, swa_start, req.swa_pages, req.swa_page_start = (
-            req.swa_pages,
-            req.swa_page_start,
-            [],
-            0,
-        )
+        req.swa_pages, req.swa_page_start = [], 0
         row, req.req_pool_idx = req.req_pool_idx, None
         try:
             if swa_pages:
-                self._free_swa_pages(swa_pages, pages[swa_start : swa_start + len(swa_pages)])
+                self._free_swa_pages(swa_pages, swa_full)
             if pages:
                 first_slots = torch.tensor(pages, dtype=torch.int64) * self.page_size  # [P]
                 self.allocator.free(first_slots)
@@ -171,6 +168,12 @@ class ScheduleBatch:
         if pages:
             self.allocator.free(torch.tensor(pages, dtype=torch.int64) * ps)
 
+    def _own_swa_pages(self, req: Req, n: int) -> tuple[list[int], list[int]]:
+        """Its own of `swa_pages[:n]` and their full pages (those below its prefix: the tree's)."""
+        start = req.swa_page_start
+        skip = min(n, max(0, req.cache_protected_len // self.page_size - start))
+        return req.swa_pages[skip:n], req.kv_pages[start + skip : start + n]
+
     def _free_swa_pages(self, swa_pages: list[int], full_pages: list[int]) -> None:
         """Free window pages; the tokens of the matching full pages lose their window slots."""
         ps = self.page_size
@@ -198,12 +201,14 @@ class ScheduleBatch:
             keep = max(0, r.kv_len - W) // ps  # token page of the oldest key still read
             n = keep - r.swa_page_start
             if n > 0:
-                swa_free += r.swa_pages[:n]
-                full_pages += r.kv_pages[r.swa_page_start : keep]
+                own, full = self._own_swa_pages(r, n)  # (the tree's are only dropped)
+                swa_free += own
+                full_pages += full
                 plan.append((r, keep))
         if not plan:
             return
-        self._free_swa_pages(swa_free, full_pages)
+        if swa_free:
+            self._free_swa_pages(swa_free, full_pages)
         for r, keep in plan:
             del r.swa_pages[: keep - r.swa_page_start]
             r.swa_page_start = keep
@@ -247,10 +252,9 @@ class ScheduleBatch:
             p = r.cache_protected_len
             if r.req_pool_idx is None and (r.kv_len != p or len(r.kv_pages) != p // ps):
                 raise ValueError(f"request {r.rid} already holds memory (prefilled twice?)")
-            if r.req_pool_idx is None and (p % ps or (p and self.is_swa)):
+            if r.req_pool_idx is None and p % ps:
                 raise ValueError(
-                    f"request {r.rid}: a cached prefix of {p} tokens must be whole pages of"
-                    f" {ps} (and the hybrid pool has none)"
+                    f"request {r.rid}: a cached prefix of {p} tokens must be whole pages of {ps}"
                 )
             if not 1 <= n <= len(r.origin_input_ids) - r.kv_len:
                 raise ValueError(
@@ -294,8 +298,13 @@ class ScheduleBatch:
             ]
         )
         swa_slots = None
-        if self.is_swa:  # (no prefix: the radix cache is off with a hybrid pool)
-            got = self.allocator.alloc_extend(prefix_t, end_t, last, n_tok, swa_last_loc=last)
+        if self.is_swa:  # the window slot of the last computed token (the tree's or its own)
+            swa_last = torch.tensor(
+                [self._swa_slot(r, p - 1) if p else -1 for r, p in zip(reqs, prefix, strict=True)]
+            )
+            new_pages = (end_t + ps - 1) // ps - (prefix_t + ps - 1) // ps  # [B]
+            self._make_swa_room(int(new_pages.sum()) * ps)
+            got = self.allocator.alloc_extend(prefix_t, end_t, last, n_tok, swa_last_loc=swa_last)
             slots, swa_slots = (None, None) if got is None else (got.full, got.swa)
         else:
             slots = self.allocator.alloc_extend(prefix_t, end_t, last, n_tok)
@@ -307,9 +316,8 @@ class ScheduleBatch:
         for req, n, p in zip(reqs, lens, prefix, strict=True):
             first_new = offset + (-p) % ps  # the first token of a fresh page
             req.kv_pages += (slots[first_new : offset + n : ps] // ps).tolist()
-            if swa_slots is not None:
-                req.swa_pages = (swa_slots[offset : offset + n : ps] // ps).tolist()
-                req.swa_page_start = 0
+            if swa_slots is not None:  # after its prefix's (the tree's) or earlier chunks'
+                req.swa_pages += (swa_slots[first_new : offset + n : ps] // ps).tolist()
             req.kv_len += n
             offset += n
         rows_t = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)  # [B]
@@ -328,9 +336,8 @@ class ScheduleBatch:
         row_of = torch.repeat_interleave(rows_t, counts, output_size=len(every))
         table = self._to_device(torch.stack((row_of, pos, every)))  # [3, N]
         r2t.req_to_token[table[0], table[1]] = table[2].to(torch.int32)
-        if swa_slots is not None:  # (no prefix, no chunks: the table's tokens are the new ones)
-            swa_loc = self._to_device(swa_slots).to(torch.int32)  # [T]
-            r2t.req_to_swa_token[table[0], table[1]] = swa_loc
+        if swa_slots is not None:  # window slots from the first one a query still reads
+            self._write_swa_rows(reqs, firsts, ends)
         ids = [
             t for r, p, e in zip(reqs, prefix, ends, strict=True) for t in r.origin_input_ids[p:e]
         ]
@@ -342,6 +349,25 @@ class ScheduleBatch:
             out_cache_loc=out_cache_loc,
             **meta,
         )
+
+    def _write_swa_rows(self, reqs: list[Req], firsts: list[int], ends: list[int]) -> None:
+        """req_to_swa_token of tokens max(first, the request's first window page) .. end - 1
+        (a new request's cached prefix: the tree's window slots of its last W tokens)."""
+        ps, cols = self.page_size, []
+        for r, f, e in zip(reqs, firsts, ends, strict=True):
+            s0 = r.swa_page_start * ps
+            f = max(f, s0)
+            pos = torch.arange(f, e, dtype=torch.int64)
+            row = torch.full_like(pos, r.req_pool_idx or 0)
+            cols.append(torch.stack((row, pos, self._page_slots(r.swa_pages, f - s0, e - s0))))
+        table = self._to_device(torch.cat(cols, dim=1))  # [3, N] (row, position, slot)
+        self.req_to_token_pool.req_to_swa_token[table[0], table[1]] = table[2].to(torch.int32)
+
+    def _make_swa_room(self, num_slots: int) -> None:
+        """Tombstone the tree's unlocked window pages (counted free at admission) if needed."""
+        short = num_slots - self.allocator.swa_available_size()
+        if short > 0 and self.tree_cache is not None:
+            self.tree_cache.evict_swa(short)
 
     def _swa_slot(self, req: Req, token: int) -> int:
         """Window slot of token `token` of the request (host data; it must be in the window)."""
@@ -396,6 +422,8 @@ class ScheduleBatch:
         host = torch.tensor(block, dtype=torch.int64)
         seq_lens_cpu = host[2].clone()  # [B]
         swa_slots = None
+        if self.is_swa:
+            self._make_swa_room(sum(r.kv_len % ps == 0 for r in reqs) * ps)
         # the new pages' scrub is listed, not launched: it rides on the block's upload below
         with self.allocator.deferred_scrub() as scrubs:
             if self.is_swa:  # the mapping of the new slots: written with the request tables

@@ -8,14 +8,20 @@ ever retracted or lost. With the radix cache, admission first matches the reques
 the tree (whole pages, at most all but its last token: one token is always computed for its
 logits; for a request that scores its prompt, at most up to `logprob_start_len`), locks the
 matched path, and, when the pool is short, evicts unlocked cached prefixes (least recently used
-first) before it makes the request wait. With a hybrid pool (sliding-window layers in their own
-pool) both pools are counted: a request needs window slots for its whole prompt during its
-prefill, and afterwards at most its window (`swa_tokens_per_request`).
+first) before it makes the request wait.
+
+With a hybrid pool (sliding-window layers in their own pool, `SWARadixCache`) both pools are
+counted. A running request may still allocate window slots up to its cap: its own window
+(`swa_tokens_per_request`) plus, with the cache, the tree's window pages it locks (at most one
+more window); it holds its own pages and its locked ones. Tree window pages no request locks
+count as free (they are tombstoned when an allocation needs them: `ScheduleBatch.
+_make_swa_room`). Moving pages between a request and the tree never changes that budget, so a
+step never runs out of window slots. A waiting request needs window slots for the prompt it
+computes during its prefill, and at least its cap less what it locks at admission.
 
 Chunked prefill (`chunked_prefill_size`): a request whose prompt past its cached prefix is longer
 than one chunk is admitted alone and computed a chunk per step (`chunked_prefill.py`); a request
-that scores its prompt (input logprobs) is computed whole. Neither the prefix cache nor chunking
-serves the hybrid pool yet: both are off there, with a log line.
+that scores its prompt (input logprobs) is computed whole.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from srt.managers.schedule_batch import pages_needed
 from srt.managers.scheduler_logprobs import wants_input_logprobs
 from srt.mem_cache.kv_memory import swa_tokens_per_request
 from srt.mem_cache.radix_cache import MatchResult, RadixCache, RadixKey
+from srt.mem_cache.swa_radix_cache import SWAMatchResult, SWARadixCache
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +90,8 @@ class SchedulePolicy:
 
     Attributes
     ----------
-    tree_cache : the RadixCache, or None (disable_radix_cache, no ServerArgs, the hybrid pool).
+    tree_cache : the RadixCache (SWARadixCache on a hybrid pool), or None
+        (disable_radix_cache, no ServerArgs).
     chunked_prefill_size : tokens of a prompt computed per step (0: whole prompts).
     """
 
@@ -97,13 +105,12 @@ class SchedulePolicy:
         self.runner = model_runner
         self.page_size = page_size
         self.is_swa = hasattr(model_runner.token_to_kv_pool_allocator, "swa_available_size")
+        self.sliding_window_size = sliding_window_size
         self.max_prefill_tokens = max_prefill_tokens
         self.args = args = getattr(model_runner, "server_args", None)  # None: a bare runner
         self.tree_cache = self._tree_cache(args)
         chunk = getattr(args, "chunked_prefill_size", None) or 0
-        if chunk > 0 and self.is_swa:
-            logger.info("chunked prefill disabled: the hybrid sliding-window KV pool")
-        self.chunked_prefill_size = chunk if chunk > 0 and not self.is_swa else 0
+        self.chunked_prefill_size = max(chunk, 0)
         # window slots one running request may hold outside its prefill (hybrid pool only)
         self.swa_slots_per_request = (
             swa_tokens_per_request(sliding_window_size, page_size) if self.is_swa else 0
@@ -113,16 +120,11 @@ class SchedulePolicy:
         """The prefix cache, unless disable_radix_cache (or no ServerArgs: a bare runner)."""
         if args is None or getattr(args, "disable_radix_cache", True):
             return None
-        if self.is_swa:
-            logger.info(
-                "radix cache disabled: the hybrid sliding-window KV pool has no prefix cache"
-                " yet (--disable-hybrid-swa-memory gives a uniform pool that has one)"
-            )
-            return None
         runner = self.runner
-        return RadixCache(
-            runner.req_to_token_pool, runner.token_to_kv_pool_allocator, self.page_size
-        )
+        r2t, alloc = runner.req_to_token_pool, runner.token_to_kv_pool_allocator
+        if self.is_swa:
+            return SWARadixCache(r2t, alloc, self.page_size, self.sliding_window_size)
+        return RadixCache(r2t, alloc, self.page_size)
 
     def needs_chunks(self, req: Req) -> bool:
         """Whether the request's prompt past its cached prefix (`kv_len`) is computed over
@@ -133,13 +135,38 @@ class SchedulePolicy:
     def slots_for(self, num_tokens: int) -> int:
         return pages_needed(num_tokens, self.page_size) * self.page_size
 
-    def _swa_slots_held_max(self, req: Req) -> int:
-        """Window slots the request may hold at once after its prefill."""
-        return min(self.slots_for(req.target_len()), self.swa_slots_per_request)
+    def _swa_slots_cap(self, req: Req) -> int:
+        """Window slots the request may hold at once after its prefill: its own window, and
+        with the cache the tree's window pages it locks (at most a window of its prompt)."""
+        own = min(self.slots_for(req.target_len()), self.swa_slots_per_request)
+        if self.tree_cache is None:
+            return own
+        return own + min(self.slots_for(len(req.origin_input_ids)), self.swa_slots_per_request)
 
     def _swa_slots_to_admit(self, req: Req) -> int:
-        """Window slots a waiting request needs: its whole prompt while it is prefilled."""
-        return max(self.slots_for(len(req.origin_input_ids)), self._swa_slots_held_max(req))
+        """Window slots a request may need with nothing cached: its whole prompt while it is
+        prefilled, its cap afterwards."""
+        return max(self.slots_for(len(req.origin_input_ids)), self._swa_slots_cap(req))
+
+    def _swa_locked_slots(self, prefix_len: int) -> int:
+        """Window slots of the tree that a request with a cached prefix of prefix_len tokens
+        (whole pages) locks: those of the prefix's last W tokens."""
+        lo = max(0, prefix_len - self.sliding_window_size) // self.page_size
+        return prefix_len - lo * self.page_size
+
+    def _swa_own_slots(self, req: Req) -> int:
+        """Window slots the request owns (its swa_pages past its cached prefix)."""
+        tree = max(0, req.cache_protected_len // self.page_size - req.swa_page_start)
+        return max(0, len(req.swa_pages) - tree) * self.page_size
+
+    def _swa_slots_total(self, req: Req) -> int:
+        """Most window slots the request holds at once (own and locked) from here on: while
+        its prompt is computed, its prompt past the prefix it was admitted with (own pages
+        never lie outside that) and the lock of that prefix; afterwards its cap."""
+        if req.kv_len >= len(req.origin_input_ids):
+            return self._swa_slots_cap(req)
+        rest = self.slots_for(len(req.origin_input_ids) - req.cached_tokens)
+        return max(rest + self._swa_locked_slots(req.cached_tokens), self._swa_slots_cap(req))
 
     def check_fits(self, req: Req) -> None:
         """Raise ValueError if the request could never fit in the KV pool or the context."""
@@ -166,8 +193,21 @@ class SchedulePolicy:
 
     def _reserved_swa_slots(self, running: list[Req]) -> int:
         """Window slots the running requests may still allocate (hybrid pool)."""
-        ps = self.page_size
-        return sum(max(0, self._swa_slots_held_max(r) - len(r.swa_pages) * ps) for r in running)
+        return sum(
+            max(
+                0,
+                self._swa_slots_total(r)
+                - self._swa_own_slots(r)
+                - self._swa_locked_slots(r.cache_protected_len),
+            )
+            for r in running
+        )
+
+    def _free_swa_slots(self) -> int:
+        """Window slots free or held by the tree unlocked (tombstoned on demand)."""
+        tree = self.tree_cache
+        free = self.runner.token_to_kv_pool_allocator.swa_available_size()
+        return free + (tree.swa_evictable_size() if isinstance(tree, SWARadixCache) else 0)
 
     def match_prefix(self, req: Req) -> MatchResult | None:
         """The request's cached prefix, locked (None: no cache or nothing matched)."""
@@ -183,6 +223,16 @@ class SchedulePolicy:
         tree.inc_lock_ref(m.last_node)
         return m
 
+    def _start_from(self, req: Req, m: MatchResult) -> None:
+        """The admitted request starts from its matched prefix (and, on a hybrid pool, reads
+        the tree's window pages of the prefix's last W tokens)."""
+        req.kv_pages = list(m.pages)
+        req.kv_len = req.cache_protected_len = m.prefix_len
+        req.last_node = m.last_node
+        if isinstance(m, SWAMatchResult):
+            lo = max(0, m.prefix_len - self.sliding_window_size) // self.page_size
+            req.swa_page_start, req.swa_pages = lo, list(m.swa_pages[lo:])
+
     def admit(self, waiting: deque[Req], running: list[Req]) -> list[Req]:
         """Pop the waiting requests that fit now, in order (FIFO: the first that does not fit
         stops admission, so none starves); each starts from its cached prefix, if any. A
@@ -191,9 +241,7 @@ class SchedulePolicy:
         the tree holds) also stops admission: the next step it matches that prefix."""
         allocator = self.runner.token_to_kv_pool_allocator
         free = allocator.available_size() - self.reserved_slots(running)
-        free_swa = (
-            allocator.swa_available_size() - self._reserved_swa_slots(running) if self.is_swa else 0
-        )
+        held_swa = self._reserved_swa_slots(running) if self.is_swa else 0  # running + admitted
         rows = self.runner.max_running_requests - len(running)
         admitted: list[Req] = []
         prefill_tokens = 0
@@ -210,8 +258,12 @@ class SchedulePolicy:
                         self.tree_cache.dec_lock_ref(m.last_node)  # type: ignore[union-attr]
                     break
             need = self.slots_for(req.target_len()) - cached
-            need_swa = self._swa_slots_to_admit(req) if self.is_swa else 0
             n = len(req.origin_input_ids) - cached
+            need_swa = free_swa = 0
+            if self.is_swa:  # (after the match's lock: its pages are no longer evictable)
+                req.cached_tokens = cached
+                need_swa = self._swa_slots_total(req) - self._swa_locked_slots(cached)
+                free_swa = self._free_swa_slots() - held_swa
             long = 0 < self.chunked_prefill_size < n and not wants_input_logprobs(req)
             fits = not admitted or (prefill_tokens + n <= self.max_prefill_tokens and not long)
             if fits and need > free and self.tree_cache is not None:
@@ -225,13 +277,11 @@ class SchedulePolicy:
             if in_batch is not None:
                 in_batch.add(req)
             if m is not None:
-                req.kv_pages = list(m.pages)
-                req.kv_len = req.cache_protected_len = m.prefix_len
-                req.last_node = m.last_node
+                self._start_from(req, m)
             req.cached_tokens = cached
             admitted.append(req)
             free -= need
-            free_swa -= need_swa
+            held_swa += need_swa
             prefill_tokens += n
             if long:
                 break

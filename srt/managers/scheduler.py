@@ -10,9 +10,9 @@ never runs out of memory and no request is ever retracted or lost. With a hybrid
 pages are given back after every step (`evict_swa`).
 
 Prefix cache (RadixAttention; `disable_radix_cache`): a request starts from its prompt's
-longest cached prefix (whole pages, locked while it runs) and computes only the rest; a finished
-one leaves its whole pages in the tree (`cache_finished_req`); one that fails or is aborted
-unlocks and inserts nothing. Off, with a log line, for the hybrid sliding-window pool.
+longest cached prefix (whole pages, locked while it runs) and computes only the rest; its prompt
+goes into the tree after its prefill (`_cache_prompts`), the rest when it finishes; one that
+fails or is aborted unlocks and inserts nothing (`SWARadixCache` on the hybrid pool).
 
 Overlapped decode (SGLang's overlap schedule; `disable_overlap_schedule` turns it off): while
 decode step N runs on the GPU, the host prepares and launches step N + 1, its input tokens
@@ -326,15 +326,14 @@ class Scheduler(ChunkedPrefillMixin):
         self._sample_and_append(reqs, logits)
 
     def _cache_prompts(self, reqs: list[Req]) -> None:
-        """After a prefill, its requests' whole prompt pages go into the prefix cache (SGLang
-        inserts after every prefill, not only at finish), so a request admitted in a later
-        step matches a prompt that is still decoding; each moves its lock to its longer path.
-        A request that failed or finished in the step inserts nothing here (`_finish` does)."""
-        if self.tree_cache is None:
-            return
-        for req in reqs:
-            if not req.finished and req.error is None:
-                self.tree_cache.cache_unfinished_req(req)
+        """After a prefill, its requests' whole prompt pages go into the tree (as SGLang's): a
+        later request matches a prompt still decoding (on the hybrid pool, before the window
+        eviction frees its window pages). A failed or finished request inserts nothing here."""
+        ps = self.page_size
+        for r in reqs if self.tree_cache is not None else ():
+            grows = r.kv_len // ps > r.cache_protected_len // ps
+            if grows and not r.finished and r.error is None and r.req_pool_idx is not None:
+                self.tree_cache.cache_unfinished_req(r)
 
     def _decode(self, reqs: list[Req]) -> None:
         fb = self.batch.prepare_for_decode(reqs)

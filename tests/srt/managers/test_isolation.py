@@ -17,6 +17,7 @@ import pytest
 import srt
 import srt.managers.scheduler as scheduler_mod
 from tests.conftest import gpu
+from tests.srt.mem_cache.swa_radix_checks import check_swa_ownership
 
 MARK = 1000  # first prompt token of the poison request
 
@@ -165,12 +166,14 @@ def test_step_isolation_undoes_the_slots_a_failed_decode_took(engine, monkeypatc
     assert _free(engine) == start and not sched.has_work()
 
 
+@pytest.mark.parametrize("radix", [True, False], ids=["cache", "nocache"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_failed_decode_gives_back_window_pages_too(monkeypatch, page_size):
+def test_failed_decode_gives_back_window_pages_too(monkeypatch, page_size, radix):
     """The hybrid sliding-window pool (tiny gpt-oss, window 5): a request whose decode steps
     fail after its window pages were evicted, each failing step taking a new page (position
     16 starts one at page sizes 1 and 4), is undone page-exactly in both pools, and the
-    others match their solo runs."""
+    others match their solo runs (with the prefix cache: what is not free is the tree's,
+    unlocked, and every page and mapping entry has one owner)."""
     import json
 
     from tests.srt.distributed.tp_harness import TINY_GPT_OSS
@@ -181,13 +184,17 @@ def test_failed_decode_gives_back_window_pages_too(monkeypatch, page_size):
         json_model_override_args=json.dumps(TINY_GPT_OSS),
         max_total_tokens=256,
         page_size=page_size,
+        disable_radix_cache=not radix,
     )
     sched, runner = eng.scheduler, eng.model_runner
-    assert sched.is_swa
-    alloc = runner.token_to_kv_pool_allocator
+    assert sched.is_swa and (sched.tree_cache is not None) == radix
+    alloc, tree = runner.token_to_kv_pool_allocator, sched.tree_cache
 
     def free() -> tuple[int, int, int]:
-        return alloc.available_size(), alloc.swa_available_size(), _free(eng)[1]
+        full, swa = alloc.available_size(), alloc.swa_available_size()
+        if tree is not None:
+            full, swa = full + tree.evictable_size(), swa + tree.swa_evictable_size()
+        return full, swa, _free(eng)[1]
 
     start = free()
     sp = {"max_new_tokens": 14, "temperature": 0.0, "ignore_eos": True}
@@ -207,6 +214,7 @@ def test_failed_decode_gives_back_window_pages_too(monkeypatch, page_size):
     assert "poisoned row" in outs[0]["error"] and len(outs[0]["output_ids"]) >= 5
     assert [o["output_ids"] for o in outs[1:]] == solo
     assert free() == start and not sched.has_work()
+    check_swa_ownership(tree, alloc, [])
     eng.shutdown()
 
 

@@ -1,7 +1,8 @@
 """The scheduler with the radix cache (issue 48), on the embedded tiny Llama (CPU): greedy tokens
 identical with and without the cache (page 1 and 16, fused and unfused RoPE + KV), cached_tokens
 exact, a poison or aborted request sharing a prefix never inserts and always unlocks, the debug
-check stops a write into a cached prefix before it happens, and the switch / hybrid-pool cases.
+check stops a write into a cached prefix before it happens, and the switch / hybrid-pool cases
+(the hybrid pool's own: test_swa_radix_scheduler.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import srt
 from sgl_ext import settings
 from srt.managers.schedule_batch import Req
 from srt.mem_cache.radix_cache import RadixKey
+from srt.mem_cache.swa_radix_cache import SWARadixCache
 from srt.mem_cache.write_check import KVWriteViolation
 from srt.sampling.sampling_params import SamplingParams
 from tests.conftest import gpu
@@ -191,6 +193,8 @@ def test_debug_check_stops_a_write_into_a_cached_prefix(fused, debug, monkeypatc
 
 
 def test_disable_radix_cache_and_the_hybrid_pool(caplog):
+    """--disable-radix-cache turns the cache off; the hybrid sliding-window pool has it (and
+    chunked prefill) by default, with no "disabled" log line, and can turn it off too."""
     off = _engine(disable_radix_cache=True)
     outs = off.generate(input_ids=[[5, 6, 7, 8]] * 2, sampling_params=SP)
     assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 0]
@@ -198,13 +202,23 @@ def test_disable_radix_cache_and_the_hybrid_pool(caplog):
     off.shutdown()
     from tests.srt.distributed.tp_harness import TINY_GPT_OSS
 
+    hybrid = {"json_model_override_args": json.dumps(TINY_GPT_OSS), "max_total_tokens": 256}
     with caplog.at_level(logging.INFO, logger="srt"):
-        swa = _engine(json_model_override_args=json.dumps(TINY_GPT_OSS), max_total_tokens=256)
-    assert swa.scheduler.is_swa and swa.scheduler.tree_cache is None
-    assert any("radix cache disabled" in r.getMessage() for r in caplog.records)
+        swa = _engine(**hybrid)
+    assert swa.scheduler.is_swa and isinstance(swa.scheduler.tree_cache, SWARadixCache)
+    assert swa.scheduler.policy.chunked_prefill_size > 0
+    assert not any("disabled" in r.getMessage() for r in caplog.records)
     outs = swa.generate(input_ids=[[5, 6, 7, 8]] * 2, sampling_params=SP)
-    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 0]
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 0]  # one batch: none yet
+    outs = swa.generate(input_ids=[[5, 6, 7, 8]], sampling_params=SP)
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [3]
     swa.shutdown()
+    swa_off = _engine(disable_radix_cache=True, **hybrid)
+    assert swa_off.scheduler.is_swa and swa_off.scheduler.tree_cache is None
+    outs = swa_off.generate(input_ids=[[5, 6, 7, 8]] * 2, sampling_params=SP)
+    outs += swa_off.generate(input_ids=[[5, 6, 7, 8]], sampling_params=SP)
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 0, 0]
+    swa_off.shutdown()
 
 
 @gpu
