@@ -70,10 +70,10 @@
 #              sweeps (graph-timed per layer over per-layer caches, floors printed)
 #   serving    issue 48's serving measurements (python -m srt.bench_serving, in-process Engine,
 #              SERVING_PRESET default llama3-8b, random bf16 weights): (a) generated-shared-prefix
-#              16 groups x 32 prompts, system 2048, question 128, output 256, radix cache on / off;
-#              (b) random 512 prompts, in 1024 / out 256, cache on / off; (c) 32 decoders (in 512,
-#              out 1024) while a 32768-token prompt arrives after 1 s, chunked prefill on (the
-#              GPU's default size) / off. One jsonl line per run in ${OUT:-$LOGS}/serving.jsonl,
+#              16 groups x 32 prompts, system 2048, question 128, output 256, radix cache on / off,
+#              256 (default) and 512 request rows; (b) random 512 prompts, in 1024 / out 256, cache
+#              on / off; (c) 32 decoders (in 512, out 256) while a 32768-token prompt arrives after
+#              1 s, chunked prefill at the GPU's default size / 512 / off. One jsonl line per run in ${OUT:-$LOGS}/serving.jsonl,
 #              then the goals' ratios. Sizes: SERVING_GSP_GROUPS, SERVING_GSP_PER_GROUP,
 #              SERVING_RANDOM_PROMPTS, SERVING_LPA_LONG, SERVING_LPA_DECODERS
 #   gemm       issue 15 decode GEMMs: skinny Triton GEMM + gemm_choice GPU tests, then
@@ -356,22 +356,22 @@ t_serving() {
   local rnd="--dataset-name random --num-prompts ${SERVING_RANDOM_PROMPTS:-512}
     --random-input-len 1024 --random-output-len 256 --random-range-ratio 1"
   local lpa="--dataset-name long-prompt-arrival --lpa-decoders ${SERVING_LPA_DECODERS:-32}
-    --lpa-decoder-input-len 512 --lpa-decoder-output-len 1024
+    --lpa-decoder-input-len 512 --lpa-decoder-output-len 256
     --lpa-long-len ${SERVING_LPA_LONG:-32768} --lpa-delay-s 1"
-  # Time (estimated, H100, not yet measured): each run starts a process and builds the
-  # Engine (weights drawn on the GPU, decode graphs up to bs 64) in ~15-25 s, the first one
-  # also compiles the Triton kernels. (a) with the cache ~98k prompt tokens to compute,
-  # without ~1.1M (~30 s at ~35-40k tok/s), then 512 x 256 decode tokens at <= 256 running
-  # (~15-20 s); (b) 524k prompt tokens (~15 s) + the same decode, twice; (c) a 32k-token
-  # warm-up prefill, then ~8 s of decoding. About 4.5-6 min in all; the timeouts below add
-  # up to 8 min, so a slow run is cut rather than the target overrunning.
+  # Time (H100, RESULTS.md 11): a run's process and Engine take ~20 s; then gsp ~26 s with the
+  # cache, ~64 s without; random ~27 s each; a long-prompt run ~10 s. About 7.5 min in all (a
+  # whole device call): SERVING_* shrink it.
   # shellcheck disable=SC2086
   {
     timeout 100 $B $gsp --tag gsp_cache
     timeout 110 $B $gsp --tag gsp_nocache --disable-radix-cache
+    # the same with 512 request rows (SGLang sizes rows from the pool, 2048+): one wave, not two
+    timeout 80 $B $gsp --tag gsp_cache_rows512 --max-running-requests 512
+    timeout 110 $B $gsp --tag gsp_nocache_rows512 --max-running-requests 512 --disable-radix-cache
     timeout 75 $B $rnd --tag random_cache
     timeout 75 $B $rnd --tag random_nocache --disable-radix-cache
     timeout 60 $B $lpa --tag lpa_chunked --plot "$dir/serving_lpa_chunked.png"
+    timeout 60 $B $lpa --tag lpa_chunk512 --chunked-prefill-size 512
     timeout 60 $B $lpa --tag lpa_unchunked --chunked-prefill-size -1 \
       --plot "$dir/serving_lpa_unchunked.png"
   }
@@ -390,6 +390,9 @@ def ratio(a, b, key):
 print("gsp: total throughput cache/nocache", ratio("gsp_cache", "gsp_nocache", "total_throughput"),
       "(goal >= 3); median TTFT cache/nocache", ratio("gsp_cache", "gsp_nocache", "median_ttft_ms"),
       "(goal <= 0.2)")
+print("gsp, 512 rows: total throughput cache/nocache",
+      ratio("gsp_cache_rows512", "gsp_nocache_rows512", "total_throughput"), "; median TTFT",
+      ratio("gsp_cache_rows512", "gsp_nocache_rows512", "median_ttft_ms"))
 print("random: total throughput cache/nocache", ratio("random_cache", "random_nocache",
       "total_throughput"), "(goal >= 0.98)")
 for t in ("gsp_cache", "gsp_nocache", "random_cache", "random_nocache"):
