@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from srt.managers.req import Req
@@ -55,12 +56,12 @@ class InBatchPrefixes:
         self.block = block
         self.seen: set[tuple[str | None, int, int]] = set()  # (extra_key, blocks, chain hash)
 
-    def _chain(self, req: Req, limit: int) -> list[int]:
-        ids, b, h, out = req.origin_input_ids, self.block, 0, []
+    def _chain(self, req: Req, limit: int) -> Iterator[int]:
+        """The chained hashes of the prompt's whole blocks, lazily (a miss stops the walk)."""
+        ids, b, h = req.origin_input_ids, self.block, 0
         for j in range(min(limit, len(ids)) // b):
             h = hash((h, tuple(ids[j * b : (j + 1) * b])))
-            out.append(h)
-        return out
+            yield h
 
     def shared_len(self, req: Req, limit: int) -> int:
         """Tokens (whole blocks, at most `limit`) of req's prompt that an added prompt shares."""
