@@ -135,24 +135,9 @@ class RadixCache:
         match ends on a node boundary. Touches the matched path (LRU)."""
         if not isinstance(key, RadixKey):
             raise TypeError(f"key must be a RadixKey, got {type(key).__name__}")
-        key = key.page_aligned(self.page_size)
-        self._clock += 1
-        node, pages = self.root_node, []
-        node.last_access = self._clock
-        ids, pos = key.token_ids, 0
-        while pos < len(ids):
-            child = node.children.get(self._child_key(key.extra_key, ids, pos))
-            if child is None:
-                break
-            child.last_access = self._clock
-            n = self._common_len(child.key, ids, pos)
-            if n < len(child.key):
-                child = self._split(child, n)
-            pages += child.value
-            node, pos = child, pos + n
-            if n < len(child.key):
-                break
-        return MatchResult(tuple(pages), len(pages) * self.page_size, node)
+        path = self._descend(key.page_aligned(self.page_size))
+        pages = tuple(p for n in path for p in n.value)
+        return MatchResult(pages, len(pages) * self.page_size, path[-1] if path else self.root_node)
 
     def insert(self, key: RadixKey, value: Sequence[int]) -> int:
         """Add `key` (cut to whole pages) with its pages `value`; returns how many of its tokens
@@ -336,6 +321,33 @@ class RadixCache:
         assert node.parent is not None
         return node.parent
 
+    def _descend(self, key: RadixKey) -> list[TreeNode]:
+        """The nodes of key's (whole pages) longest cached prefix, root excluded, the last one
+        split to end there; touches them (LRU)."""
+        self._clock += 1
+        node, path = self.root_node, []
+        node.last_access = self._clock
+        ids, pos = key.token_ids, 0
+        while pos < len(ids):
+            child = node.children.get(self._child_key(key.extra_key, ids, pos))
+            if child is None:
+                break
+            child.last_access = self._clock
+            n = self._common_len(child.key, ids, pos)
+            if n == 0:
+                break
+            if n < len(child.key):
+                child = self._split(child, n)
+            path.append(child)
+            node, pos = child, pos + n
+        return path
+
+    def _upper_node(self, child: TreeNode, n: int) -> TreeNode:
+        """The node of child's first n tokens when it is split (a subclass's node type takes
+        its share of the per-page state here)."""
+        k = n // self.page_size
+        return TreeNode(child.parent, child.key[:n], child.value[:k], child.extra_key)
+
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Split child after its first n tokens (whole pages); returns the new upper node,
         which inherits the lock count (the same requests lock both halves) and the dict key
@@ -343,7 +355,7 @@ class RadixCache:
         ps = self.page_size
         parent = self._parent(child)
         ck = self._child_key(child.extra_key, child.key, 0)
-        upper = TreeNode(parent, child.key[:n], child.value[: n // ps], child.extra_key)
+        upper = self._upper_node(child, n)
         upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
         child.key, child.value, child.parent = child.key[n:], child.value[n // ps :], upper
         upper.children[self._child_key(child.extra_key, child.key, 0)] = child

@@ -127,7 +127,7 @@ class SWARadixCache(SWARequestsMixin, RadixCache):
         slots (the node is split where it ends). Touches the matched path (LRU)."""
         if not isinstance(key, RadixKey):
             raise TypeError(f"key must be a RadixKey, got {type(key).__name__}")
-        path = self._descend(key.page_aligned(self.page_size))
+        path = self._swa_path(key.page_aligned(self.page_size))
         swa = [s for n in path for s in n.swa_value]
         m = self._usable_pages(swa)
         node = self._node_ending_at(path, m)
@@ -214,26 +214,8 @@ class SWARadixCache(SWARequestsMixin, RadixCache):
         return {s for n in self.nodes() for s in _as_swa(n).swa_value if s >= 0}
 
     # ------------------------------------------------------------------ internals
-    def _descend(self, key: RadixKey) -> list[SWATreeNode]:
-        """The nodes of key's longest cached whole-page prefix, root excluded (the last one
-        split to end there); touches them (LRU)."""
-        self._clock += 1
-        node, path = self.root_node, []
-        node.last_access = self._clock
-        ids, pos = key.token_ids, 0
-        while pos < len(ids):
-            child = node.children.get(self._child_key(key.extra_key, ids, pos))
-            if child is None:
-                break
-            child.last_access = self._clock
-            n = self._common_len(child.key, ids, pos)
-            if n == 0:
-                break
-            if n < len(child.key):
-                child = self._split(child, n)
-            path.append(_as_swa(child))
-            node, pos = child, pos + n
-        return path
+    def _swa_path(self, key: RadixKey) -> list[SWATreeNode]:
+        return [_as_swa(n) for n in self._descend(key)]
 
     def _usable_pages(self, swa: list[int]) -> int:
         """The most pages m of a path (window pages `swa`) whose window range is all live."""
@@ -262,21 +244,13 @@ class SWARadixCache(SWARequestsMixin, RadixCache):
                 return self._split(node, (m - start) * self.page_size)
         return path[-1]
 
-    def _split(self, child: TreeNode, n: int) -> TreeNode:
-        """RadixCache._split, the window pages and their lock counts split with the key."""
+    def _upper_node(self, child: TreeNode, n: int) -> TreeNode:
+        """RadixCache._split's upper node, with the window pages and lock counts of its pages."""
         c = _as_swa(child)
         k = n // self.page_size
-        swa, lock = c.swa_value, c.swa_lock
-        upper = SWATreeNode(c.parent, c.key[:n], c.value[:k], c.extra_key, swa[:k])
-        upper.swa_lock = lock[:k]
-        c.swa_value, c.swa_lock = swa[k:], lock[k:]
-        # re-link as RadixCache._split does: upper takes child's place under the parent
-        parent = self._parent(c)
-        ck = self._child_key(c.extra_key, c.key, 0)
-        upper.lock_ref, upper.last_access = c.lock_ref, c.last_access
-        c.key, c.value, c.parent = c.key[n:], c.value[k:], upper
-        upper.children[self._child_key(c.extra_key, c.key, 0)] = c
-        parent.children[ck] = upper
+        upper = SWATreeNode(c.parent, c.key[:n], c.value[:k], c.extra_key, c.swa_value[:k])
+        upper.swa_lock = c.swa_lock[:k]
+        c.swa_value, c.swa_lock = c.swa_value[k:], c.swa_lock[k:]
         return upper
 
     def _insert(
@@ -381,7 +355,7 @@ class SWARadixCache(SWARequestsMixin, RadixCache):
 
     def _path_pages(self, key: RadixKey) -> tuple[list[int], list[int], TreeNode]:
         """Full and window pages of key's cached prefix and its last node (no window rule)."""
-        path = self._descend(key)
+        path = self._swa_path(key)
         full = [p for n in path for p in n.value]
         swa = [s for n in path for s in n.swa_value]
         return full, swa, (path[-1] if path else self.root_node)
