@@ -67,13 +67,14 @@
 #   hostprof   where an eager decode step's host time goes: cProfile of eager steps (llama3-8b,
 #              qwen3-8b, bs 1), top functions by own time
 #   attn       issue 15 attention: backend + scrub + layernorm GPU tests, decode / extend tile
-#              sweeps (graph-timed per layer over per-layer caches, floors printed)
+#              sweeps (graph-timed per layer over per-layer caches, floors printed), shared-prefix
+#              (cascade) decode vs plain at B 256 in 8 groups (issue 48)
 #   serving    issue 48's serving measurements (python -m srt.bench_serving, in-process Engine,
 #              SERVING_PRESET default llama3-8b, random bf16 weights): (a) generated-shared-prefix
-#              16 groups x 32 prompts, system 2048, question 128, output 256, radix cache on / off,
-#              256 (default) and 512 request rows; (b) random 512 prompts, in 1024 / out 256, cache
-#              on / off; (c) 32 decoders (in 512, out 256) while a 32768-token prompt arrives after
-#              1 s, chunked prefill at the GPU's default size / 512 / off. One jsonl line per run in ${OUT:-$LOGS}/serving.jsonl,
+#              16 groups x 32 prompts, system 2048, question 128, output 256, radix cache on (cascade
+#              decode on / off) / off; (b) random 512 prompts, in 1024 / out 256, cache on / off;
+#              (c) 32 decoders (in 512, out 256) while a 32768-token prompt arrives after 1 s,
+#              chunked prefill at the GPU's default size / 512 / 128 / off. One jsonl line per run in ${OUT:-$LOGS}/serving.jsonl,
 #              then the goals' ratios. Sizes: SERVING_GSP_GROUPS, SERVING_GSP_PER_GROUP,
 #              SERVING_RANDOM_PROMPTS, SERVING_LPA_LONG, SERVING_LPA_DECODERS
 #   gemm       issue 15 decode GEMMs: skinny Triton GEMM + gemm_choice GPU tests, then
@@ -345,6 +346,7 @@ t_attn() {
     tests/srt/mem_cache/test_scrub.py tests/srt/layers/test_layernorm.py
   timeout 150 python benchmarks/bench_layers.py --presets llama3-8b --decode-sweep
   timeout 90 python benchmarks/bench_layers.py --presets llama3-8b --extend-sweep
+  timeout 90 python benchmarks/bench_layers.py --presets llama3-8b --cascade
 }
 t_gemm() {
   timeout 150 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_gemm.py \
@@ -365,20 +367,19 @@ t_serving() {
   local lpa="--dataset-name long-prompt-arrival --lpa-decoders ${SERVING_LPA_DECODERS:-32}
     --lpa-decoder-input-len 512 --lpa-decoder-output-len 256
     --lpa-long-len ${SERVING_LPA_LONG:-32768} --lpa-delay-s 1"
-  # Time (H100, RESULTS.md 11): a run's process and Engine take ~20 s; then gsp ~26 s with the
-  # cache, ~64 s without; random ~27 s each; a long-prompt run ~10 s. About 7.5 min in all (a
-  # whole device call): SERVING_* shrink it.
+  # Time (H100): a run's process and Engine take ~20 s; then gsp ~10 s with the cache, ~25 s
+  # with it but without the cascade decode, ~64 s without the cache; random ~27 s each; a
+  # long-prompt run ~10-30 s. About 7 min in all: SERVING_* shrink it.
   # shellcheck disable=SC2086
   {
-    timeout 100 $B $gsp --tag gsp_cache
-    timeout 110 $B $gsp --tag gsp_nocache --disable-radix-cache
-    # the same with 512 request rows (SGLang sizes rows from the pool, 2048+): one wave, not two
-    timeout 80 $B $gsp --tag gsp_cache_rows512 --max-running-requests 512
-    timeout 110 $B $gsp --tag gsp_nocache_rows512 --max-running-requests 512 --disable-radix-cache
+    timeout 80 $B $gsp --tag gsp_cache
+    timeout 90 $B $gsp --tag gsp_cache_nocascade --disable-cascade-attn
+    timeout 120 $B $gsp --tag gsp_nocache --disable-radix-cache
     timeout 75 $B $rnd --tag random_cache
     timeout 75 $B $rnd --tag random_nocache --disable-radix-cache
     timeout 60 $B $lpa --tag lpa_chunked --plot "$dir/serving_lpa_chunked.png"
     timeout 60 $B $lpa --tag lpa_chunk512 --chunked-prefill-size 512
+    timeout 75 $B $lpa --tag lpa_chunk128 --chunked-prefill-size 128
     timeout 60 $B $lpa --tag lpa_unchunked --chunked-prefill-size -1 \
       --plot "$dir/serving_lpa_unchunked.png"
   }
@@ -397,15 +398,15 @@ def ratio(a, b, key):
 print("gsp: total throughput cache/nocache", ratio("gsp_cache", "gsp_nocache", "total_throughput"),
       "(goal >= 3); median TTFT cache/nocache", ratio("gsp_cache", "gsp_nocache", "median_ttft_ms"),
       "(goal <= 0.2)")
-print("gsp, 512 rows: total throughput cache/nocache",
-      ratio("gsp_cache_rows512", "gsp_nocache_rows512", "total_throughput"), "; median TTFT",
-      ratio("gsp_cache_rows512", "gsp_nocache_rows512", "median_ttft_ms"))
+print("gsp, cascade decode off: total throughput cache/nocache",
+      ratio("gsp_cache_nocascade", "gsp_nocache", "total_throughput"), "; median TTFT",
+      ratio("gsp_cache_nocascade", "gsp_nocache", "median_ttft_ms"))
 print("random: total throughput cache/nocache", ratio("random_cache", "random_nocache",
       "total_throughput"), "(goal >= 0.98)")
-for t in ("gsp_cache", "gsp_nocache", "random_cache", "random_nocache"):
+for t in ("gsp_cache", "gsp_cache_nocascade", "gsp_nocache", "random_cache", "random_nocache"):
     if t in rows:
         print(f"{t}: hit rate {rows[t]['cache_hit_rate']}, failed {rows[t]['failed']}")
-for t in ("lpa_chunked", "lpa_unchunked"):
+for t in ("lpa_chunked", "lpa_chunk512", "lpa_chunk128", "lpa_unchunked"):
     r = rows.get(t, {})
     print(f"{t}: decoder ITL median {r.get('lpa_decoder_itl_median_ms')} ms, p99",
           f"{r.get('lpa_decoder_itl_p99_ms')} ms, p99/median {r.get('lpa_itl_p99_over_median')}",

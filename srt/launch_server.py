@@ -73,6 +73,11 @@ def build_parser() -> ArgumentParser:
     )
     a("--disable-radix-cache", action="store_true", help="no prefix cache: compute every prompt")
     a(
+        "--disable-cascade-attn",
+        action="store_true",
+        help="decode reads every request's whole KV, even a prefix several requests share",
+    )
+    a(
         "--chunked-prefill-size",
         type=int,
         default=None,
@@ -119,6 +124,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         disable_hybrid_swa_memory=args.disable_hybrid_swa_memory,
         disable_overlap_schedule=args.disable_overlap_schedule,
         disable_radix_cache=args.disable_radix_cache,
+        disable_cascade_attn=args.disable_cascade_attn,
         chunked_prefill_size=args.chunked_prefill_size,
         enable_cache_report=args.enable_cache_report,
         incremental_streaming_output=args.incremental_streaming_output,

@@ -58,8 +58,12 @@ class ServerArgs:
         launched while the previous step still runs, its tokens fed from the device.
     disable_radix_cache : compute every prompt from its first token. By default (SGLang's
         RadixAttention) the prefix cache keeps finished requests' KV pages in a radix tree and
-        a new request computes only what follows its longest cached prefix (off with the hybrid
-        sliding-window pool, which has no prefix cache yet).
+        a new request computes only what follows its longest cached prefix (on the hybrid
+        sliding-window pool too: `SWARadixCache`).
+    disable_cascade_attn : read every decoding request's whole KV. By default a decode step
+        reads a prefix that several running requests share in the prefix cache once for all of
+        them (the Triton backend's cascade decode, in CUDA graphs of 8 or more requests too;
+        vLLM's name).
     chunked_prefill_size : prompt tokens of one request computed per step: a longer prompt is
         prefilled over several steps while the running requests keep decoding between its
         chunks. None: SGLang's default for the device's memory (2048 under 20 GiB, 4096 under
@@ -108,6 +112,7 @@ class ServerArgs:
     disable_hybrid_swa_memory: bool = False
     disable_overlap_schedule: bool = False
     disable_radix_cache: bool = False
+    disable_cascade_attn: bool = False
     chunked_prefill_size: int | None = None
     enable_cache_report: bool = False
     incremental_streaming_output: bool = False

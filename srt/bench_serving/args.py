@@ -93,6 +93,11 @@ def build_parser() -> ArgumentParser:
         "--disable-radix-cache", action="store_true", help="no prefix cache (RadixAttention)"
     )
     e.add_argument(
+        "--disable-cascade-attn",
+        action="store_true",
+        help="decode reads every request's whole KV, even a prefix several requests share",
+    )
+    e.add_argument(
         "--chunked-prefill-size",
         type=int,
         default=None,
@@ -192,6 +197,7 @@ def engine_kwargs(args: argparse.Namespace, context_length: int | None) -> dict[
         model_impl=args.model_impl,
         model_file=args.model_file,
         disable_radix_cache=args.disable_radix_cache,
+        disable_cascade_attn=args.disable_cascade_attn,
         chunked_prefill_size=args.chunked_prefill_size,
         disable_overlap_schedule=args.disable_overlap_schedule,
         skip_tokenizer_init=True,

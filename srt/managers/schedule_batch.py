@@ -1,11 +1,10 @@
-"""Req and ScheduleBatch: request state and the host-side building of ForwardBatches.
-
-A `Req` owns one row of the ReqToTokenPool and the KV slots listed in that row (and, on the
-host, in `Req.kv_pages`). `ScheduleBatch` turns a list of requests into the `ForwardBatch` of an
-EXTEND (prefill) or DECODE step and allocates the KV slots those steps write through the
-allocator's `alloc_extend` / `alloc_decode`; `free_req` gives everything back. A failed
-`prepare_for_extend` gives back what it took; after any later failure, `free_req` on every
-request that holds memory restores both pools.
+"""ScheduleBatch: the host-side building of ForwardBatches. A `Req` (req.py) owns one row of the
+ReqToTokenPool and the KV slots listed in that row (and, on the host, in `Req.kv_pages`).
+`ScheduleBatch` turns a list of requests into the `ForwardBatch` of an EXTEND (prefill) or
+DECODE step and allocates the KV slots those steps write through the allocator's
+`alloc_extend` / `alloc_decode`; `free_req` gives everything back. A failed `prepare_for_extend`
+gives back what it took; after any later failure, `free_req` on every request that holds memory
+restores both pools.
 
 With the radix cache (`tree_cache`), a request admitted with a cached prefix arrives here with
 the tree's pages of that prefix in `kv_pages` (`cache_protected_len` tokens, whole pages, their
@@ -28,13 +27,10 @@ from typing import Any
 import torch
 
 from srt.managers.req import Req
+from srt.managers.shared_prefix import find_shared_prefixes
 from srt.mem_cache.decode_writes import StepExtras, write_decode_rows
 from srt.mem_cache.host_copy import upload
-from srt.model_executor.forward_batch_info import (
-    ForwardBatch,
-    ForwardMode,
-    compute_extend_metadata,
-)
+from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, compute_extend_metadata
 
 
 def pages_needed(num_tokens: int, page_size: int) -> int:
@@ -85,6 +81,7 @@ class ScheduleBatch:
         # decode graph's static inputs) or None: the upload's own memory (set by from_runner)
         self.decode_dest: Callable[[int, int], torch.Tensor | None] | None = None
         self.tree_cache: Any = None
+        self.cascade_attn = False  # find decode batches' shared prefixes (find_shared_prefixes)
 
     @classmethod
     def from_runner(cls, runner: Any, enable_fused_rope_kv: bool | None = None) -> ScheduleBatch:
@@ -101,6 +98,7 @@ class ScheduleBatch:
             fused if enable_fused_rope_kv is None else enable_fused_rope_kv,
         )
         batch.decode_dest = getattr(runner, "decode_static_inputs", None)
+        batch.cascade_attn = not getattr(runner.server_args, "disable_cascade_attn", False)
         return batch
 
     def free_req(self, req: Req) -> None:
@@ -482,9 +480,9 @@ class ScheduleBatch:
             if resets is not None:
                 kv.requeue_mapping_resets(resets)
             raise
-        if dest is not None:
-            dev = dest
+        dev = dev if dest is None else dest
         input_ids, rows, seq_lens, out_cache_loc, pos = dev[:5].unbind(0)  # [B] each
+        shared = self.cascade_attn and self.tree_cache is not None  # prefixes read once a group
         return self._forward_batch(
             ForwardMode.DECODE,
             batch_size=len(reqs),
@@ -497,4 +495,5 @@ class ScheduleBatch:
             positions=pos,
             out_cache_loc_swa=dev[5] if swa_slots is not None else None,
             decode_inputs=dev,  # [5 or 6, B]
+            shared_prefixes=find_shared_prefixes(reqs, ps) if shared else None,
         )

@@ -46,6 +46,14 @@ class KVCacheShape:
         return self.full_bytes_per_token + self.swa_bytes_per_token
 
 
+def default_request_rows(max_total_tokens: int, context_len: int) -> int:
+    """Request rows (max_running_requests) of a uniform GPU pool when none is given: SGLang's
+    rule, 512 per context's worth of KV slots, within [2048, 4096]. The row table costs
+    4 * context_len bytes a row; a hybrid pool keeps 256 rows, as its window pool grows with
+    them."""
+    return min(max(max_total_tokens // max(1, context_len) * 512, 2048), 4096)
+
+
 def swa_tokens_per_request(sliding_window_size: int, page_size: int) -> int:
     """Window slots (whole pages) one running request may hold at once outside a prefill."""
     pages = (sliding_window_size + page_size - 1) // page_size + 1

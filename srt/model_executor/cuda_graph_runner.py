@@ -6,6 +6,10 @@ padding rows (B .. bucket-1) get token 0, position 0, the backend's seq-len fill
 row 0 and KV slot 0 (the pool's padding slot, which no request ever reads), so they never touch
 a real request's cache.
 
+With the prefix cache, buckets of at least CASCADE_MIN_BS get a second graph that reads the
+batch's shared prefixes once per group (the backend's cascade decode, docs/design.md 3.2); a
+batch with `shared_prefixes` replays it.
+
 The capture-mode flag (`is_capturing`) lives on this runner and is reset in `try/finally`; the
 KV pool's stream overlap (V written on an alternate stream) is switched on only while capturing.
 """
@@ -19,6 +23,9 @@ import torch
 
 from srt.mem_cache.write_check import check_padding_writes, kv_write_checks_enabled
 from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+# Smallest decode bucket that gets a cascade graph too (smaller batches share little).
+CASCADE_MIN_BS = 8
 
 if TYPE_CHECKING:
     from srt.layers.attention.base_attn_backend import AttentionBackend
@@ -128,6 +135,15 @@ class CudaGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.graph_memory_pool: Any = None
         backend = model_runner.attn_backend
+        # Cascade decode (shared prefixes read once per group) gets a second graph per bucket of
+        # at least CASCADE_MIN_BS, when the prefix cache can share prefixes and the backend can.
+        cascade = backend.supports_cascade and not (
+            getattr(args, "disable_radix_cache", False)
+            or getattr(args, "disable_cascade_attn", False)
+        )
+        self.cascade_bs = [b for b in self.capture_bs if b >= CASCADE_MIN_BS] if cascade else []
+        self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.cascade_outputs: dict[int, torch.Tensor] = {}
         self.seq_len_fill_value = int(backend.get_cuda_graph_seq_len_fill_value())
         # Static inputs, [max_bs] each, the rows of one block in ForwardBatch.decode_inputs's
         # order; replays copy the real batch into their first columns (one copy for a batch
@@ -188,18 +204,24 @@ class CudaGraphRunner:
             stream = torch.cuda.Stream(device=self.device)
             for bs in reversed(self.capture_bs):
                 self.graphs[bs], self.outputs[bs] = self._capture_one(bs, stream)
+                if bs in self.cascade_bs:
+                    graph, out = self._capture_one(bs, stream, cascade=True)
+                    self.cascade_graphs[bs], self.cascade_outputs[bs] = graph, out
         finally:
             self.is_capturing = False
             pool.set_stream_overlap(False)
         torch.cuda.synchronize(self.device)
 
     def _capture_one(
-        self, bs: int, stream: torch.cuda.Stream
+        self, bs: int, stream: torch.cuda.Stream, cascade: bool = False
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         fb = self._forward_batch(bs, bs * self.seq_len_fill_value)
-        self.model_runner.attn_backend.init_forward_metadata_capture_cuda_graph(
+        backend = self.model_runner.attn_backend
+        backend.init_forward_metadata_capture_cuda_graph(
             bs, bs, fb.req_pool_indices, fb.seq_lens, ForwardMode.DECODE
         )
+        if cascade:
+            backend.capture_cascade_cuda_graph(bs)
         # Warm up on the capture stream (lazy inits, Triton compiles) before capturing.
         stream.wait_stream(torch.cuda.current_stream(self.device))
         greedy = self.model_runner.greedy
@@ -280,11 +302,18 @@ class CudaGraphRunner:
             self.seq_lens_cpu[:raw_bs].copy_(seq_lens_cpu)
             seq_lens_cpu = cpu_view
         seq_lens_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * fill
-        self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
+        backend = self.model_runner.attn_backend
+        backend.init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, seq_lens_sum, ForwardMode.DECODE, seq_lens_cpu
         )
-        self.graphs[bs].replay()
-        out = self.outputs[bs]
+        shared = forward_batch.shared_prefixes
+        if shared is not None and bs in self.cascade_graphs:
+            backend.replay_cascade_cuda_graph(bs, shared)
+            self.cascade_graphs[bs].replay()
+            out = self.cascade_outputs[bs]
+        else:
+            self.graphs[bs].replay()
+            out = self.outputs[bs]
         out = out if raw_bs == bs else out[:raw_bs]
         greedy = self.model_runner.greedy
         if greedy is not None:  # the replay computes out's argmax (ModelRunner.greedy_ids)

@@ -42,6 +42,23 @@ class ForwardMode(enum.IntEnum):
         return self == ForwardMode.DECODE
 
 
+@dataclass(frozen=True)
+class SharedPrefixes:
+    """Groups of a decode batch's requests that hold the same leading KV slots (the prefix
+    cache's pages), so attention may read each group's shared prefix once per step (the Triton
+    backend's cascade decode) instead of once per request. Host data, built by the scheduler
+    (`srt/managers/shared_prefix.py`); a backend may ignore it.
+
+    Group g is the batch rows `rows[g]`, whose first `prefix_lens[g]` tokens (whole pages)
+    sit in the same slots: those of req_to_token row `req_pool_indices[g]`. A row is in at most
+    one group, and prefix_lens[g] <= seq_len - 1 of each member (never the new token).
+    """
+
+    rows: tuple[tuple[int, ...], ...]
+    prefix_lens: tuple[int, ...]
+    req_pool_indices: tuple[int, ...]
+
+
 class BatchAttentionBackend(Protocol):
     """What a batch and its layers ask of the batch's attention backend: every
     `srt.layers.attention.base_attn_backend.AttentionBackend` is one. Declared here, below the
@@ -102,6 +119,8 @@ class ForwardBatch:
     # out_cache_loc_swa); those fields are views of it, so a CUDA-graph replay copies the batch
     # into its static inputs in one launch.
     decode_inputs: torch.Tensor | None = None
+    # DECODE, optional: requests whose leading KV slots are shared (SharedPrefixes; host).
+    shared_prefixes: SharedPrefixes | None = None
 
     # ---- EXTEND only ----
     # int32 [B], device: number of new tokens per request.

@@ -193,7 +193,12 @@ class ModelRunner:
         return swa, full, max(windows)
 
     def _init_memory_pool(self) -> None:
-        from srt.mem_cache.kv_memory import KVCacheShape, kv_memory_report, swa_pool_size
+        from srt.mem_cache.kv_memory import (
+            KVCacheShape,
+            default_request_rows,
+            kv_memory_report,
+            swa_pool_size,
+        )
         from srt.mem_cache.memory_pool import ReqToTokenPool
 
         args, ps = self.server_args, self.page_size
@@ -213,6 +218,8 @@ class ModelRunner:
             tokens = max(0, budget // shape.full_bytes_per_token - ps)
         else:
             tokens = args.cpu_max_total_tokens
+        if args.max_running_requests is None and swa_layers is None and self.device.type == "cuda":
+            rows = default_request_rows(tokens, self.context_len)
         if args.max_total_tokens is None:
             # More than every request row at full context can never be used.
             tokens = min(tokens, rows * (self.context_len + ps))

@@ -59,6 +59,17 @@ class AttentionBackend(ABC):
         """Value for seq_lens of padded (dummy) requests in a captured batch."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
+    # Whether decode reads a batch's `shared_prefixes` once per group (cascade), in graphs too.
+    supports_cascade = False
+
+    def capture_cascade_cuda_graph(self, bs: int) -> None:
+        """After init_forward_metadata_capture_cuda_graph(bs): capture the cascade decode."""
+        raise NotImplementedError(f"{type(self).__name__} has no cascade decode")
+
+    def replay_cascade_cuda_graph(self, bs: int, shared: Any) -> None:
+        """Before a replay of bs's cascade graph: its buffers get the batch's shared prefixes."""
+        raise NotImplementedError(f"{type(self).__name__} has no cascade decode")
+
     def forward(
         self,
         q: torch.Tensor,

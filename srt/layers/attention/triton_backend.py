@@ -8,6 +8,7 @@ Runs on CPU tensors under TRITON_INTERPRET=1 (tests).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,12 @@ from srt.layers.attention.triton_ops.kv_load import (
     SCALE_NONE,
     SCALE_PTR,
 )
+from srt.layers.attention.triton_ops.prefix_decode import (
+    CASCADE_ROWS_PER_ITEM,
+    CascadeArgs,
+    cascade_splits,
+)
+from srt.mem_cache.host_copy import upload
 
 if TYPE_CHECKING:
     from srt.layers.radix_attention import RadixAttention
@@ -115,6 +122,47 @@ class _DecodePlan:
 class _DecodeMetadata:
     req_pool_indices: torch.Tensor  # int64 [B], device
     seq_lens: torch.Tensor  # int64 [B], device
+    cascade: CascadeArgs | None = None  # the batch's shared prefixes (full-attention layers)
+
+
+def cascade_items_bound(batch_size: int) -> int:
+    """Work items a batch of batch_size rows can need: a group has at least two members, so at
+    most batch_size // 2 groups, each cut into items of CASCADE_ROWS_PER_ITEM rows."""
+    return -(-batch_size // CASCADE_ROWS_PER_ITEM) + batch_size // 2
+
+
+def cascade_host(shared, batch_size: int, num_items: int | None = None) -> list[int]:
+    """The cascade tensors of a batch's `SharedPrefixes` as one flat int32 list: prefix_lens
+    [B], rows [B], items [W, 4] (each group cut into work items of at most
+    CASCADE_ROWS_PER_ITEM rows; num_items pads W with empty items for a graph's buffers)."""
+    B, per = batch_size, CASCADE_ROWS_PER_ITEM
+    prefix, rows, items = [0] * B, list[int](), list[int]()
+    for members, n, owner in zip(
+        shared.rows, shared.prefix_lens, shared.req_pool_indices, strict=True
+    ):
+        for i in range(0, len(members), per):
+            chunk = members[i : i + per]
+            items += (len(rows), len(rows) + len(chunk), n, owner)
+            rows.extend(chunk)
+        for r in members:
+            prefix[r] = n
+    if num_items is not None:
+        if len(items) > 4 * num_items:
+            raise ValueError(f"{len(items) // 4} cascade work items > {num_items}")
+        items += [0] * (4 * num_items - len(items))
+    return prefix + rows + [0] * (B - len(rows)) + items
+
+
+def cascade_views(flat: torch.Tensor, batch_size: int) -> CascadeArgs:
+    """CascadeArgs viewing a flat int32 buffer laid out as `cascade_host`'s list."""
+    B = batch_size
+    return CascadeArgs(flat[:B], flat[B : 2 * B], flat[2 * B :].view(-1, 4))
+
+
+def cascade_args(shared, batch_size: int, device: torch.device) -> CascadeArgs:
+    """The cascade decode's tensors for a batch's `SharedPrefixes`, in one upload."""
+    flat = upload(torch.tensor(cascade_host(shared, batch_size), dtype=torch.int32), device)
+    return cascade_views(flat, batch_size)
 
 
 class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
@@ -128,6 +176,8 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
     num_kv_splits : force the decode KV split count (a power of two <= 16); None picks it from
         the batch size, the KV heads and the GPU's SM count (1 off the GPU).
     """
+
+    supports_cascade = True
 
     def __init__(
         self,
@@ -156,6 +206,7 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         # The decode launch per layer id and call shape (_DecodeKey): (KVArgs, _DecodePlan),
         # valid while _layer_kv returns the same KVArgs.
         self._decode_plans: dict[int, dict[tuple, tuple[KVArgs, _DecodePlan]]] = {}
+        self._cascade_bufs: dict[int, torch.Tensor] = {}  # per graph batch size (int32, flat)
 
     def _layer_kv(self, layer: RadixAttention, forward_batch: ForwardBatch) -> KVArgs:
         pool = forward_batch.token_to_kv_pool
@@ -201,9 +252,13 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         if self.req_to_token_pool is None:
             self.req_to_token_pool = forward_batch.req_to_token_pool
+        dev = forward_batch.seq_lens.device
         if forward_batch.forward_mode.is_decode():
+            shared = forward_batch.shared_prefixes
             self.forward_metadata = _DecodeMetadata(
-                forward_batch.req_pool_indices, forward_batch.seq_lens
+                forward_batch.req_pool_indices,
+                forward_batch.seq_lens,
+                None if shared is None else cascade_args(shared, forward_batch.batch_size, dev),
             )
         else:
             self.forward_metadata = None
@@ -215,6 +270,27 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             torch.zeros(max_bs, dtype=torch.int64, device=dev),
             torch.ones(max_bs, dtype=torch.int64, device=dev),
         )
+        self._cascade_bufs = {}  # new graphs, new buffers
+
+    # ---- cascade decode in CUDA graphs: a second graph per batch size, its tensors refreshed
+    # in place (empty work items: their programs exit) ----
+    def capture_cascade_cuda_graph(self, bs: int) -> None:
+        """After init_forward_metadata_capture_cuda_graph(bs): the capture (and its warm-up)
+        that follows records the cascade decode, reading this batch size's fixed buffers."""
+        md = self.forward_metadata
+        if md is None or md.cascade is not None:
+            raise RuntimeError("call init_forward_metadata_capture_cuda_graph first")
+        n = 2 * bs + 4 * cascade_items_bound(bs)
+        dev = md.seq_lens.device
+        buf = self._cascade_bufs.setdefault(bs, torch.zeros(n, dtype=torch.int32, device=dev))
+        self.forward_metadata = dataclasses.replace(md, cascade=cascade_views(buf, bs))
+
+    def replay_cascade_cuda_graph(self, bs: int, shared) -> None:
+        """Before the replay of bs's cascade graph: its buffers get the batch's shared prefixes
+        (one upload; rows past the batch's are padding, in no group)."""
+        buf = self._cascade_bufs[bs]
+        flat = cascade_host(shared, bs, cascade_items_bound(bs))
+        buf.copy_(upload(torch.tensor(flat, dtype=torch.int32), buf.device))
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
         if save_kv_cache:
@@ -228,6 +304,8 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         o = q.new_empty(B, Hq, Dv)  # [B, Hq, Dv]
         r2t = req_to_token_for_layer(self.req_to_token_pool, layer, forward_batch)
         kv = self._layer_kv(layer, forward_batch)
+        # a shared prefix read once per group: full-attention layers only
+        cascade = md.cascade if layer.sliding_window_size < 0 else None
         # Everything the plan reads besides kv (checked by identity below): the layer's
         # scalars, q's shape / strides / dtype, Dv (o is a fresh contiguous [B, Hq, Dv]),
         # the table's row stride, sinks or not, the forced split count and the interpreter.
@@ -244,13 +322,14 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             layer.logit_cap,
             self.num_kv_splits,
             interpreting(),
+            None if cascade is None else cascade.items.shape[0],
         )
         plans = self._decode_plans.get(layer.layer_id)
         if plans is None:
             plans = self._decode_plans[layer.layer_id] = {}
         hit = plans.get(key)
         if hit is None or hit[0] is not kv:
-            hit = plans[key] = (kv, self._plan_decode(q3, o, r2t, layer, kv, sinks))
+            hit = plans[key] = (kv, self._plan_decode(q3, o, r2t, layer, kv, sinks, cascade))
         plan = hit[1]
         launch_decode(
             plan.launch,
@@ -263,16 +342,22 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             sinks,
             plan.mid_o,
             plan.mid_lse,
+            cascade=cascade,
         )
         return o.view(B, Hq * Dv)
 
-    def _plan_decode(self, q3, o, r2t, layer, kv: KVArgs, sinks) -> _DecodePlan:
-        """The decode launch of this call shape and the scratch it writes."""
+    def _plan_decode(self, q3, o, r2t, layer, kv: KVArgs, sinks, cascade) -> _DecodePlan:
+        """The decode launch of this call shape and the scratch it writes (with a cascade,
+        the prefix kernel's chunks take scratch slots after the splits')."""
         B, Hq, _ = q3.shape
         Dv = o.shape[-1]
         splits = self._splits(B, layer.tp_k_head_num, layer.sliding_window_size)
+        prefix_splits = 0
+        if cascade is not None:
+            prefix_splits = cascade_splits(B, layer.tp_k_head_num, self._num_sms)
+        slots = splits + prefix_splits
         mid_o, mid_lse = (
-            self._decode_scratch(B, Hq, Dv, splits, q3.device) if splits > 1 else (None, None)
+            self._decode_scratch(B, Hq, Dv, slots, q3.device) if slots > 1 else (None, None)
         )
         launch = plan_decode(
             q3,
@@ -284,6 +369,7 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             layer.sliding_window_size,
             layer.logit_cap,
             splits,
+            cascade_splits=prefix_splits,
         )
         return _DecodePlan(launch, mid_o, mid_lse)
 
