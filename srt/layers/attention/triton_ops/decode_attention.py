@@ -21,6 +21,10 @@ q and the newest key / value are loaded after the wait. In the gpt-oss-20b / Lla
 decode graphs this took 0.8-1 µs off each layer (docs/performance.md). A short sliding window
 (gpt-oss: 129 keys) at up to 8 requests is one wide tile (`decode_config`), so after the wait a
 program runs one softmax step, not one per 64-key tile.
+
+Shared prefixes (`cascade`, prefix_decode.py): a group's shared prompt prefix is read once per
+work item by the prefix kernel; this kernel (HAS_PREFIX) covers each request's keys past its
+prefix and always writes partials, which the merge kernel combines with the prefix's.
 """
 
 from __future__ import annotations
@@ -45,6 +49,14 @@ from srt.layers.attention.triton_ops.kv_load import (
     with_newest,
 )
 from srt.layers.attention.triton_ops.kv_load import pow2 as _pow2
+from srt.layers.attention.triton_ops.prefix_decode import (
+    CascadeArgs,
+    PrefixConfig,
+    PrefixLaunch,
+    check_cascade,
+    launch_prefix,
+    plan_prefix,
+)
 
 
 @triton.jit
@@ -61,6 +73,7 @@ def _decode_kernel(
     SeqLens,
     KScale,
     VScale,
+    PrefixLens,  # HAS_PREFIX: int32 [B], keys [0, PrefixLens[b]) are the prefix kernel's
     k_scale_f,
     v_scale_f,
     sm_scale,
@@ -99,11 +112,13 @@ def _decode_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
     PRE_TILES: tl.constexpr,  # tiles loaded before the PDL wait (1..3)
+    HAS_PREFIX: tl.constexpr = False,  # cascade: partials always, the merge adds the prefix's
     USE_PDL: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    DIRECT: tl.constexpr = NUM_SPLITS == 1 and not HAS_PREFIX  # writes Out itself (no merge)
     # What the helpers take, bundled (kv_load.py: no IR of their own).
     cfg: tl.constexpr = AttnFlags(
         D=D,
@@ -136,6 +151,8 @@ def _decode_kernel(
     n0 = tl.zeros([], dtype=tl.int32)  # a tensor: the loop bounds' type is fixed
     if USE_WINDOW:
         n0 = tl.maximum(qpos - window, n0)
+    if HAS_PREFIX:  # (no window with a prefix)
+        n0 = tl.load(PrefixLens + b).to(tl.int32)
     end = seq_len
     if NUM_SPLITS > 1:  # this program's chunk of keys [n0, end), a multiple of SPLIT_ALIGN
         chunk = tl.cdiv(tl.cdiv(seq_len - n0, NUM_SPLITS), SPLIT_ALIGN) * SPLIT_ALIGN
@@ -148,7 +165,7 @@ def _decode_kernel(
         j1, jm1, s1, k1, v1 = load_tile(kv, slots, n0 + BLOCK_N, end, qpos, True, head, cfg)
     if PRE_TILES >= 3:
         j2, jm2, s2, k2, v2 = load_tile(kv, slots, n0 + 2 * BLOCK_N, end, qpos, True, head, cfg)
-    if HAS_SINKS and NUM_SPLITS == 1:  # split: the merge kernel adds the sink column
+    if HAS_SINKS and DIRECT:  # split: the merge kernel adds the sink column
         sink = tl.load(Sinks + heads, mask=gm, other=0).to(tl.float32)
     pdl_enter(USE_PDL)
     q_ptr = Q + b * stride_qt + heads[:, None] * stride_qh + d[None, :]
@@ -157,7 +174,7 @@ def _decode_kernel(
         q = q.to(tl.float32)
     m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if HAS_SINKS and NUM_SPLITS == 1:
+    if HAS_SINKS and DIRECT:
         m_i = sink
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
@@ -175,7 +192,7 @@ def _decode_kernel(
         _, jm, _, k, v = load_tile(kv, slots, start, end, qpos, False, head, cfg)
         m_i, l_i, acc = softmax_step(q, k, v, jm[None, :], m_i, l_i, acc, logits, V, cfg)
     om = gm[:, None] & (dv[None, :] < DV)
-    if NUM_SPLITS == 1:
+    if DIRECT:
         l_i = tl.where(gm, l_i, 1.0)  # padding heads (not stored): avoid 0 / 0
         out = acc / l_i[:, None]
         o_ptr = Out + b * stride_ot + heads[:, None] * stride_oh + dv[None, :]
@@ -256,7 +273,8 @@ def decode_scratch_shape(
     batch_size: int, num_q_heads: int, v_head_dim: int, splits: int
 ) -> tuple[int, int, int, int]:
     """Shape of the float32 partial-output scratch [B, Hq, splits, BLOCK_DV] (the log-sum-exp
-    scratch is its first three dims)."""
+    scratch is its first three dims). `splits`: the slots in all, with a cascade the stage-1
+    splits + the prefix chunks P."""
     return batch_size, num_q_heads, splits, max(16, _pow2(v_head_dim))
 
 
@@ -264,7 +282,8 @@ def decode_scratch_shape(
 class DecodeLaunch:
     """Everything a decode launch passes besides its tensors, worked out once per call shape:
     the grids, the kernels' scalar arguments and their constexprs / launch options (the merge
-    kernel's with NUM_SPLITS > 1). `launch_decode` adds the tensors."""
+    kernel's with NUM_SPLITS > 1 or a cascade; the prefix kernel's with a cascade).
+    `launch_decode` adds the tensors."""
 
     grid: tuple[int, int, int]  # (B, Hkv, splits)
     scalars: tuple[int | float, ...]  # _decode_kernel's arguments from k_scale_f on
@@ -273,6 +292,7 @@ class DecodeLaunch:
     merge_grid: tuple[int, int]  # (B, Hq)
     merge_scalars: tuple[int, ...]
     merge_constexprs: dict[str, object]
+    prefix: PrefixLaunch | None = None  # cascade_splits > 0
 
 
 def plan_decode(
@@ -286,13 +306,20 @@ def plan_decode(
     logit_cap: float = 0.0,
     num_splits: int = 1,
     config: DecodeConfig | None = None,
+    cascade_splits: int = 0,
+    prefix_config: PrefixConfig | None = None,
 ) -> DecodeLaunch:
     """The DecodeLaunch of `decode_attention_fwd`'s call with these tensors' metadata (their
-    shapes, strides and dtypes; the pointers are not read), `kv` and the scalars."""
+    shapes, strides and dtypes; the pointers are not read), `kv` and the scalars.
+    cascade_splits > 0: a cascade launch (`launch_decode` then needs `cascade`) with that many
+    prefix chunks P per work item; its scratch has num_splits + P slots."""
     B, Hq, D = q.shape
     Hkv, DV = kv.k_buffer.shape[-2], kv.v_buffer.shape[-1]
     if num_splits < 1 or num_splits > MAX_KV_SPLITS or num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two in [1, {MAX_KV_SPLITS}]")
+    if cascade_splits and window >= 0:
+        raise ValueError("cascade is not supported with a sliding window (window >= 0)")
+    slots = num_splits + cascade_splits
     group = Hq // Hkv
     block_dv = max(16, _pow2(DV))
     # (one wide tile only from 16-bit or float32 caches: fp8 ones dequantise to float32 tiles)
@@ -309,8 +336,8 @@ def plan_decode(
         o.stride(0),
         o.stride(1),
         req_to_token.stride(0),
-        Hq * num_splits,  # mid scratch strides (batch, head)
-        num_splits,
+        Hq * slots,  # mid scratch strides (batch, head)
+        slots,
         *kv.k_strides,
         *kv.v_strides,
     )
@@ -341,8 +368,14 @@ def plan_decode(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    merge_scalars = (Hq * num_splits, num_splits, o.stride(0), o.stride(1))
+    merge_scalars = (Hq * slots, slots, o.stride(0), o.stride(1))
     merge_constexprs = dict(DV=DV, BLOCK_DV=block_dv, NUM_SPLITS=num_splits, HAS_SINKS=has_sinks)
+    prefix = None
+    if cascade_splits:  # (without: the constexprs above, the kernels compiled without cascade)
+        constexprs["HAS_PREFIX"] = True
+        merge_constexprs.update(PREFIX_SPLITS=cascade_splits, BLOCK_S=_pow2(slots))
+        args = (q, req_to_token, sm_scale, kv, logit_cap, cascade_splits, constexprs)
+        prefix = plan_prefix(*args, scalars[10:12], prefix_config)  # (mid scratch strides)
     return DecodeLaunch(
         (B, Hkv, num_splits),
         scalars,
@@ -351,6 +384,7 @@ def plan_decode(
         (B, Hq),
         merge_scalars,
         merge_constexprs,
+        prefix,
     )
 
 
@@ -365,11 +399,20 @@ def launch_decode(
     sinks: torch.Tensor | None,
     mid_o: torch.Tensor | None,
     mid_lse: torch.Tensor | None,
+    cascade: CascadeArgs | None = None,
 ) -> None:
     """Launch `plan` on tensors with the metadata it was planned for (q [B, Hq, D], o
-    [B, Hq, Dv], the scratch of `decode_scratch_shape` when it splits): no checks."""
+    [B, Hq, Dv], the scratch of `decode_scratch_shape` when it splits or has a cascade, the
+    cascade's tensors): no checks but that a cascade plan gets a cascade and no other plan does.
+    A cascade launches the prefix kernel first (prefix_decode.py: the PDL order)."""
     s = sinks if sinks is not None else q  # never read without HAS_SINKS
-    if plan.num_splits == 1:
+    prefix_lens = q  # never read without HAS_PREFIX
+    if (cascade is None) != (plan.prefix is None):
+        raise ValueError("cascade must be given exactly when the plan has cascade_splits > 0")
+    if plan.prefix and cascade:
+        launch_prefix(plan.prefix, q, req_to_token, kv, mid_o, mid_lse, cascade)
+        prefix_lens = cascade.prefix_lens
+    elif plan.num_splits == 1:
         mid_o = mid_lse = o  # unused
     cached_launcher(_decode_kernel)[plan.grid](  # direct launch once planned
         q,
@@ -384,12 +427,13 @@ def launch_decode(
         seq_lens,
         kv.k_scale_ptr,
         kv.v_scale_ptr,
+        prefix_lens,
         *plan.scalars,
         **plan.constexprs,
     )
-    if plan.num_splits > 1:
+    if plan.num_splits > 1 or plan.prefix is not None:
         cached_launcher(merge_kernel)[plan.merge_grid](
-            mid_o, mid_lse, o, s, *plan.merge_scalars, **plan.merge_constexprs
+            mid_o, mid_lse, o, s, prefix_lens, *plan.merge_scalars, **plan.merge_constexprs
         )
 
 
@@ -408,6 +452,8 @@ def decode_attention_fwd(
     mid_o: torch.Tensor | None = None,
     mid_lse: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
+    cascade: CascadeArgs | None = None,
+    cascade_splits: int | None = None,
 ) -> torch.Tensor:
     """o[b, h] = attention of q[b, h] over request b's cached keys 0..seq_lens[b]-1.
 
@@ -420,9 +466,14 @@ def decode_attention_fwd(
     sinks : float [Hq] or None; window : -1 or window-left; logit_cap : 0 for none.
     num_splits : KV chunks per request (a power of two <= MAX_KV_SPLITS); > 1 adds the merge
         launch and needs the scratch buffers.
-    mid_o : float32 contiguous `decode_scratch_shape(B, Hq, Dv, num_splits)`;
-    mid_lse : float32 contiguous [B, Hq, num_splits]. Allocated here when None.
+    mid_o : float32 contiguous `decode_scratch_shape(B, Hq, Dv, slots)`, slots = num_splits
+        (+ cascade_splits with a cascade);
+    mid_lse : float32 contiguous [B, Hq, slots]. Allocated here when None.
     config : tile shape (benchmarks); None: `decode_config(B, num_splits, D, window)`.
+    cascade : the batch's shared prefixes (prefix_decode.py, whose contract the host keeps);
+        None: none. Not with a sliding window. The result is the same up to float rounding.
+    cascade_splits : prefix chunks P per work item with a cascade (a power of two <= 16);
+        None: `prefix_decode.cascade_splits(B, Hkv, the device's SMs)`.
 
     Precision: fp32 models use exact float32 products. 16-bit models with a 16-bit cache use
     16-bit tensor-core dots with float32 accumulation (the probabilities rounded to the cache
@@ -431,17 +482,19 @@ def decode_attention_fwd(
     The launch is `plan_decode` + `launch_decode`; a caller that launches the same call shape
     per layer (the Triton backend) keeps the plan and calls `launch_decode` itself.
     """
-    plan = plan_decode(
-        q, o, req_to_token, sm_scale, kv, sinks is not None, window, logit_cap, num_splits, config
-    )
     B, Hq, _ = q.shape
-    if num_splits > 1:
-        shape = decode_scratch_shape(B, Hq, kv.v_buffer.shape[-1], num_splits)
+    P = 0 if cascade is None else check_cascade(cascade, B, kv, q.device, cascade_splits)
+    args = (q, o, req_to_token, sm_scale, kv, sinks is not None, window, logit_cap, num_splits)
+    plan = plan_decode(*args, config, P)
+    if num_splits + P > 1:
+        shape = decode_scratch_shape(B, Hq, kv.v_buffer.shape[-1], num_splits + P)
         if mid_o is None:
             mid_o = q.new_empty(shape, dtype=torch.float32)
         if mid_lse is None:
             mid_lse = q.new_empty(shape[:3], dtype=torch.float32)
         if tuple(mid_o.shape) != shape or tuple(mid_lse.shape) != shape[:3]:
             raise ValueError(f"mid_o / mid_lse must be {shape} / {shape[:3]}")
-    launch_decode(plan, q, o, req_to_token, req_pool_indices, seq_lens, kv, sinks, mid_o, mid_lse)
+    launch_decode(
+        plan, q, o, req_to_token, req_pool_indices, seq_lens, kv, sinks, mid_o, mid_lse, cascade
+    )
     return o

@@ -4,6 +4,10 @@ and adds the attention-sink column. A separate launch on purpose: with programma
 launch its programs are resident before the chunks finish, and merging in the chunks' last
 program instead (a ticket counter with release / acquire) made the decode step slower
 (docs/performance.md).
+
+With a cascade (prefix_decode.py) a row has PREFIX_SPLITS more slots after its NUM_SPLITS, the
+prefix kernel's chunks, merged only for a row with PrefixLens[b] > 0: another row's prefix slots
+hold stale data, which is masked out of the loads (w = 0 would not cancel a stale NaN).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ def merge_kernel(
     MidLse,
     Out,
     Sinks,
+    PrefixLens,  # PREFIX_SPLITS > 0: int32 [B]
     stride_mid_b,
     stride_mid_h,
     stride_ot,
@@ -28,6 +33,8 @@ def merge_kernel(
     BLOCK_DV: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    PREFIX_SPLITS: tl.constexpr = 0,
+    BLOCK_S: tl.constexpr = 1,  # PREFIX_SPLITS > 0: NUM_SPLITS + PREFIX_SPLITS, a power of two up
     USE_PDL: tl.constexpr = False,
 ):
     """Out[b, h] = the chunks' partial outputs weighted by their softmax mass (+ the sink)."""
@@ -35,11 +42,20 @@ def merge_kernel(
     h = tl.program_id(1)
     if HAS_SINKS:  # a weight: loaded while the chunks run
         sink = tl.load(Sinks + h).to(tl.float32)
+    if PREFIX_SPLITS > 0:  # the slots this row merges (the host's metadata: read early too)
+        n = NUM_SPLITS + tl.where(tl.load(PrefixLens + b) > 0, PREFIX_SPLITS, 0)
     pdl_enter(USE_PDL)
-    s = tl.arange(0, NUM_SPLITS)
+    if PREFIX_SPLITS > 0:
+        s = tl.arange(0, BLOCK_S)
+        valid = s < n
+    else:
+        s = tl.arange(0, NUM_SPLITS)
     dv = tl.arange(0, BLOCK_DV)
-    row = b * stride_mid_b + h * stride_mid_h + s  # [NUM_SPLITS]
-    lse = tl.load(MidLse + row)
+    row = b * stride_mid_b + h * stride_mid_h + s  # [NUM_SPLITS] or [BLOCK_S]
+    if PREFIX_SPLITS > 0:
+        lse = tl.load(MidLse + row, mask=valid, other=float("-inf"))
+    else:
+        lse = tl.load(MidLse + row)
     m = tl.max(lse, axis=0)
     if HAS_SINKS:
         m = tl.maximum(m, sink)
@@ -48,7 +64,10 @@ def merge_kernel(
     den = tl.sum(w, axis=0)
     if HAS_SINKS:
         den += tl.exp(sink - m)
-    o = tl.load(MidO + row[:, None] * BLOCK_DV + dv[None, :])  # [NUM_SPLITS, BLOCK_DV]
+    if PREFIX_SPLITS > 0:
+        o = tl.load(MidO + row[:, None] * BLOCK_DV + dv[None, :], mask=valid[:, None], other=0.0)
+    else:
+        o = tl.load(MidO + row[:, None] * BLOCK_DV + dv[None, :])  # [NUM_SPLITS, BLOCK_DV]
     out = tl.sum(w[:, None] * o, axis=0) / den
     o_ptr = Out + b * stride_ot + h * stride_oh + dv
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=dv < DV)
