@@ -18,7 +18,10 @@ any launch from Python) and the op's device time in a graph.
 
 `--decode-sweep` / `--extend-sweep` time tile shapes and split counts around the attention
 backends' choices instead (tuning); attention rows are CUDA-graph replays of one call per layer
-over distinct per-layer caches (as in a decode step).
+over distinct per-layer caches (as in a decode step). `--cascade`: decode attention of B 256 in
+8 groups of 32 requests sharing a 2048-token prefix (+ 256 own tokens each), with and without
+the shared-prefix (cascade) kernel, beside the read floors of each (every request's keys read
+once / every distinct key read once).
 """
 
 from __future__ import annotations
@@ -195,6 +198,94 @@ def decode_sweep(preset: str, bw: float) -> None:
         _decode_rows(preset, B, L, bw, DECODE_SWEEP, splits)
 
 
+def _cascade_problem(shape, B: int, groups: int, prefix: int, own: int, layers: int, dev="cuda"):
+    """B requests in `groups` groups sharing `prefix` keys, `own` more keys each (page size 1,
+    shuffled slots): q, req_to_token, rows, lens, the CascadeArgs (items of
+    CASCADE_ROWS_PER_ITEM rows), one KVArgs per layer and the distinct keys."""
+    from srt.layers.attention.triton_backend import KVArgs
+    from srt.layers.attention.triton_ops.kv_load import KV_FP8_NONE, SCALE_NONE
+    from srt.layers.attention.triton_ops.prefix_decode import CASCADE_ROWS_PER_ITEM, CascadeArgs
+
+    _, _, hq, hkv, d = shape
+    per_group = B // groups
+    slots = groups * prefix + B * own
+    perm = torch.randperm(slots, device=dev).to(torch.int32) + 1  # 0: padding
+    shared = perm[: groups * prefix].view(groups, prefix).repeat_interleave(per_group, 0)
+    r2t = torch.cat([shared, perm[groups * prefix :].view(B, own)], dim=1)
+    rows = torch.arange(B, device=dev)
+    lens = torch.full((B,), prefix + own, device=dev, dtype=torch.int64)
+    items = [
+        (r, min(r + CASCADE_ROWS_PER_ITEM, (g + 1) * per_group), prefix, g * per_group)
+        for g in range(groups)
+        for r in range(g * per_group, (g + 1) * per_group, CASCADE_ROWS_PER_ITEM)
+    ]
+    cascade = CascadeArgs(
+        torch.full((B,), prefix, device=dev, dtype=torch.int32),
+        rows.to(torch.int32),
+        torch.tensor(items, device=dev, dtype=torch.int32),
+    )
+    q = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
+    kvs = []
+    for _ in range(layers):
+        kb = torch.randn(slots + 1, hkv, d, device=dev, dtype=torch.bfloat16)
+        vb = torch.randn_like(kb)
+        st = (kb.stride(0), 0, kb.stride(1))
+        kvs.append(KVArgs(kb, vb, 1, st, st, KV_FP8_NONE, SCALE_NONE, SCALE_NONE, kb, vb, 1, 1))
+    return q, r2t, rows, lens, cascade, kvs, slots
+
+
+def bench_cascade(preset: str, bw: float, B: int = 256, groups: int = 8) -> None:
+    """Decode attention over shared prefixes (issue 48's generated-shared-prefix shape): B
+    requests in `groups` groups of a 2048-key shared prefix and 256 keys of their own, distinct
+    caches per layer; the plain kernel and the cascade, graph-timed per layer."""
+    from srt.layers.attention.triton_ops.decode_attention import (
+        decode_attention_fwd,
+        decode_scratch_shape,
+        num_kv_splits,
+    )
+    from srt.layers.attention.triton_ops.prefix_decode import cascade_splits
+
+    _, _, hq, hkv, d = SHAPES[preset]
+    prefix, own = 2048, 256
+    # 2 layers x 0.34 GB: the second layer's keys are not in L2
+    q, r2t, rows, lens, cascade, kvs, keys = _cascade_problem(
+        SHAPES[preset], B, groups, prefix, own, 2
+    )
+    o = torch.empty_like(q)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    s, P = num_kv_splits(B, hkv, sms), cascade_splits(B, hkv, sms)
+    per_key = 2 * hkv * d * 2  # K and V, bf16
+    for name, cas, slots_n, nbytes in (
+        ("plain", None, s, B * (prefix + own) * per_key),
+        (f"cascade P={P}", cascade, s + P, keys * per_key),
+    ):
+        shape = decode_scratch_shape(B, hq, d, slots_n)
+        mid_o = torch.empty(shape, device="cuda", dtype=torch.float32)
+        mid_lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
+        fns = [
+            functools.partial(
+                decode_attention_fwd,
+                q,
+                o,
+                r2t,
+                rows,
+                lens,
+                d**-0.5,
+                kv,
+                num_splits=s,
+                mid_o=mid_o,
+                mid_lse=mid_lse,
+                cascade=cas,
+                cascade_splits=P if cas is not None else None,
+            )
+            for kv in kvs
+        ]
+        label = f"{preset} decode B={B} {groups}x{B // groups} L={prefix}+{own} s={s} {name}"
+        _graph_row(label, fns, nbytes, bw)
+    del kvs
+    torch.cuda.empty_cache()
+
+
 EXTEND_SWEEP = [(16, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3)]
 EXTEND_SWEEP += [(64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 128, 8, 2)]
 
@@ -257,16 +348,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-graph", action="store_true", help="skip the graph (device time) table")
     p.add_argument("--decode-sweep", action="store_true", help="decode tile/split sweep only")
     p.add_argument("--extend-sweep", action="store_true", help="extend tile sweep only")
+    p.add_argument("--cascade", action="store_true", help="shared-prefix decode attention only")
     a = p.parse_args(argv)
     bw = copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()}: device copy {bw:.0f} GB/s (read + write)")
-    if a.decode_sweep or a.extend_sweep:
+    if a.decode_sweep or a.extend_sweep or a.cascade:
         print(f"{'op':48s} {'us':>9s} {'floor us':>9s} {'ratio':>7s}")
         for preset in a.presets:
             if a.decode_sweep:
                 decode_sweep(preset, bw)
             if a.extend_sweep:
                 extend_sweep(preset, bw)
+            if a.cascade:
+                bench_cascade(preset, bw)
         return
     if not a.no_graph:
         print(f"{'op (device µs in a CUDA graph)':48s} {'us':>9s} {'floor us':>9s} {'ratio':>7s}")

@@ -67,7 +67,8 @@
 #   hostprof   where an eager decode step's host time goes: cProfile of eager steps (llama3-8b,
 #              qwen3-8b, bs 1), top functions by own time
 #   attn       issue 15 attention: backend + scrub + layernorm GPU tests, decode / extend tile
-#              sweeps (graph-timed per layer over per-layer caches, floors printed)
+#              sweeps (graph-timed per layer over per-layer caches, floors printed), shared-prefix
+#              (cascade) decode vs plain at B 256 in 8 groups (issue 48)
 #   serving    issue 48's serving measurements (python -m srt.bench_serving, in-process Engine,
 #              SERVING_PRESET default llama3-8b, random bf16 weights): (a) generated-shared-prefix
 #              16 groups x 32 prompts, system 2048, question 128, output 256, radix cache on / off,
@@ -345,6 +346,7 @@ t_attn() {
     tests/srt/mem_cache/test_scrub.py tests/srt/layers/test_layernorm.py
   timeout 150 python benchmarks/bench_layers.py --presets llama3-8b --decode-sweep
   timeout 90 python benchmarks/bench_layers.py --presets llama3-8b --extend-sweep
+  timeout 90 python benchmarks/bench_layers.py --presets llama3-8b --cascade
 }
 t_gemm() {
   timeout 150 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_gemm.py \
