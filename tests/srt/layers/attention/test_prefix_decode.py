@@ -213,8 +213,9 @@ def _check(p: Problem, splits, P, cap=0.0, cfg=None):
 @pytest.mark.parametrize(
     "case",
     [
-        # B 7, GQA 4, page 1, fp32: prefixes of 37 (not a multiple of BLOCK_N) and 70 keys
-        dict(B=7, hq=8, hkv=2, groups=[(3, 37), (2, 70)], splits=1, P=2),
+        # B 7, GQA 4, page 1, fp32: prefixes of 37 (not a multiple of BLOCK_N) and 70 keys;
+        # one split with sinks (the merge adds the sink, not stage 1)
+        dict(B=7, hq=8, hkv=2, groups=[(3, 37), (2, 70)], splits=1, P=2, sinks=True),
         # B 33, GQA 6 (padded to 8), page 16, bf16, sinks, 4 stage-1 splits, 3 groups
         dict(
             B=33,
@@ -381,3 +382,50 @@ def test_cascade_llama3_8b_shape_gpu(B):
     assert not got.isnan().any()
     torch.testing.assert_close(got, plain, atol=2e-2, rtol=2e-2)
     assert math.isfinite(float(got.float().abs().max()))
+
+
+@gpu
+def test_cascade_cuda_graph_replay_equals_eager():
+    """The cascade launch captured in a CUDA graph, replayed after the host rewrote q and the
+    cascade tensors in place (the groups cut into other items, then half the prefixes, then no
+    groups): the same bits as eager launches, and close to the kernel without a cascade."""
+    kw = dict(page_size=16, dtype=torch.bfloat16)
+    p = _problem(48, 32, 8, 128, [(20, 256), (9, 128)], **kw)  # items 16 + 4, 9, 2 unused
+    B, hq, d = p.q.shape
+    splits, P = 2, cascade_splits(B, 8, torch.cuda.get_device_properties(0).multi_processor_count)
+    o = torch.empty_like(p.q)
+    plan = plan_decode(p.q, o, p.req_to_token, d**-0.5, p.kv, False, -1, 0.0, splits, None, P)
+    shape = decode_scratch_shape(B, hq, d, splits + P)
+    mid_o = torch.empty(shape, device=DEV)
+    mid_lse = torch.empty(shape[:3], device=DEV)
+    args = (p.req_to_token, p.req_pool_indices, p.seq_lens, p.kv, None, mid_o, mid_lse)
+
+    def launch(out):
+        launch_decode(plan, p.q, out, *args, p.cascade)
+
+    launch(o)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(o)
+    # the same table (same seed), its groups in items of at most 10 rows: 10 + 10, 9, 2 unused
+    regrouped = _problem(48, 32, 8, 128, [(20, 256), (9, 128)], rows_per_item=10, **kw).cascade
+    assert regrouped.items.shape == p.cascade.items.shape
+    c = p.cascade
+    for step in ("regrouped", "half", "none"):
+        p.q.copy_(torch.randn_like(p.q))
+        if step == "regrouped":
+            for mine, new in zip(c.__dict__.values(), regrouped.__dict__.values(), strict=True):
+                mine.copy_(new)
+        elif step == "half":  # a prefix of a shared prefix is shared too (page-aligned)
+            c.prefix_lens.copy_(c.prefix_lens // 2)
+            c.items[:, 2] //= 2
+        else:
+            c.prefix_lens.zero_()
+            c.items[:, 2] = 0
+        graph.replay()
+        eager = torch.empty_like(o)
+        launch(eager)
+        torch.cuda.synchronize()
+        assert torch.equal(o, eager), step
+        torch.testing.assert_close(o, _run(p, splits, 0), atol=2e-2, rtol=2e-2)
