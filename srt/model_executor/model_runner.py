@@ -117,6 +117,8 @@ class ModelRunner:
         self.cuda_graph_runner: CudaGraphRunner | None = None
         if not args.disable_cuda_graph and self.device.type == "cuda":
             self._init_cuda_graphs()
+        if self.device.type == "cuda":  # eager decode sizes compiled now, not mid-serving
+            self._warmup_eager_decode()
 
     # ---- construction ----
     def _check_tp(self) -> int:
@@ -353,6 +355,18 @@ class ModelRunner:
             self.cuda_graph_runner = None
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
+
+    def _warmup_eager_decode(self) -> None:
+        from srt.model_executor.decode_warmup import eager_decode_sizes, warmup_eager_decode
+
+        graphs, args = self.cuda_graph_runner, self.server_args
+        first = 1 if graphs is None else graphs.max_bs + 1
+        cascade = self.attn_backend.supports_cascade and not (
+            args.disable_radix_cache or args.disable_cascade_attn
+        )
+        with torch.inference_mode():
+            sizes = eager_decode_sizes(first, self.max_running_requests)
+            warmup_eager_decode(self, sizes, cascade)
 
     # ---- forward ----
     @property

@@ -1,0 +1,72 @@
+"""Compile the eager decode path's kernels at start-up, for the batch sizes no CUDA graph takes.
+
+A Triton kernel compiles on its first launch with a new set of constexprs, and the decode
+kernels' constexprs depend on the batch size rounded up to a power of two (the KV split count,
+and with shared prefixes the cascade's prefix chunks and merge width). The graph capture warms
+the sizes it captures; a decode batch larger than `cuda_graph_max_bs` runs eagerly and would
+otherwise compile in the middle of serving, a stall of seconds for every request running. So
+the runner runs one dummy eager decode per power-of-two size above the graphs, with and without
+a (dummy, empty) shared prefix when the backend has the cascade decode.
+
+The dummy rows are the graph capture's padding rows: token 0 at position 0 of request row 0,
+its K/V written to the padding slot 0, which no request reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, SharedPrefixes
+
+# Eager sizes warmed at most up to this many requests (larger ones pick the same launch
+# variants for models with 4 or more KV heads; a model with fewer compiles those on first use).
+MAX_WARM_BATCH = 1024
+
+
+def eager_decode_sizes(first: int, last: int) -> list[int]:
+    """Powers of two from the one at or above `first` up to `last` (the largest included when it
+    is not a power of two itself), capped at MAX_WARM_BATCH."""
+    last = min(last, MAX_WARM_BATCH)
+    size, sizes = 1, []
+    while size < first:
+        size *= 2
+    while size <= last:
+        sizes.append(size)
+        size *= 2
+    if last >= first and (not sizes or sizes[-1] != last):
+        sizes.append(last)
+    return sizes
+
+
+def warmup_eager_decode(runner: Any, sizes: list[int], cascade: bool) -> None:
+    """One dummy eager decode forward of `runner` (a ModelRunner) per batch size, and one with a
+    shared prefix too when `cascade` (the backend's cascade launches); nothing is kept."""
+    dev = runner.device
+    hybrid = hasattr(runner.token_to_kv_pool, "translate_loc_from_full_to_swa")
+    for bs in sizes:
+        zeros = torch.zeros(bs, dtype=torch.int64, device=dev)
+        seq_lens = torch.ones(bs, dtype=torch.int64, device=dev)
+        variants = [None] + ([SharedPrefixes((tuple(range(bs)),), (0,), (0,))] if cascade else [])
+        for shared in variants:
+            fb = ForwardBatch(
+                forward_mode=ForwardMode.DECODE,
+                batch_size=bs,
+                input_ids=zeros,
+                req_pool_indices=zeros,
+                seq_lens=seq_lens,
+                out_cache_loc=zeros,
+                seq_lens_sum=bs,
+                positions=zeros,
+                out_cache_loc_swa=zeros if hybrid else None,
+                seq_lens_cpu=torch.ones(bs, dtype=torch.int64),
+                req_to_token_pool=runner.req_to_token_pool,
+                token_to_kv_pool=runner.token_to_kv_pool,
+                attn_backend=runner.attn_backend,
+                enable_fused_rope_kv=runner.server_args.enable_fused_rope_kv,
+                shared_prefixes=shared,
+            )
+            runner.forward(fb, use_cuda_graph=False)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)

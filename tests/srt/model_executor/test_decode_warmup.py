@@ -1,0 +1,65 @@
+"""The eager decode warm-up (decode_warmup.py): which sizes, and that its dummy steps leave every
+KV slot a request could hold untouched (only the padding slot 0 is written)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import srt
+from srt.model_executor.decode_warmup import MAX_WARM_BATCH, eager_decode_sizes, warmup_eager_decode
+from tests.conftest import gpu
+from tests.srt.mem_cache.radix_checks import kv_bytes
+
+
+def test_sizes_are_the_powers_of_two_past_the_graphs():
+    assert eager_decode_sizes(65, 2048) == [128, 256, 512, 1024]
+    assert eager_decode_sizes(65, 300) == [128, 256, 300]
+    assert eager_decode_sizes(1, 4) == [1, 2, 4]
+    assert eager_decode_sizes(1, 5) == [1, 2, 4, 5]
+    assert eager_decode_sizes(65, 64) == []  # the graphs take every batch
+    assert eager_decode_sizes(2 * MAX_WARM_BATCH, 4 * MAX_WARM_BATCH) == []
+
+
+def _check_only_padding_written(eng, sizes, cascade):
+    runner = eng.scheduler.runner
+    pool = runner.token_to_kv_pool
+    for b in (*pool.k_buffer, *pool.v_buffer):  # fresh random bytes everywhere
+        b.view(torch.uint8).copy_(torch.randint_like(b.view(torch.uint8), 0, 256))
+    before = kv_bytes(pool)
+    warmup_eager_decode(runner, sizes, cascade)
+    after = kv_bytes(pool)
+    for x, y in zip(before, after, strict=True):
+        assert torch.equal(x[1:], y[1:])  # slot 0 is the padding slot
+
+
+@pytest.mark.parametrize("cascade", [False, True])
+def test_dummy_decodes_write_only_the_padding_slot(cascade):
+    eng = srt.Engine(
+        device="cpu",
+        skip_tokenizer_init=True,
+        attention_backend="triton",
+        max_total_tokens=512,
+        context_length=64,
+        disable_cuda_graph=True,
+    )
+    try:
+        _check_only_padding_written(eng, [1, 3], cascade)
+        # and the engine still serves after it
+        ids = [[random.randrange(3, 900) for _ in range(9)]]
+        out = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 2})
+        assert len(out[0]["output_ids"]) == 2
+    finally:
+        eng.shutdown()
+
+
+@gpu
+def test_gpu_warmup_at_start_and_padding_only():
+    """On the GPU the runner warms its eager sizes at start-up (unrun on CI)."""
+    eng = srt.Engine(device="cuda", skip_tokenizer_init=True, max_total_tokens=8192)
+    try:
+        _check_only_padding_written(eng, [128, 256], True)
+    finally:
+        eng.shutdown()
