@@ -310,12 +310,22 @@ class RadixCache:
         return first if extra_key is None else (extra_key, first)
 
     def _common_len(self, node_key: tuple[int, ...], ids: tuple[int, ...], pos: int) -> int:
-        """Tokens node_key shares with ids[pos:], rounded down to whole pages."""
+        """Tokens node_key shares with ids[pos:], rounded down to whole pages. Slices compare
+        in C: a whole node in one comparison (the usual case), else a bisection of slices; a
+        token-by-token loop cost ~50 µs per 1K-token node, on every insert and match."""
         n = min(len(node_key), len(ids) - pos)
-        i = 0
-        while i < n and node_key[i] == ids[pos + i]:
-            i += 1
-        return i // self.page_size * self.page_size
+        lo, hi = 0, n  # node_key[:lo] == ids[pos : pos + lo]; they differ before hi
+        if node_key[:n] == ids[pos : pos + n]:
+            lo = n
+        while hi - lo > 8:
+            mid = (lo + hi) // 2
+            if node_key[lo:mid] == ids[pos + lo : pos + mid]:
+                lo = mid
+            else:
+                hi = mid
+        while lo < hi and node_key[lo] == ids[pos + lo]:
+            lo += 1
+        return lo // self.page_size * self.page_size
 
     def _parent(self, node: TreeNode) -> TreeNode:
         assert node.parent is not None

@@ -293,3 +293,21 @@ def test_random_lifecycles_keep_every_invariant(ps, pages, seed, actions):
     assert sim.tree.protected_size() == 0
     sim.tree.evict(10**9)
     assert sim.alloc.available_size() == sim.alloc.size and sim.tree.total_size() == 0
+
+
+@given(
+    a=st.lists(st.integers(0, 2), max_size=70),
+    b=st.lists(st.integers(0, 2), max_size=70),
+    pos=st.integers(0, 70),
+    ps=st.sampled_from([1, 4, 16]),
+)
+@settings(max_examples=300, deadline=None)
+def test_common_len_equals_the_token_by_token_walk(a, b, pos, ps):
+    """The slice bisection finds the same shared length as comparing token by token (small
+    alphabets: long equal runs, a difference anywhere)."""
+    tree = _cache(ps)
+    pos = min(pos, len(b))
+    n, i = min(len(a), len(b) - pos), 0
+    while i < n and a[i] == b[pos + i]:
+        i += 1
+    assert tree._common_len(tuple(a), tuple(b), pos) == i // ps * ps
