@@ -13,7 +13,10 @@ are free when the call returns. A waiting caller also notices a loop thread that
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
+import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -122,37 +125,90 @@ def stream(
         raise
 
 
-class _AsyncEvents:
-    """A submission's events delivered into an asyncio loop."""
+class _Mailbox:
+    """The loop thread's events for every `_AsyncEvents` of one asyncio loop, handed over in
+    bursts: a step's chunks for hundreds of streams wake the asyncio loop once, not once per
+    event (each wake-up is a write to the loop's self-pipe and a callback, and a step's worth of
+    them held the GIL that the loop thread needs for the next step)."""
 
-    def __init__(self) -> None:
-        self.aio = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
-        # One pending get, kept across polls: asyncio.wait (unlike wait_for) never swallows
-        # a cancellation of the caller's task that races with an event's arrival.
-        self._getter: asyncio.Future | None = None
+    _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    _make_lock = threading.Lock()
 
-    def sink(self, event: tuple) -> None:  # called on the loop thread
+    def __init__(self, aio: asyncio.AbstractEventLoop) -> None:
+        self.aio = aio
+        self.lock = threading.Lock()
+        self.items: collections.deque = collections.deque()
+        self.scheduled = False
+
+    @classmethod
+    def of(cls, aio: asyncio.AbstractEventLoop) -> _Mailbox:
+        with cls._make_lock:
+            box = cls._by_loop.get(aio)
+            if box is None:
+                box = cls._by_loop[aio] = cls(aio)
+            return box
+
+    def post(self, target: _AsyncEvents, event: tuple) -> None:  # called on the loop thread
+        with self.lock:
+            self.items.append((target, event))
+            if self.scheduled:
+                return
+            self.scheduled = True
         try:
-            self.aio.call_soon_threadsafe(self.queue.put_nowait, event)
+            self.aio.call_soon_threadsafe(self._deliver)
         except RuntimeError:  # the asyncio loop is closed: nobody is listening
             pass
 
+    def _deliver(self) -> None:  # on the asyncio loop
+        with self.lock:
+            items, self.items = self.items, collections.deque()
+            self.scheduled = False
+        for target, event in items:
+            target.put(event)
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _AsyncEvents:
+    """A submission's events delivered into an asyncio loop: a deque the mailbox fills, and a
+    bare future a waiting caller sleeps on (woken by an event or by the poll timer, which
+    checks that the loop thread is alive). Cancelling the caller cancels only that future:
+    an event that raced with it stays in the deque."""
+
+    def __init__(self) -> None:
+        self.aio = asyncio.get_running_loop()
+        self.events: collections.deque = collections.deque()
+        self._mailbox = _Mailbox.of(self.aio)
+        self._waiter: asyncio.Future | None = None
+
+    def sink(self, event: tuple) -> None:  # called on the loop thread
+        self._mailbox.post(self, event)
+
+    def put(self, event: tuple) -> None:  # on the asyncio loop
+        self.events.append(event)
+        if self._waiter is not None:
+            _wake(self._waiter)
+
     async def next(self, loop: EngineLoop) -> tuple:
-        while True:
-            if self._getter is None:
-                self._getter = asyncio.ensure_future(self.queue.get())
-            done, _ = await asyncio.wait({self._getter}, timeout=_POLL_S)
-            if done:
-                getter, self._getter = self._getter, None
-                return getter.result()
-            if not loop.alive:
+        while not self.events:
+            waiter = self._waiter = self.aio.create_future()
+            timer = self.aio.call_later(_POLL_S, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            if not self.events and not loop.alive:
                 raise RuntimeError("the engine loop stopped (engine shut down?)")
+        return self.events.popleft()
 
     def close(self) -> None:
-        if self._getter is not None:
-            self._getter.cancel()
-            self._getter = None
+        if self._waiter is not None:
+            self._waiter.cancel()
+            self._waiter = None
 
     async def cancel(self, loop: EngineLoop, sub: Submission) -> None:
         """Abort what is left of the submission; wait until the loop has done so."""
