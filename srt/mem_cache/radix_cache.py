@@ -26,7 +26,7 @@ match and insert, so order does not depend on the wall clock's resolution).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +154,21 @@ class RadixCache:
         ps, ids = self.page_size, key.token_ids
         if len(value) < len(ids) // ps:
             raise ValueError(f"value has {len(value)} pages for a key of {len(ids) // ps} pages")
+        return self._insert_walk(key, value)
+
+    def _insert_walk(
+        self,
+        key: RadixKey,
+        value: Sequence[int],
+        new_node: Callable[[TreeNode, int], TreeNode] | None = None,
+        matched: Callable[[TreeNode, int], None] | None = None,
+    ) -> int:
+        """The walk of `insert` (key whole pages, value checked): returns the tokens the tree
+        already held. A subclass's insert passes hooks: `new_node(parent, pos)` builds the node
+        of ids[pos:] (default: a TreeNode with value's pages; its sizes are counted here), and
+        `matched(node, first_page)` sees every node the key runs through (split to end where
+        the key leaves it)."""
+        ps, ids = self.page_size, key.token_ids
         self._clock += 1
         node, pos = self.root_node, 0
         node.last_access = self._clock
@@ -161,8 +176,11 @@ class RadixCache:
             ck = self._child_key(key.extra_key, ids, pos)
             child = node.children.get(ck)
             if child is None:
-                pages = [int(p) for p in value[pos // ps : len(ids) // ps]]
-                new = TreeNode(node, ids[pos:], pages, key.extra_key)
+                if new_node is None:
+                    pages = [int(p) for p in value[pos // ps : len(ids) // ps]]
+                    new = TreeNode(node, ids[pos:], pages, key.extra_key)
+                else:
+                    new = new_node(node, pos)
                 new.last_access = self._clock
                 node.children[ck] = new
                 self.evictable_size_ += len(new.key)
@@ -171,8 +189,12 @@ class RadixCache:
                 break
             child.last_access = self._clock
             n = self._common_len(child.key, ids, pos)
+            if n == 0:  # (never: a child's first page is the key's)
+                break
             if n < len(child.key):
                 child = self._split(child, n)
+            if matched is not None:
+                matched(child, pos // ps)
             node, pos = child, pos + n
         return pos
 

@@ -259,38 +259,25 @@ class SWARadixCache(SWARequestsMixin, RadixCache):
         """Insert key (whole pages) with full pages `value` and window pages `swa` (-1: none).
         Returns (tokens the tree already held, taken): taken[i] is True where the tree now
         holds the caller's window page of page i (a new page, or a tombstone revived: the
-        tree's full slots then map to it; the caller resets its own full slots' mapping)."""
+        tree's full slots then map to it; the caller resets its own full slots' mapping).
+        RadixCache's walk, with the window pages added by its two hooks."""
         ps, ids = self.page_size, key.token_ids
-        taken = [False] * (len(ids) // ps)
+        end = len(ids) // ps
+        taken = [False] * end
         revived_full: list[int] = []
         revived_swa: list[int] = []
-        self._clock += 1
-        node, pos = self.root_node, 0
-        node.last_access = self._clock
-        while pos < len(ids):
-            ck = self._child_key(key.extra_key, ids, pos)
-            child = node.children.get(ck)
+
+        def new_node(parent: TreeNode, pos: int) -> TreeNode:
             first = pos // ps
-            if child is None:
-                pages = [int(p) for p in value[first : len(ids) // ps]]
-                new_swa = [int(s) for s in swa[first : len(ids) // ps]]
-                new = SWATreeNode(node, ids[pos:], pages, key.extra_key, new_swa)
-                new.last_access = self._clock
-                node.children[ck] = new
-                self.evictable_size_ += len(new.key)
-                self.swa_evictable_size_ += sum(s >= 0 for s in new_swa) * ps
-                for j, s in enumerate(new_swa):
-                    taken[first + j] = s >= 0
-                self._update_leaf(node)
-                self._update_leaf(new)
-                break
-            child.last_access = self._clock
-            n = self._common_len(child.key, ids, pos)
-            if n == 0:
-                break
-            if n < len(child.key):
-                child = self._split(child, n)
-            c = _as_swa(child)
+            pages = [int(p) for p in value[first:end]]
+            new_swa = [int(s) for s in swa[first:end]]
+            self.swa_evictable_size_ += sum(s >= 0 for s in new_swa) * ps
+            for j, s in enumerate(new_swa):
+                taken[first + j] = s >= 0
+            return SWATreeNode(parent, ids[pos:], pages, key.extra_key, new_swa)
+
+        def matched(node: TreeNode, first: int) -> None:
+            c = _as_swa(node)
             for j in range(len(c.value)):
                 s = int(swa[first + j])
                 if c.swa_value[j] < 0 and s >= 0:  # a tombstone revived by the caller's page
@@ -299,7 +286,8 @@ class SWARadixCache(SWARequestsMixin, RadixCache):
                     taken[first + j] = True
                     revived_full.append(c.value[j])
                     revived_swa.append(s)
-            node, pos = child, pos + n
+
+        pos = self._insert_walk(key, value, new_node, matched)
         if revived_full:
             self.kv_pool.set_swa_mapping(self._slots(revived_full), self._slots(revived_swa))
         return pos, taken
