@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from srt.managers.req import Req
-from srt.managers.shared_prefix import find_shared_prefixes
+from srt.managers.shared_prefix import SharedPrefixFinder
 from srt.mem_cache.decode_writes import StepExtras, write_decode_rows
 from srt.mem_cache.host_copy import upload
 from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, compute_extend_metadata
@@ -81,7 +81,7 @@ class ScheduleBatch:
         # decode graph's static inputs) or None: the upload's own memory (set by from_runner)
         self.decode_dest: Callable[[int, int], torch.Tensor | None] | None = None
         self.tree_cache: Any = None
-        self.cascade_attn = False  # find decode batches' shared prefixes (find_shared_prefixes)
+        self.shared_prefixes: SharedPrefixFinder | None = None  # decode groups (cascade), or off
 
     @classmethod
     def from_runner(cls, runner: Any, enable_fused_rope_kv: bool | None = None) -> ScheduleBatch:
@@ -98,7 +98,8 @@ class ScheduleBatch:
             fused if enable_fused_rope_kv is None else enable_fused_rope_kv,
         )
         batch.decode_dest = getattr(runner, "decode_static_inputs", None)
-        batch.cascade_attn = not getattr(runner.server_args, "disable_cascade_attn", False)
+        if not getattr(runner.server_args, "disable_cascade_attn", False):
+            batch.shared_prefixes = SharedPrefixFinder()
         return batch
 
     def free_req(self, req: Req) -> None:
@@ -482,7 +483,7 @@ class ScheduleBatch:
             raise
         dev = dev if dest is None else dest
         input_ids, rows, seq_lens, out_cache_loc, pos = dev[:5].unbind(0)  # [B] each
-        shared = self.cascade_attn and self.tree_cache is not None  # prefixes read once a group
+        finder = self.shared_prefixes if self.tree_cache is not None else None  # read once a group
         return self._forward_batch(
             ForwardMode.DECODE,
             batch_size=len(reqs),
@@ -495,5 +496,5 @@ class ScheduleBatch:
             positions=pos,
             out_cache_loc_swa=dev[5] if swa_slots is not None else None,
             decode_inputs=dev,  # [5 or 6, B]
-            shared_prefixes=find_shared_prefixes(reqs, ps) if shared else None,
+            shared_prefixes=None if finder is None else finder.find(reqs, ps),
         )

@@ -50,11 +50,15 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 class InBatchPrefixes:
     """The prompts admitted into one prefill batch, as chained hashes of their first blocks
     (one block: `block` tokens, whole pages), to find how much of a candidate's prompt one of
-    them shares. A hash collision only defers a request by one step."""
+    them shares. A hash collision only defers a request by one step. Both sides hash lazily:
+    the admitted prompts only as deep as a candidate's walk has reached (with no shared
+    prefix, one block each), a candidate until its first miss."""
 
     def __init__(self, block: int) -> None:
         self.block = block
         self.seen: set[tuple[str | None, int, int]] = set()  # (extra_key, blocks, chain hash)
+        self._added: list[tuple[Req, Iterator[int]]] = []  # and their chains' rest
+        self._depth = 0  # blocks of every added prompt in `seen`
 
     def _chain(self, req: Req, limit: int) -> Iterator[int]:
         """The chained hashes of the prompt's whole blocks, lazily (a miss stops the walk)."""
@@ -63,18 +67,30 @@ class InBatchPrefixes:
             h = hash((h, tuple(ids[j * b : (j + 1) * b])))
             yield h
 
+    def _hash_added(self, req: Req, chain: Iterator[int], start: int, depth: int) -> None:
+        for j in range(start, depth):
+            h = next(chain, None)
+            if h is None:  # a shorter prompt: nothing deeper
+                return
+            self.seen.add((req.extra_key, j, h))
+
     def shared_len(self, req: Req, limit: int) -> int:
         """Tokens (whole blocks, at most `limit`) of req's prompt that an added prompt shares."""
         n = 0
         for j, h in enumerate(self._chain(req, limit)):
+            if j >= self._depth:  # the added prompts' next block, all of them
+                for added, chain in self._added:
+                    self._hash_added(added, chain, j, j + 1)
+                self._depth = j + 1
             if (req.extra_key, j, h) not in self.seen:
                 break
             n = (j + 1) * self.block
         return n
 
     def add(self, req: Req) -> None:
-        for j, h in enumerate(self._chain(req, len(req.origin_input_ids))):
-            self.seen.add((req.extra_key, j, h))
+        chain = self._chain(req, len(req.origin_input_ids))
+        self._hash_added(req, chain, 0, self._depth)
+        self._added.append((req, chain))
 
 
 class SchedulePolicy:
@@ -267,8 +283,9 @@ class SchedulePolicy:
                 free_swa = self._free_swa_slots() - held_swa
             long = 0 < self.chunked_prefill_size < n and not wants_input_logprobs(req)
             fits = not admitted or (prefill_tokens + n <= self.max_prefill_tokens and not long)
-            if fits and need > free and self.tree_cache is not None:
-                free += self.tree_cache.evict(need - free)  # unlocked prefixes, LRU first
+            tree = self.tree_cache
+            if fits and free < need <= free + (tree.evictable_size() if tree is not None else 0):
+                free += tree.evict(need - free)  # type: ignore[union-attr]  # LRU, only to fit
             if not fits or need > free or need_swa > free_swa:
                 if m is not None:
                     assert self.tree_cache is not None

@@ -99,3 +99,24 @@ def find_shared_prefixes(reqs: Sequence[Any], page_size: int) -> SharedPrefixes 
     if not groups:
         return None
     return SharedPrefixes(tuple(groups), tuple(lens), tuple(owners))
+
+
+class SharedPrefixFinder:
+    """`find_shared_prefixes` over a run of decode steps: the groups are found again only when
+    the batch's requests or their tree-held lengths change (the tree's pages of a request never
+    change while its `cache_protected_len` stays; a prefix found before stays below the new
+    token as kv_len grows). It holds the last batch's requests, so an identity is never
+    reused while compared."""
+
+    def __init__(self) -> None:
+        self._reqs: tuple[Any, ...] = ()
+        self._lens: list[int] = []
+        self._found: SharedPrefixes | None = None
+
+    def find(self, reqs: Sequence[Any], page_size: int) -> SharedPrefixes | None:
+        lens = [r.cache_protected_len for r in reqs]
+        same = len(reqs) == len(self._reqs) and lens == self._lens
+        if not (same and all(a is b for a, b in zip(reqs, self._reqs, strict=True))):
+            self._found = find_shared_prefixes(reqs, page_size)
+            self._reqs, self._lens = tuple(reqs), lens
+        return self._found

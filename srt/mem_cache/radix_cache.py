@@ -26,6 +26,7 @@ match and insert, so order does not depend on the wall clock's resolution).
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,11 @@ class RadixCache:
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self._evictable_leaves: set[TreeNode] = set()
+        # (last_access, id, leaf) of the evictable leaves, kept across evictions (LRU order
+        # without a heapify of every leaf per call): an entry is pushed when a leaf becomes
+        # evictable; one whose leaf is gone is dropped, one whose leaf was touched since is
+        # pushed again with its new time when it reaches the top (`_pop_lru_leaf`).
+        self._lru_heap: list[tuple[int, int, TreeNode]] = []
 
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """The longest cached prefix of `key` (cut to whole pages); may split a node so the
@@ -136,7 +142,7 @@ class RadixCache:
         if not isinstance(key, RadixKey):
             raise TypeError(f"key must be a RadixKey, got {type(key).__name__}")
         path = self._descend(key.page_aligned(self.page_size))
-        pages = tuple(p for n in path for p in n.value)
+        pages = tuple(itertools.chain.from_iterable(n.value for n in path))
         return MatchResult(pages, len(pages) * self.page_size, path[-1] if path else self.root_node)
 
     def insert(self, key: RadixKey, value: Sequence[int]) -> int:
@@ -177,7 +183,7 @@ class RadixCache:
             child = node.children.get(ck)
             if child is None:
                 if new_node is None:
-                    pages = [int(p) for p in value[pos // ps : len(ids) // ps]]
+                    pages = list(map(int, value[pos // ps : len(ids) // ps]))
                     new = TreeNode(node, ids[pos:], pages, key.extra_key)
                 else:
                     new = new_node(node, pos)
@@ -203,16 +209,12 @@ class RadixCache:
         freed or none is left; returns the tokens freed."""
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
             raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
-        heap = list(self._evictable_leaves)
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            leaf = heapq.heappop(heap)
-            self._free_pages(leaf.value)
+        freed, pages = 0, []
+        while freed < num_tokens and (leaf := self._pop_lru_leaf()) is not None:
+            pages += leaf.value
             freed += len(leaf.key)
-            parent = self._delete_leaf(leaf)
-            if parent in self._evictable_leaves:
-                heapq.heappush(heap, parent)
+            self._delete_leaf(leaf)
+        self._free_pages(pages)  # one allocator call for them all
         return freed
 
     def inc_lock_ref(self, node: TreeNode) -> int:
@@ -404,9 +406,28 @@ class RadixCache:
 
     def _update_leaf(self, node: TreeNode) -> None:
         if node is not self.root_node and node.lock_ref == 0 and not node.children:
-            self._evictable_leaves.add(node)
+            if node not in self._evictable_leaves:
+                self._evictable_leaves.add(node)
+                heapq.heappush(self._lru_heap, (node.last_access, node.id, node))
         else:
             self._evictable_leaves.discard(node)
+
+    def _pop_lru_leaf(self) -> TreeNode | None:
+        """The least recently used evictable leaf, taken off the heap (None: none left)."""
+        heap, leaves = self._lru_heap, self._evictable_leaves
+        if len(heap) > 2 * len(leaves) + 64:  # mostly stale entries: rebuild
+            heap[:] = [(n.last_access, n.id, n) for n in leaves]
+            heapq.heapify(heap)
+        while heap:
+            stamp, _, node = heap[0]
+            if node not in leaves:
+                heapq.heappop(heap)
+            elif stamp != node.last_access:  # touched since: its place is later
+                heapq.heapreplace(heap, (node.last_access, node.id, node))
+            else:
+                heapq.heappop(heap)
+                return node
+        return None
 
     def _slots(self, pages: list[int]) -> torch.Tensor:
         """int64 [len(pages) * page_size] host slots of whole pages."""

@@ -36,7 +36,6 @@ reads under its lock and never frees).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,18 +151,15 @@ class SWARadixCache(SWARequestsMixin, RadixCache):
         `num_tokens` full tokens were freed or none is left; returns the full tokens freed."""
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
             raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
-        heap = list(self._evictable_leaves)
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            leaf = _as_swa(heapq.heappop(heap))
+        freed, pages = 0, []
+        while freed < num_tokens and (node := self._pop_lru_leaf()) is not None:
+            leaf = _as_swa(node)
             live = [j for j, s in enumerate(leaf.swa_value) if s >= 0]
             self._tombstone(leaf, live)  # the window pages first: free_swa checks the full
-            self._free_pages(leaf.value)
+            pages += leaf.value
             freed += len(leaf.key)
-            parent = self._delete_leaf(leaf)
-            if parent in self._evictable_leaves:
-                heapq.heappush(heap, parent)
+            self._delete_leaf(leaf)
+        self._free_pages(pages)  # after every tombstone, in one allocator call
         return freed
 
     def evict_swa(self, num_tokens: int) -> int:
@@ -269,8 +265,8 @@ class SWARadixCache(SWARequestsMixin, RadixCache):
 
         def new_node(parent: TreeNode, pos: int) -> TreeNode:
             first = pos // ps
-            pages = [int(p) for p in value[first:end]]
-            new_swa = [int(s) for s in swa[first:end]]
+            pages = list(map(int, value[first:end]))
+            new_swa = list(map(int, swa[first:end]))
             self.swa_evictable_size_ += sum(s >= 0 for s in new_swa) * ps
             for j, s in enumerate(new_swa):
                 taken[first + j] = s >= 0

@@ -13,7 +13,7 @@ import torch
 import srt
 from srt.layers.attention import triton_backend
 from srt.managers import shared_prefix
-from srt.managers.shared_prefix import find_shared_prefixes
+from srt.managers.shared_prefix import SharedPrefixFinder, find_shared_prefixes
 from tests.conftest import gpu
 
 
@@ -78,6 +78,32 @@ def test_short_or_unprofitable_prefixes_are_not_grouped(monkeypatch):
     tight = [_R(sys, 100, 100, i) for i in range(3)]
     got = find_shared_prefixes(tight, 1)
     assert got is not None and got.prefix_lens == (99,)
+
+
+def test_finder_recomputes_exactly_when_the_batch_or_its_tree_lengths_change(monkeypatch):
+    monkeypatch.setattr(shared_prefix, "MIN_SHARED_TOKENS", 64)
+    monkeypatch.setattr(shared_prefix, "MIN_SAVED_TOKENS", 64)
+    calls = []
+    real = shared_prefix.find_shared_prefixes
+    monkeypatch.setattr(
+        shared_prefix, "find_shared_prefixes", lambda r, ps: calls.append(1) or real(r, ps)
+    )
+    rng = random.Random(3)
+    sys = _tree_pages(rng, 100)
+    reqs = [_R(sys + _tree_pages(rng, 3), 100, 104 + i, i) for i in range(3)]
+    finder = SharedPrefixFinder()
+    first = finder.find(reqs, 1)
+    assert first is not None and first.prefix_lens == (100,)
+    for r in reqs:  # decode steps: only kv_len grows
+        r.kv_len += 1
+    assert finder.find(list(reqs), 1) is first and len(calls) == 1
+    reqs[1].cache_protected_len = 103  # its own pages went into the tree
+    assert finder.find(reqs, 1) is not first and len(calls) == 2
+    twin = _R(list(reqs[2].kv_pages), 100, reqs[2].kv_len, 2)  # equal fields, another request
+    finder.find(reqs[:2] + [twin], 1)
+    assert len(calls) == 3
+    finder.find(reqs[:2], 1)  # one left the batch
+    assert len(calls) == 4
 
 
 # ---- the Engine: cascade on vs off -----------------------------------------------------------

@@ -311,3 +311,30 @@ def test_common_len_equals_the_token_by_token_walk(a, b, pos, ps):
     while i < n and a[i] == b[pos + i]:
         i += 1
     assert tree._common_len(tuple(a), tuple(b), pos) == i // ps * ps
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_eviction_takes_the_least_recently_used_leaf(seed):
+    """The kept heap gives the order a fresh sort of the evictable leaves would: random
+    inserts, matches (touches), locks and unlocks between single-leaf evictions."""
+    rng = random.Random(seed)
+    tree = _cache(1, pages=400)
+    locked: list[TreeNode] = []
+    keys = [[rng.randrange(4) for _ in range(rng.randrange(1, 9))] for _ in range(40)]
+    for _ in range(300):
+        op = rng.random()
+        key = RadixKey(rng.choice(keys))
+        if op < 0.35 and tree.token_to_kv_pool_allocator.available_size() >= 8:
+            assert tree.insert(key, _alloc_pages(tree, len(key.token_ids))) <= len(key.token_ids)
+        elif op < 0.6:
+            m = tree.match_prefix(key)
+            if m.prefix_len and rng.random() < 0.3:
+                tree.inc_lock_ref(m.last_node)
+                locked.append(m.last_node)
+        elif op < 0.7 and locked:
+            tree.dec_lock_ref(locked.pop(rng.randrange(len(locked))))
+        elif tree._evictable_leaves:
+            want = min(tree._evictable_leaves, key=lambda n: (n.last_access, n.id))
+            assert tree.evict(1) == len(want.key)
+            assert want not in tree._evictable_leaves and want.parent is not None
+            assert want not in want.parent.children.values()
