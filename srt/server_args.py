@@ -46,7 +46,9 @@ class ServerArgs:
     cuda_graph_max_bs : largest captured decode batch; cuda_graph_bs overrides the bucket list.
     max_total_tokens : KV-pool size in tokens; None sizes it from mem_fraction_static (CUDA) or
         cpu_max_total_tokens (CPU).
-    max_running_requests : concurrent requests (rows of the req-to-token pool).
+    max_running_requests : concurrent requests (rows of the req-to-token pool). None: on a GPU
+        with a uniform pool SGLang's rule (512 per context's worth of KV slots, within
+        [2048, 4096]), else 256; never more than the pool's pages.
     json_model_override_args : JSON dict merged into the HF config (used by the bench presets).
     allow_auto_truncate : a request whose prompt + max_new_tokens exceeds the context length is
         cut to fit (reported in its meta_info["truncation"]) instead of rejected.
