@@ -307,8 +307,8 @@ class CudaGraphRunner:
             bs, req_pool_indices, seq_lens, seq_lens_sum, ForwardMode.DECODE, seq_lens_cpu
         )
         shared = forward_batch.shared_prefixes
-        if shared is not None and bs in self.cascade_graphs:
-            backend.replay_cascade_cuda_graph(bs, shared)
+        cascade = shared is not None and bs in self.cascade_graphs
+        if cascade and backend.replay_cascade_cuda_graph(bs, shared):
             self.cascade_graphs[bs].replay()
             out = self.cascade_outputs[bs]
         else:

@@ -66,8 +66,9 @@ class AttentionBackend(ABC):
         """After init_forward_metadata_capture_cuda_graph(bs): capture the cascade decode."""
         raise NotImplementedError(f"{type(self).__name__} has no cascade decode")
 
-    def replay_cascade_cuda_graph(self, bs: int, shared: Any) -> None:
-        """Before a replay of bs's cascade graph: its buffers get the batch's shared prefixes."""
+    def replay_cascade_cuda_graph(self, bs: int, shared: Any) -> bool:
+        """Before a replay of bs's cascade graph: its buffers get the batch's shared prefixes
+        (False: they do not fit the graph; the plain graph replays instead)."""
         raise NotImplementedError(f"{type(self).__name__} has no cascade decode")
 
     def forward(

@@ -280,17 +280,26 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         md = self.forward_metadata
         if md is None or md.cascade is not None:
             raise RuntimeError("call init_forward_metadata_capture_cuda_graph first")
-        n = 2 * bs + 4 * cascade_items_bound(bs)
-        dev = md.seq_lens.device
-        buf = self._cascade_bufs.setdefault(bs, torch.zeros(n, dtype=torch.int32, device=dev))
+        buf = self._cascade_bufs.get(bs)
+        if buf is None:
+            n = 2 * bs + 4 * cascade_items_bound(bs)
+            buf = self._cascade_bufs[bs] = torch.zeros(
+                n, dtype=torch.int32, device=md.seq_lens.device
+            )
         self.forward_metadata = dataclasses.replace(md, cascade=cascade_views(buf, bs))
 
-    def replay_cascade_cuda_graph(self, bs: int, shared) -> None:
+    def replay_cascade_cuda_graph(self, bs: int, shared) -> bool:
         """Before the replay of bs's cascade graph: its buffers get the batch's shared prefixes
-        (one upload; rows past the batch's are padding, in no group)."""
+        (one upload; rows past the batch's are padding, in no group). False, writing nothing,
+        when they need more work items than the graph holds (groups of one request: never from
+        the scheduler's `find_shared_prefixes`): the plain graph serves that batch."""
+        try:
+            flat = cascade_host(shared, bs, cascade_items_bound(bs))
+        except ValueError:
+            return False
         buf = self._cascade_bufs[bs]
-        flat = cascade_host(shared, bs, cascade_items_bound(bs))
         buf.copy_(upload(torch.tensor(flat, dtype=torch.int32), buf.device))
+        return True
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):
         if save_kv_cache:

@@ -14,6 +14,7 @@ import srt
 from srt.layers.attention import triton_backend
 from srt.managers import shared_prefix
 from srt.managers.shared_prefix import SharedPrefixFinder, find_shared_prefixes
+from srt.model_executor.forward_batch_info import SharedPrefixes
 from tests.conftest import gpu
 
 
@@ -104,6 +105,27 @@ def test_finder_recomputes_exactly_when_the_batch_or_its_tree_lengths_change(mon
     assert len(calls) == 3
     finder.find(reqs[:2], 1)  # one left the batch
     assert len(calls) == 4
+
+
+def test_graph_buffers_take_the_groups_or_refuse_untouched():
+    """A cascade graph's buffers: the batch's groups laid out as the kernels read them (rows
+    past the batch's in no group, empty work items); more work items than the graph holds
+    (only groups of one request could need them) leave the buffers as they were."""
+    be = triton_backend.TritonAttnBackend(device="cpu")
+    bs = 8
+    n = 2 * bs + 4 * triton_backend.cascade_items_bound(bs)
+    flat = torch.full((n,), -7, dtype=torch.int32)
+    be._cascade_bufs[bs] = flat
+    assert be.replay_cascade_cuda_graph(bs, SharedPrefixes(((0, 1, 2), (4, 3)), (16, 32), (5, 6)))
+    got = triton_backend.cascade_views(flat, bs)
+    assert got.prefix_lens.tolist() == [16, 16, 16, 32, 32, 0, 0, 0]
+    assert got.rows.tolist()[:5] == [0, 1, 2, 4, 3]
+    assert got.items[:2].tolist() == [[0, 3, 16, 5], [3, 5, 32, 6]]
+    assert not got.items[2:].any()
+    before = flat.clone()
+    singles = SharedPrefixes(tuple((i,) for i in range(bs)), (16,) * bs, tuple(range(bs)))
+    assert not be.replay_cascade_cuda_graph(bs, singles)
+    assert torch.equal(flat, before)
 
 
 # ---- the Engine: cascade on vs off -----------------------------------------------------------
