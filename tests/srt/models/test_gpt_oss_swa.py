@@ -265,3 +265,38 @@ def test_hybrid_pool_cuda_graph_equals_eager(ckpt, page_size):
         assert g[0] == e[0], (fused, g[0], e[0])
         assert all(torch.equal(a, b) for a, b in zip(g[1], e[1], strict=True))
     assert runs[True, True][0] == runs[True, False][0]
+
+
+def test_hybrid_pool_cascade_decode_same_tokens(ckpt, monkeypatch):
+    """gpt-oss's full layers (sinks) read a shared prefix once per group, its window layers
+    their window as before (Triton backend, float32; CPU: interpreted): the same tokens and
+    logprobs as with the cascade off, and the cascade ran."""
+    from srt.layers.attention import triton_backend
+    from srt.managers import shared_prefix
+
+    path, _ = ckpt
+    monkeypatch.setattr(shared_prefix, "MIN_SHARED_TOKENS", 4)
+    monkeypatch.setattr(shared_prefix, "MIN_SAVED_TOKENS", 4)
+    seen = []
+    real = triton_backend.cascade_args
+
+    def counting(shared, batch_size, device):
+        seen.append(shared)
+        return real(shared, batch_size, device)
+
+    monkeypatch.setattr(triton_backend, "cascade_args", counting)
+    system = _prompts((16,), seed=5)[0]
+    prompts = [system + q for q in _prompts((2, 5, 3, 7), seed=6)]
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    runs = []
+    for off in (True, False):
+        kw = dict(page_size=4, device=dev, dtype="float32", attention_backend="triton")
+        kw["disable_cascade_attn"] = off
+        with _engine(path, disable_cuda_graph=True, **kw) as eng:
+            _generate(eng, prompts[:1], max_new=(2,))  # the system prompt into the tree
+            runs.append(_generate(eng, prompts[1:], max_new=(5,)))
+        assert (len(seen) > 0) is not off
+    (ids_off, lp_off), (ids_on, lp_on) = runs
+    assert ids_on == ids_off
+    for a, b in zip(lp_on, lp_off, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
