@@ -21,7 +21,8 @@ backends' choices instead (tuning); attention rows are CUDA-graph replays of one
 over distinct per-layer caches (as in a decode step). `--cascade`: decode attention of B 256 in
 8 groups of 32 requests sharing a 2048-token prefix (+ 256 own tokens each), with and without
 the shared-prefix (cascade) kernel, beside the read floors of each (every request's keys read
-once / every distinct key read once).
+once / every distinct key read once). `--extend-split`: one request's chunk of 128 / 512 new
+tokens after 8K / 32K cached ones, the extend kernel at KV split counts 1..16.
 """
 
 from __future__ import annotations
@@ -341,6 +342,42 @@ def extend_sweep(preset: str, bw: float, shapes=((1, 512), (1, 2048), (8, 512), 
         torch.cuda.empty_cache()
 
 
+def extend_split(
+    preset: str, bw: float, cases=((128, 8192), (128, 32768), (512, 8192), (512, 32768))
+) -> None:
+    """Split-KV extend: one request's chunk of C new tokens after P cached ones (a chunked long
+    prompt, or a short turn after a long cached prefix), KV split counts 1..16, graph-timed per
+    layer; the floor column is the FLOPs at 500 TFLOP/s (dense bf16)."""
+    from srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+
+    _, _, hq, hkv, d = SHAPES[preset]
+    for C, P in cases:
+        q, r2t, rows, lens, kvs = _decode_problem(preset, 1, P + C, 2)
+        qt = torch.randn(C, hq, d, device="cuda", dtype=torch.bfloat16)
+        o = torch.empty_like(qt)
+        ext = torch.full((1,), C, device="cuda", dtype=torch.int32)
+        pre = torch.full((1,), P, device="cuda", dtype=torch.int32)
+        start = torch.zeros(1, device="cuda", dtype=torch.int32)
+        flops = 2 * 2 * hq * d * C * (P + (C + 1) / 2)
+        for splits in (1, 2, 4, 8, 16):
+            mid = {}
+            if splits > 1:
+                shape = (C, hq, splits, max(16, 1 << (d - 1).bit_length()))
+                mid = dict(
+                    mid_o=torch.empty(shape, device="cuda"),
+                    mid_lse=torch.empty(shape[:3], device="cuda"),
+                )
+            call = (qt, o, r2t, rows, ext, pre, start, C, d**-0.5)
+            fns = [
+                functools.partial(extend_attention_fwd, *call, kv, num_splits=splits, **mid)
+                for kv in kvs
+            ]
+            name = f"{preset} extend C={C} after P={P} splits={splits}"
+            _graph_row(name, fns, int(flops / 500e12 * bw * 1e9), bw)
+        del kvs
+        torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--presets", nargs="+", default=list(SHAPES), choices=sorted(SHAPES))
@@ -349,10 +386,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-sweep", action="store_true", help="decode tile/split sweep only")
     p.add_argument("--extend-sweep", action="store_true", help="extend tile sweep only")
     p.add_argument("--cascade", action="store_true", help="shared-prefix decode attention only")
+    p.add_argument("--extend-split", action="store_true", help="split-KV extend after a prefix")
     a = p.parse_args(argv)
     bw = copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()}: device copy {bw:.0f} GB/s (read + write)")
-    if a.decode_sweep or a.extend_sweep or a.cascade:
+    if a.decode_sweep or a.extend_sweep or a.cascade or a.extend_split:
         print(f"{'op':48s} {'us':>9s} {'floor us':>9s} {'ratio':>7s}")
         for preset in a.presets:
             if a.decode_sweep:
@@ -361,6 +399,8 @@ def main(argv: list[str] | None = None) -> None:
                 extend_sweep(preset, bw)
             if a.cascade:
                 bench_cascade(preset, bw)
+            if a.extend_split:
+                extend_split(preset, bw)
         return
     if not a.no_graph:
         print(f"{'op (device µs in a CUDA graph)':48s} {'us':>9s} {'floor us':>9s} {'ratio':>7s}")

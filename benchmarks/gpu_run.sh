@@ -68,7 +68,8 @@
 #              qwen3-8b, bs 1), top functions by own time
 #   attn       issue 15 attention: backend + scrub + layernorm GPU tests, decode / extend tile
 #              sweeps (graph-timed per layer over per-layer caches, floors printed), shared-prefix
-#              (cascade) decode vs plain at B 256 in 8 groups (issue 48)
+#              (cascade) decode vs plain at B 256 in 8 groups, split-KV extend after a long prefix
+#              (issue 48)
 #   serving    issue 48's serving measurements (python -m srt.bench_serving, in-process Engine,
 #              SERVING_PRESET default llama3-8b, random bf16 weights): (a) generated-shared-prefix
 #              16 groups x 32 prompts, system 2048, question 128, output 256, radix cache on (cascade
@@ -347,6 +348,7 @@ t_attn() {
   timeout 150 python benchmarks/bench_layers.py --presets llama3-8b --decode-sweep
   timeout 90 python benchmarks/bench_layers.py --presets llama3-8b --extend-sweep
   timeout 90 python benchmarks/bench_layers.py --presets llama3-8b --cascade
+  timeout 120 python benchmarks/bench_layers.py --presets llama3-8b --extend-split
 }
 t_gemm() {
   timeout 150 python -m pytest -q -p no:cacheprovider -rfE tests/sgl_ext/test_gemm.py \

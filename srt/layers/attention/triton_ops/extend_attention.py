@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from sgl_ext.launch import cached_launcher, interpreting
+from srt.layers.attention.triton_ops.decode_merge import merge_kernel
 from srt.layers.attention.triton_ops.kv_load import (
     KV_FP8_NONE,
     AttnFlags,
@@ -36,6 +37,8 @@ def _extend_kernel(
     K,
     V,
     Out,
+    MidO,  # NUM_SPLITS > 1: float32 [T, Hq, NUM_SPLITS, BLOCK_DV] partial outputs
+    MidLse,  # NUM_SPLITS > 1: float32 [T, Hq, NUM_SPLITS] their log-sum-exps
     Sinks,
     ReqToToken,
     ReqPoolIdx,
@@ -78,10 +81,13 @@ def _extend_kernel(
     DOT_PRECISION: tl.constexpr,
     TILE_F32: tl.constexpr,
     P_LOW: tl.constexpr,
+    NUM_SPLITS: tl.constexpr = 1,
+    SPLIT_ALIGN: tl.constexpr = 16,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    mb = tl.program_id(2)
+    mb = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
     # What the helpers take, bundled (kv_load.py: no IR of their own).
     cfg: tl.constexpr = AttnFlags(
         D=D,
@@ -122,7 +128,7 @@ def _extend_kernel(
         q = q.to(tl.float32)
     m_i = tl.zeros([BLOCK_M * BLOCK_H], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M * BLOCK_H], dtype=tl.float32)
-    if HAS_SINKS:
+    if HAS_SINKS and NUM_SPLITS == 1:  # split: the merge kernel adds the sink column
         m_i = tl.load(Sinks + h, mask=g < GROUP, other=0).to(tl.float32)
         l_i = l_i + 1.0
     acc = tl.zeros([BLOCK_M * BLOCK_H, BLOCK_DV], dtype=tl.float32)
@@ -130,6 +136,10 @@ def _extend_kernel(
     lo = tl.zeros([], dtype=tl.int32)  # a tensor: the loop bounds' type is fixed
     if USE_WINDOW:
         lo = tl.maximum(prefix + mb * BLOCK_M - window, lo)
+    if NUM_SPLITS > 1:  # this program's chunk of those keys, a multiple of SPLIT_ALIGN
+        chunk = tl.cdiv(tl.cdiv(hi - lo, NUM_SPLITS), SPLIT_ALIGN) * SPLIT_ALIGN
+        lo = lo + split * chunk
+        hi = tl.minimum(lo + chunk, hi)
     # a pipelined loop over key tiles (num_stages: the next tiles' loads overlap this tile)
     for n0 in tl.range(lo, hi, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
@@ -140,10 +150,19 @@ def _extend_kernel(
         if USE_WINDOW:
             vis = vis & (j[None, :] >= qpos[:, None] - window)
         m_i, l_i, acc = softmax_step(q, k, v, vis, m_i, l_i, acc, logits, V, cfg)
-    l_i = tl.where(mm, l_i, 1.0)  # padding rows (not stored): avoid 0 / 0
-    out = acc / l_i[:, None]
-    o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :]
-    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=mm[:, None] & (dv[None, :] < DV))
+    om = mm[:, None] & (dv[None, :] < DV)
+    if NUM_SPLITS == 1:
+        l_i = tl.where(mm, l_i, 1.0)  # padding rows (not stored): avoid 0 / 0
+        out = acc / l_i[:, None]
+        o_ptr = Out + (tok0 + m)[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :]
+        tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=om)
+    else:  # this chunk's partial result (an empty chunk: 0 and -inf), merged by merge_kernel
+        seen = l_i > 0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+        row = ((tok0 + m) * (GROUP * tl.num_programs(1)) + h) * NUM_SPLITS + split  # [ROWS]
+        tl.store(MidLse + row, lse, mask=mm)
+        tl.store(MidO + row[:, None] * BLOCK_DV + dv[None, :], out, mask=om)
 
 
 @dataclass(frozen=True)
@@ -183,6 +202,9 @@ def extend_attention_fwd(
     window=-1,
     logit_cap=0.0,
     config: ExtendConfig | None = None,
+    num_splits: int = 1,
+    mid_o: torch.Tensor | None = None,
+    mid_lse: torch.Tensor | None = None,
 ):
     """o[t, h] = causal attention of new token t over its request's cached keys.
 
@@ -195,6 +217,11 @@ def extend_attention_fwd(
     kv : KVArgs: the layer's caches (fp8 as uint8 views), already holding the new tokens' K/V,
         page size, fp8 kind, scales. sinks : float [Hq] or None.
     config : tile shape (benchmarks); None: `extend_config(...)`.
+    num_splits : key chunks per block of new tokens (a power of two <= 16): split-KV for few
+        programs over long keys (a short chunk after a long cached prefix), each chunk's
+        partial output and log-sum-exp in float32 scratch, merged by decode_merge's kernel
+        (which adds the sinks). mid_o [T, Hq, num_splits, max(16, pow2(Dv))] / mid_lse
+        [T, Hq, num_splits] float32 contiguous: allocated here when None.
 
     Precision: as the decode kernel (fp32 models: exact float32 products; 16-bit models and
     caches: 16-bit tensor-core dots, probabilities rounded to the cache dtype; fp8 caches: TF32
@@ -211,12 +238,24 @@ def extend_attention_fwd(
     block_d = max(16, _pow2(D))
     low = q.dtype in (torch.bfloat16, torch.float16) and kv.fp8 == KV_FP8_NONE
     interp = interpreting()
-    grid = (B, Hkv, -(-max_extend_len // block_m))
+    if num_splits < 1 or num_splits > 16 or num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two in [1, 16], got {num_splits}")
+    block_dv = max(16, _pow2(DV))
+    if num_splits > 1:
+        shape = (T, Hq, num_splits, block_dv)
+        mid_o = q.new_empty(shape, dtype=torch.float32) if mid_o is None else mid_o
+        mid_lse = q.new_empty(shape[:3], dtype=torch.float32) if mid_lse is None else mid_lse
+        for name, t, want in (("mid_o", mid_o, shape), ("mid_lse", mid_lse, shape[:3])):
+            if tuple(t.shape) != want or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"{name} must be float32 contiguous {want}")
+    grid = (B, Hkv, -(-max_extend_len // block_m) * num_splits)
     cached_launcher(_extend_kernel)[grid](  # direct launch once planned
         q,
         kv.k_buffer,
         kv.v_buffer,
         o,
+        mid_o if num_splits > 1 else o,
+        mid_lse if num_splits > 1 else o,
         sinks if sinks is not None else q,
         req_to_token,
         req_pool_indices,
@@ -242,7 +281,7 @@ def extend_attention_fwd(
         DV=DV,
         BLOCK_H=block_h,
         BLOCK_D=block_d,
-        BLOCK_DV=max(16, _pow2(DV)),
+        BLOCK_DV=block_dv,
         BLOCK_M=block_m,
         BLOCK_N=cfg.block_n,
         PAGE_SIZE=kv.page_size,
@@ -258,7 +297,24 @@ def extend_attention_fwd(
         # it gets float32 copies of the same values)
         TILE_F32=not low or interp,
         P_LOW=low,
+        NUM_SPLITS=num_splits,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    if num_splits > 1:
+        cached_launcher(merge_kernel)[(T, Hq)](
+            mid_o,
+            mid_lse,
+            o,
+            sinks if sinks is not None else q,
+            q,  # (no cascade: PrefixLens unread)
+            Hq * num_splits,
+            num_splits,
+            o.stride(0),
+            o.stride(1),
+            DV=DV,
+            BLOCK_DV=block_dv,
+            NUM_SPLITS=num_splits,
+            HAS_SINKS=sinks is not None,
+        )
     return o

@@ -211,3 +211,75 @@ def test_short_windows_take_one_wide_tile_at_small_batches():
     assert decode_config(8, 1, 64, 100).block_n == 128 and decode_config(1, 1, 64, 40).block_n == 64
     for b, splits, window in ((16, 1, 128), (1, 4, 128), (1, 1, 256), (1, 1, -1)):
         assert decode_config(b, splits, 64, window).block_n == 64
+
+
+@pytest.mark.parametrize(
+    "splits, window, sinks, cap, page_size, dtype",
+    [
+        (2, -1, False, 0.0, 1, torch.float32),
+        (4, -1, True, 0.0, 16, torch.float32),
+        (8, 6, True, 3.0, 4, torch.float32),
+        (4, -1, False, 0.0, 1, torch.bfloat16),
+    ],
+)
+def test_extend_split_kv_equals_one_program_per_block(splits, window, sinks, cap, page_size, dtype):
+    """Split-KV extend (a short chunk after a long cached prefix): each block's keys cut into
+    chunks, merged with the sinks, equals the single-program kernel and the float64 reference
+    (prefixes 131 / 0 / 40, new tokens 7 / 1 / 33); the output is poisoned first."""
+    from srt.layers.attention.triton_backend import kv_args
+    from srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+    from srt.layers.radix_attention import RadixAttention
+    from tests.srt.layers.attention.attn_reference import ref_attention
+    from tests.srt.models.fb_harness import Harness, make_kv_pool
+
+    g = torch.Generator().manual_seed(splits + page_size)
+    hq, hkv, d = 4, 2, 16
+    prefix, new = [131, 0, 40], [7, 1, 33]
+    pool = make_kv_pool(512, page_size, dtype, hkv, d, 1, DEV)
+    h = Harness(pool, _backend(), max_reqs=4, max_ctx=300, device=DEV)
+    sink = torch.randn(hq, generator=g).to(DEV) if sinks else None
+    layer = RadixAttention(
+        hq, d, d**-0.5, hkv, 0, sliding_window_size=window, logit_cap=cap, sinks=sink
+    )
+    rows = [2, 0, 3]
+    lens = [p + n for p, n in zip(prefix, new, strict=True)]
+    keys = [torch.randn(n, hkv, d, generator=g).to(dtype) for n in lens]
+    vals = [torch.randn(n, hkv, d, generator=g).to(dtype) for n in lens]
+    have = [i for i, p in enumerate(prefix) if p]
+    fb = h.extend([rows[i] for i in have], [[1] * prefix[i] for i in have])
+    k_pre = torch.cat([keys[i][: prefix[i]] for i in have]).to(DEV)
+    v_pre = torch.cat([vals[i][: prefix[i]] for i in have]).to(DEV)
+    pool.set_kv_buffer(layer, fb.out_cache_loc, k_pre, v_pre)
+    fb = h.extend(rows, [[1] * n for n in new])
+    k_new = torch.cat([keys[i][prefix[i] :] for i in range(3)]).to(DEV)
+    v_new = torch.cat([vals[i][prefix[i] :] for i in range(3)]).to(DEV)
+    pool.set_kv_buffer(layer, fb.out_cache_loc, k_new, v_new)
+    q = torch.randn(sum(new), hq, d, generator=g).to(DEV, dtype)
+    kv = kv_args(layer, fb)
+    r2t = fb.req_to_token_pool.req_to_token
+    args = (fb.req_pool_indices, fb.extend_seq_lens, fb.extend_prefix_lens, fb.extend_start_loc)
+    outs = []
+    for s in (1, splits):
+        o = torch.full((sum(new), hq, d), float("nan"), dtype=dtype, device=DEV)
+        extend_attention_fwd(
+            q, o, r2t, *args, max(new), d**-0.5, kv, sink, window, cap, num_splits=s
+        )
+        outs.append(o.cpu().double())
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(outs[1], outs[0], atol=tol, rtol=tol)
+    t0 = 0
+    for i in range(3):
+        pos = torch.arange(prefix[i], prefix[i] + new[i])
+        ref = ref_attention(
+            q[t0 : t0 + new[i]].cpu(),
+            keys[i],
+            vals[i],
+            pos,
+            d**-0.5,
+            window,
+            cap,
+            None if sink is None else sink.cpu(),
+        )
+        got = outs[1][t0 : t0 + new[i]]
+        torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+        t0 += new[i]
