@@ -284,8 +284,8 @@ class SchedulePolicy:
             long = 0 < self.chunked_prefill_size < n and not wants_input_logprobs(req)
             fits = not admitted or (prefill_tokens + n <= self.max_prefill_tokens and not long)
             tree = self.tree_cache
-            if fits and free < need <= free + (tree.evictable_size() if tree is not None else 0):
-                free += tree.evict(need - free)  # type: ignore[union-attr]  # LRU, only to fit
+            if tree is not None and fits and free < need <= free + tree.evictable_size():
+                free += tree.evict(need - free)  # unlocked prefixes, LRU first, only to fit
             if not fits or need > free or need_swa > free_swa:
                 if m is not None:
                     assert self.tree_cache is not None
