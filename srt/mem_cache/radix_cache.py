@@ -211,11 +211,15 @@ class RadixCache:
             raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
         freed, pages = 0, []
         while freed < num_tokens and (leaf := self._pop_lru_leaf()) is not None:
+            self._evicting(leaf)
             pages += leaf.value
             freed += len(leaf.key)
             self._delete_leaf(leaf)
-        self._free_pages(pages)  # one allocator call for them all
+        self._free_pages(pages)  # after every leaf's _evicting, in one allocator call
         return freed
+
+    def _evicting(self, leaf: TreeNode) -> None:
+        """A subclass's per-leaf state, given back before the leaf's pages are freed."""
 
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Lock the path root -> node (its pages are then never evicted); returns the change

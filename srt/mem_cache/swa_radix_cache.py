@@ -146,21 +146,11 @@ class SWARadixCache(SWARequestsMixin, RadixCache):
             raise ValueError(f"value / swa_value have {len(value)} / {len(swa)} pages for {n}")
         return self._insert(key, value, swa)[0]
 
-    def evict(self, num_tokens: int) -> int:
-        """Delete unlocked leaves (LRU first), freeing their full and live window pages, until
-        `num_tokens` full tokens were freed or none is left; returns the full tokens freed."""
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
-        freed, pages = 0, []
-        while freed < num_tokens and (node := self._pop_lru_leaf()) is not None:
-            leaf = _as_swa(node)
-            live = [j for j, s in enumerate(leaf.swa_value) if s >= 0]
-            self._tombstone(leaf, live)  # the window pages first: free_swa checks the full
-            pages += leaf.value
-            freed += len(leaf.key)
-            self._delete_leaf(leaf)
-        self._free_pages(pages)  # after every tombstone, in one allocator call
-        return freed
+    def _evicting(self, leaf: TreeNode) -> None:
+        """`evict` (RadixCache's, which frees full and live window pages and counts full
+        tokens): the leaf's window pages first, as free_swa checks the full ones."""
+        c = _as_swa(leaf)
+        self._tombstone(c, [j for j, s in enumerate(c.swa_value) if s >= 0])
 
     def evict_swa(self, num_tokens: int) -> int:
         """Tombstone live unlocked window pages (least recently used node first, front pages
