@@ -98,7 +98,7 @@ class ScheduleBatch:
             fused if enable_fused_rope_kv is None else enable_fused_rope_kv,
         )
         batch.decode_dest = getattr(runner, "decode_static_inputs", None)
-        if not getattr(runner.server_args, "disable_cascade_attn", False):
+        if runner.cascade_attn:  # groups only for a backend that reads them
             batch.shared_prefixes = SharedPrefixFinder()
         return batch
 

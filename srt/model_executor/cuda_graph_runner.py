@@ -52,6 +52,11 @@ class GraphModelRunner(Protocol):
     def attn_backend(self) -> AttentionBackend: ...
 
     @property
+    def cascade_attn(self) -> bool:
+        """Whether decode reads shared prefixes once per group (the cascade graphs)."""
+        ...
+
+    @property
     def req_to_token_pool(self) -> Any: ...
 
     @property
@@ -136,11 +141,8 @@ class CudaGraphRunner:
         self.graph_memory_pool: Any = None
         backend = model_runner.attn_backend
         # Cascade decode (shared prefixes read once per group) gets a second graph per bucket of
-        # at least CASCADE_MIN_BS, when the prefix cache can share prefixes and the backend can.
-        cascade = backend.supports_cascade and not (
-            getattr(args, "disable_radix_cache", False)
-            or getattr(args, "disable_cascade_attn", False)
-        )
+        # at least CASCADE_MIN_BS.
+        cascade = model_runner.cascade_attn
         self.cascade_bs = [b for b in self.capture_bs if b >= CASCADE_MIN_BS] if cascade else []
         self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.cascade_outputs: dict[int, torch.Tensor] = {}

@@ -71,7 +71,9 @@ class ModelRunner:
     max_running_requests, req_to_token_pool, token_to_kv_pool (MHATokenToKVPool, or SWAKVPool
     for models with sliding-window layers unless disable_hybrid_swa_memory),
     token_to_kv_pool_allocator, kv_memory_report (KVMemoryReport: bytes per token, tokens that
-    fit), attn_backend, cuda_graph_runner (None when disabled or capture failed).
+    fit), attn_backend, cascade_attn (decode reads shared prefixes once per group: the backend
+    can, the prefix cache is on and `disable_cascade_attn` is not set), cuda_graph_runner (None
+    when disabled or capture failed).
     """
 
     def __init__(
@@ -108,6 +110,9 @@ class ModelRunner:
         self._fit_rope_tables()
         self._init_memory_pool()
         self.attn_backend = self._init_attention_backend()
+        self.cascade_attn = self.attn_backend.supports_cascade and not (
+            args.disable_radix_cache or args.disable_cascade_attn
+        )
         # greedy tokens on the GPU (graph replays run its kernel; eager calls launch it)
         self.greedy = (
             GreedySampler(self.max_running_requests, self.device)
@@ -359,14 +364,11 @@ class ModelRunner:
     def _warmup_eager_decode(self) -> None:
         from srt.model_executor.decode_warmup import eager_decode_sizes, warmup_eager_decode
 
-        graphs, args = self.cuda_graph_runner, self.server_args
+        graphs = self.cuda_graph_runner
         first = 1 if graphs is None else graphs.max_bs + 1
-        cascade = self.attn_backend.supports_cascade and not (
-            args.disable_radix_cache or args.disable_cascade_attn
-        )
         with torch.inference_mode():
             sizes = eager_decode_sizes(first, self.max_running_requests)
-            warmup_eager_decode(self, sizes, cascade)
+            warmup_eager_decode(self, sizes, self.cascade_attn)
 
     # ---- forward ----
     @property
