@@ -119,14 +119,30 @@ def _decode_problem(preset: str, B: int, L: int, layers: int):
     return q, r2t, rows, lens, kvs
 
 
+def _decode_calls(q, o, r2t, rows, lens, kvs, slots: int, **kw) -> list:
+    """One `decode_attention_fwd` call per layer's caches, with float32 scratch for `slots`
+    partial results (the splits, plus a cascade's prefix chunks); kw: num_splits and the rest."""
+    from srt.layers.attention.triton_ops.decode_attention import (
+        decode_attention_fwd,
+        decode_scratch_shape,
+    )
+
+    shape = decode_scratch_shape(q.shape[0], q.shape[1], o.shape[-1], slots)
+    mid = dict(
+        mid_o=torch.empty(shape, device="cuda", dtype=torch.float32),
+        mid_lse=torch.empty(shape[:3], device="cuda", dtype=torch.float32),
+    )
+    d = q.shape[-1]
+    call = (q, o, r2t, rows, lens, d**-0.5)
+    return [functools.partial(decode_attention_fwd, *call, kv, **mid, **kw) for kv in kvs]
+
+
 def _decode_rows(preset: str, B: int, L: int, bw: float, configs=None, splits=None) -> None:
     """Decode attention per layer, timed as CUDA-graph replays over distinct per-layer caches
     (what a decode step does), for the backend's split count (and 1) or the given lists."""
     from srt.layers.attention.triton_ops.decode_attention import (
         DecodeConfig,
-        decode_attention_fwd,
         decode_config,
-        decode_scratch_shape,
         num_kv_splits,
     )
 
@@ -142,28 +158,9 @@ def _decode_rows(preset: str, B: int, L: int, bw: float, configs=None, splits=No
     o = torch.empty_like(q)
     auto = num_kv_splits(B, hkv, sms)
     for s in splits or sorted({1, auto}):
-        shape = decode_scratch_shape(B, hq, d, s)
-        mid_o = torch.empty(shape, device="cuda", dtype=torch.float32)
-        mid_lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
         for cfg in configs or [decode_config(B, s, d)]:
             cfg = cfg if isinstance(cfg, DecodeConfig) else DecodeConfig(*cfg)
-            fns = [
-                functools.partial(
-                    decode_attention_fwd,
-                    q,
-                    o,
-                    r2t,
-                    rows,
-                    lens,
-                    d**-0.5,
-                    kv,
-                    num_splits=s,
-                    mid_o=mid_o,
-                    mid_lse=mid_lse,
-                    config=cfg,
-                )
-                for kv in kvs
-            ]
+            fns = _decode_calls(q, o, r2t, rows, lens, kvs, s, num_splits=s, config=cfg)
             tag = " auto" if s == auto else "     "
             name = (
                 f"{preset} decode B={B} L={L} s={s:2d}{tag} n={cfg.block_n} "
@@ -239,11 +236,7 @@ def bench_cascade(preset: str, bw: float, B: int = 256, groups: int = 8) -> None
     """Decode attention over shared prefixes (issue 48's generated-shared-prefix shape): B
     requests in `groups` groups of a 2048-key shared prefix and 256 keys of their own, distinct
     caches per layer; the plain kernel and the cascade, graph-timed per layer."""
-    from srt.layers.attention.triton_ops.decode_attention import (
-        decode_attention_fwd,
-        decode_scratch_shape,
-        num_kv_splits,
-    )
+    from srt.layers.attention.triton_ops.decode_attention import num_kv_splits
     from srt.layers.attention.triton_ops.prefix_decode import cascade_splits
 
     _, _, hq, hkv, d = SHAPES[preset]
@@ -260,27 +253,19 @@ def bench_cascade(preset: str, bw: float, B: int = 256, groups: int = 8) -> None
         ("plain", None, s, B * (prefix + own) * per_key),
         (f"cascade P={P}", cascade, s + P, keys * per_key),
     ):
-        shape = decode_scratch_shape(B, hq, d, slots_n)
-        mid_o = torch.empty(shape, device="cuda", dtype=torch.float32)
-        mid_lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
-        fns = [
-            functools.partial(
-                decode_attention_fwd,
-                q,
-                o,
-                r2t,
-                rows,
-                lens,
-                d**-0.5,
-                kv,
-                num_splits=s,
-                mid_o=mid_o,
-                mid_lse=mid_lse,
-                cascade=cas,
-                cascade_splits=P if cas is not None else None,
-            )
-            for kv in kvs
-        ]
+        prefix_splits = P if cas is not None else None
+        fns = _decode_calls(
+            q,
+            o,
+            r2t,
+            rows,
+            lens,
+            kvs,
+            slots_n,
+            num_splits=s,
+            cascade=cas,
+            cascade_splits=prefix_splits,
+        )
         label = f"{preset} decode B={B} {groups}x{B // groups} L={prefix}+{own} s={s} {name}"
         _graph_row(label, fns, nbytes, bw)
     del kvs
