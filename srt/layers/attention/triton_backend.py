@@ -207,6 +207,11 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         # valid while _layer_kv returns the same KVArgs.
         self._decode_plans: dict[int, dict[tuple, tuple[KVArgs, _DecodePlan]]] = {}
         self._cascade_bufs: dict[int, torch.Tensor] = {}  # per graph batch size (int32, flat)
+        # The SharedPrefixes each holds (per graph batch size), and the eager batch's last
+        # (SharedPrefixes, batch size, CascadeArgs): the scheduler hands the same object while
+        # the groups stay, so their tensors are built and uploaded once, not every step.
+        self._cascade_in_buf: dict[int, object] = {}
+        self._cascade_eager: tuple[object, int, CascadeArgs] | None = None
 
     def _layer_kv(self, layer: RadixAttention, forward_batch: ForwardBatch) -> KVArgs:
         pool = forward_batch.token_to_kv_pool
@@ -254,11 +259,17 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             self.req_to_token_pool = forward_batch.req_to_token_pool
         dev = forward_batch.seq_lens.device
         if forward_batch.forward_mode.is_decode():
-            shared = forward_batch.shared_prefixes
+            shared, B = forward_batch.shared_prefixes, forward_batch.batch_size
+            cascade = None
+            if shared is not None:
+                last = self._cascade_eager
+                if last is not None and last[0] is shared and last[1] == B:
+                    cascade = last[2]
+                else:
+                    cascade = cascade_args(shared, B, dev)
+                    self._cascade_eager = (shared, B, cascade)
             self.forward_metadata = _DecodeMetadata(
-                forward_batch.req_pool_indices,
-                forward_batch.seq_lens,
-                None if shared is None else cascade_args(shared, forward_batch.batch_size, dev),
+                forward_batch.req_pool_indices, forward_batch.seq_lens, cascade
             )
         else:
             self.forward_metadata = None
@@ -270,7 +281,7 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             torch.zeros(max_bs, dtype=torch.int64, device=dev),
             torch.ones(max_bs, dtype=torch.int64, device=dev),
         )
-        self._cascade_bufs = {}  # new graphs, new buffers
+        self._cascade_bufs, self._cascade_in_buf = {}, {}  # new graphs, new buffers
 
     # ---- cascade decode in CUDA graphs: a second graph per batch size, its tensors refreshed
     # in place (empty work items: their programs exit) ----
@@ -293,12 +304,15 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         (one upload; rows past the batch's are padding, in no group). False, writing nothing,
         when they need more work items than the graph holds (groups of one request: never from
         the scheduler's `find_shared_prefixes`): the plain graph serves that batch."""
+        if self._cascade_in_buf.get(bs) is shared:  # the buffers hold these groups already
+            return True
         try:
             flat = cascade_host(shared, bs, cascade_items_bound(bs))
         except ValueError:
             return False
         buf = self._cascade_bufs[bs]
         buf.copy_(upload(torch.tensor(flat, dtype=torch.int32), buf.device))
+        self._cascade_in_buf[bs] = shared
         return True
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kw):

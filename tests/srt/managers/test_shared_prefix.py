@@ -122,6 +122,14 @@ def test_graph_buffers_take_the_groups_or_refuse_untouched():
     assert got.rows.tolist()[:5] == [0, 1, 2, 4, 3]
     assert got.items[:2].tolist() == [[0, 3, 16, 5], [3, 5, 32, 6]]
     assert not got.items[2:].any()
+    groups = SharedPrefixes(((0, 1, 2), (4, 3)), (16, 32), (5, 6))
+    assert be.replay_cascade_cuda_graph(bs, groups)
+    held = flat.clone()
+    flat.fill_(-7)  # the same groups again: the buffers already hold them (no upload)
+    assert be.replay_cascade_cuda_graph(bs, groups)
+    assert (flat == -7).all()
+    assert be.replay_cascade_cuda_graph(bs, SharedPrefixes(groups.rows, (16, 32), (5, 6)))
+    assert torch.equal(flat, held)  # other groups (equal here): written again
     before = flat.clone()
     singles = SharedPrefixes(tuple((i,) for i in range(bs)), (16,) * bs, tuple(range(bs)))
     assert not be.replay_cascade_cuda_graph(bs, singles)
