@@ -26,7 +26,10 @@ from srt.layers.attention.triton_ops.decode_attention import (
     num_kv_splits,
     plan_decode,
 )
-from srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+from srt.layers.attention.triton_ops.extend_attention import (
+    extend_attention_fwd,
+    extend_num_splits,
+)
 from srt.layers.attention.triton_ops.kv_load import (
     KV_FP8_E4M3,
     KV_FP8_E5M2,
@@ -190,6 +193,7 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         self.forward_metadata: _DecodeMetadata | None = None
         self.cuda_graph_metadata: _DecodeMetadata | None = None
         self.max_extend_len = 0
+        self.max_extend_keys = 0  # the longest request's prefix + new tokens (split-KV extend)
         self.num_kv_splits = num_kv_splits
         self._num_sms = (
             torch.cuda.get_device_properties(self.device).multi_processor_count
@@ -273,7 +277,10 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             )
         else:
             self.forward_metadata = None
-            self.max_extend_len = max(forward_batch.extend_seq_lens_cpu or [], default=0)
+            ext = forward_batch.extend_seq_lens_cpu or []
+            prefix = forward_batch.extend_prefix_lens_cpu or [0] * len(ext)
+            self.max_extend_len = max(ext, default=0)
+            self.max_extend_keys = max(map(sum, zip(prefix, ext, strict=True)), default=0)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         dev = self.req_to_token_pool.req_to_token.device
@@ -405,6 +412,18 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         q3 = q.view(T, Hq, layer.qk_head_dim)  # [T, Hq, D]
         o = q.new_empty(T, Hq, layer.v_head_dim)  # [T, Hq, Dv]
         r2t = req_to_token_for_layer(self.req_to_token_pool or fb.req_to_token_pool, layer, fb)
+        window = layer.sliding_window_size
+        keys = self.max_extend_keys
+        if window is not None and window >= 0:  # a token sees at most window + 1 keys
+            keys = min(keys, window + self.max_extend_len + 1)
+        splits = extend_num_splits(
+            fb.batch_size,
+            layer.tp_k_head_num,
+            Hq // layer.tp_k_head_num,
+            self.max_extend_len,
+            keys,
+            self._num_sms,
+        )
         extend_attention_fwd(
             q3,
             o,
@@ -417,7 +436,8 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
             layer.scaling,
             self._layer_kv(layer, fb),
             sinks,
-            layer.sliding_window_size,
+            window,
             layer.logit_cap,
+            num_splits=splits,
         )
         return o.view(T, Hq * layer.v_head_dim)

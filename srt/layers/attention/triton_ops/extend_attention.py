@@ -187,6 +187,42 @@ def extend_config(batch_size: int, block_h: int, max_extend_len: int) -> ExtendC
     return ExtendConfig(64, 64, 4, 3)
 
 
+def _block_m(cfg: ExtendConfig, block_h: int) -> int:
+    """New tokens per program: rows = (token, query head of the group) pairs; tl.dot needs
+    M >= 16."""
+    return max(1, cfg.rows // block_h, 16 // block_h)
+
+
+# Each key chunk of a split-KV extend program covers at least this many keys, so that its
+# partial output and the merge stay small beside the chunk's own reads.
+MIN_SPLIT_KEYS = 1024
+
+
+def extend_num_splits(
+    batch_size: int, num_kv_heads: int, group: int, max_extend_len: int, max_keys: int, num_sms: int
+) -> int:
+    """Key chunks per program for an extend batch (`extend_attention_fwd`'s num_splits).
+
+    A short chunk after a long cached prefix (chunked prefill, a prefix-cache hit) launches
+    few programs, each streaming every key alone: Llama-3-8B heads, 128 new tokens after 32K
+    keys are 64 programs on an H100's 132 SMs. Splitting the keys doubles the programs while
+    they stay within two waves and each chunk keeps >= MIN_SPLIT_KEYS keys. H100
+    (`bench_layers.py --extend-split`): 128 tokens after 8K / 32K keys, 1 split 286 / 1139 us
+    a layer, 4 splits 99 / 316 us (8 and 16 slower); 512 tokens (256 programs) gain nothing.
+    `max_keys`: the longest request's keys (prefix + new, or the window's span)."""
+    block_h = _pow2(group)
+    block_m = _block_m(extend_config(batch_size, block_h, max_extend_len), block_h)
+    programs = batch_size * num_kv_heads * -(-max_extend_len // block_m)
+    splits = 1
+    while (
+        splits < 16
+        and programs * splits * 2 <= 2 * num_sms
+        and max_keys // (splits * 2) >= MIN_SPLIT_KEYS
+    ):
+        splits *= 2
+    return splits
+
+
 def extend_attention_fwd(
     q,
     o,
@@ -233,8 +269,7 @@ def extend_attention_fwd(
     group = Hq // Hkv
     block_h = _pow2(group)
     cfg = config or extend_config(B, block_h, max_extend_len)
-    # rows = (token, query head of the group) pairs; tl.dot needs M >= 16
-    block_m = max(1, cfg.rows // block_h, 16 // block_h)
+    block_m = _block_m(cfg, block_h)
     block_d = max(16, _pow2(D))
     low = q.dtype in (torch.bfloat16, torch.float16) and kv.fp8 == KV_FP8_NONE
     interp = interpreting()

@@ -283,3 +283,44 @@ def test_extend_split_kv_equals_one_program_per_block(splits, window, sinks, cap
         got = outs[1][t0 : t0 + new[i]]
         torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
         t0 += new[i]
+
+
+def test_extend_num_splits_few_programs_over_long_keys(monkeypatch):
+    """Split-KV extend is chosen only where the programs are few and the keys long: Llama-3-8B
+    heads on 132 SMs split 128 new tokens after 32K keys 4 ways, not 512 tokens or short keys."""
+    from srt.layers.attention.triton_ops import extend_attention as ea
+
+    monkeypatch.setattr(ea, "interpreting", lambda: False)  # the GPU's tile shape
+    assert ea.extend_num_splits(1, 8, 4, 128, 32768 + 128, 132) == 4
+    assert ea.extend_num_splits(1, 8, 4, 128, 8192 + 128, 132) == 4
+    assert ea.extend_num_splits(1, 8, 4, 512, 32768 + 512, 132) == 1
+    assert ea.extend_num_splits(1, 8, 4, 128, 1500, 132) == 1  # too few keys per chunk
+    assert ea.extend_num_splits(32, 8, 4, 128, 32768, 132) == 1  # programs enough
+    assert ea.extend_num_splits(1, 1, 1, 1, 10**6, 132) == 16  # at most 16
+    assert ea.extend_num_splits(1, 8, 4, 128, 32768, 1) == 1
+
+
+@pytest.mark.parametrize("kw", [dict(page_size=4, use_sinks=True), dict(window=3, cap=5.0)])
+def test_backend_extend_takes_the_split_it_chooses(monkeypatch, kw):
+    """The backend's extend launches the chosen split (forced here with a tiny key minimum and
+    many SMs) and still matches the float64 reference on the shared scenario."""
+    from srt.layers.attention import triton_backend as tb
+    from srt.layers.attention.triton_ops import extend_attention as ea
+
+    monkeypatch.setattr(ea, "MIN_SPLIT_KEYS", 2)
+    seen = []
+    fwd = tb.extend_attention_fwd
+
+    def spy(*a, **k):
+        seen.append(k["num_splits"])
+        return fwd(*a, **k)
+
+    monkeypatch.setattr(tb, "extend_attention_fwd", spy)
+
+    def make():
+        b = _backend()
+        b._num_sms = 1000
+        return b
+
+    run_scenario(make, device=DEV, **kw)
+    assert max(seen) > 1
