@@ -75,7 +75,8 @@
 #              16 groups x 32 prompts, system 2048, question 128, output 256, radix cache on (cascade
 #              decode on / off) / off; (b) random 512 prompts, in 1024 / out 256, cache on / off;
 #              (c) 32 decoders (in 512, out 256) while a 32768-token prompt arrives after 1 s,
-#              chunked prefill at the GPU's default size / 512 / 128 / off. One jsonl line per run in ${OUT:-$LOGS}/serving.jsonl,
+#              chunked prefill at the GPU's default size with chunks of 256 (default) / 128 /
+#              512 / the whole size (SGLang) while others decode, and off. One jsonl line per run in ${OUT:-$LOGS}/serving.jsonl,
 #              then the goals' ratios. Sizes: SERVING_GSP_GROUPS, SERVING_GSP_PER_GROUP,
 #              SERVING_RANDOM_PROMPTS, SERVING_LPA_LONG, SERVING_LPA_DECODERS
 #   gemm       issue 15 decode GEMMs: skinny Triton GEMM + gemm_choice GPU tests, then
@@ -380,8 +381,9 @@ t_serving() {
     timeout 75 $B $rnd --tag random_cache
     timeout 75 $B $rnd --tag random_nocache --disable-radix-cache
     timeout 60 $B $lpa --tag lpa_chunked --plot "$dir/serving_lpa_chunked.png"
-    timeout 60 $B $lpa --tag lpa_chunk512 --chunked-prefill-size 512
-    timeout 75 $B $lpa --tag lpa_chunk128 --chunked-prefill-size 128
+    timeout 60 $B $lpa --tag lpa_decode128 --decode-chunked-prefill-size 128
+    timeout 60 $B $lpa --tag lpa_decode512 --decode-chunked-prefill-size 512
+    timeout 60 $B $lpa --tag lpa_sglang --decode-chunked-prefill-size -1
     timeout 60 $B $lpa --tag lpa_unchunked --chunked-prefill-size -1 \
       --plot "$dir/serving_lpa_unchunked.png"
   }
@@ -408,12 +410,13 @@ print("random: total throughput cache/nocache", ratio("random_cache", "random_no
 for t in ("gsp_cache", "gsp_cache_nocascade", "gsp_nocache", "random_cache", "random_nocache"):
     if t in rows:
         print(f"{t}: hit rate {rows[t]['cache_hit_rate']}, failed {rows[t]['failed']}")
-for t in ("lpa_chunked", "lpa_chunk512", "lpa_chunk128", "lpa_unchunked"):
+for t in ("lpa_chunked", "lpa_decode128", "lpa_decode512", "lpa_sglang", "lpa_unchunked"):
     r = rows.get(t, {})
     print(f"{t}: decoder ITL median {r.get('lpa_decoder_itl_median_ms')} ms, p99",
           f"{r.get('lpa_decoder_itl_p99_ms')} ms, p99/median {r.get('lpa_itl_p99_over_median')}",
           f"(goal <= 3 chunked), max {r.get('lpa_decoder_itl_max_ms')} ms,",
-          f"long TTFT {r.get('lpa_long_ttft_ms')} ms")
+          f"before / during the prefill {r.get('lpa_before_itl_median_ms')} /",
+          f"{r.get('lpa_prefill_gap_median_ms')} ms, long TTFT {r.get('lpa_long_ttft_ms')} ms")
 PY
 }
 

@@ -84,6 +84,12 @@ def build_parser() -> ArgumentParser:
         help="prompt tokens per step of one request (-1: off; default: SGLang's per GPU)",
     )
     a(
+        "--decode-chunked-prefill-size",
+        type=int,
+        default=None,
+        help="the chunk while other requests decode (default 256; -1: no cap, as SGLang)",
+    )
+    a(
         "--enable-cache-report",
         action="store_true",
         help="OpenAI usage reports prompt_tokens_details.cached_tokens",
@@ -126,6 +132,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         disable_radix_cache=args.disable_radix_cache,
         disable_cascade_attn=args.disable_cascade_attn,
         chunked_prefill_size=args.chunked_prefill_size,
+        decode_chunked_prefill_size=args.decode_chunked_prefill_size,
         enable_cache_report=args.enable_cache_report,
         incremental_streaming_output=args.incremental_streaming_output,
         log_level=args.log_level,

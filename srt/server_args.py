@@ -70,6 +70,10 @@ class ServerArgs:
         prefilled over several steps while the running requests keep decoding between its
         chunks. None: SGLang's default for the device's memory (2048 under 20 GiB, 4096 under
         60 GiB, 8192 under 160 GiB, else 16384; 4096 without a GPU); -1 turns it off.
+    decode_chunked_prefill_size : the chunk instead while other requests decode (at most
+        chunked_prefill_size), so that a long prompt's chunks do not stall their every token:
+        each decode step waits for one chunk. None: DEFAULT_DECODE_CHUNK (256); -1: no cap
+        (SGLang's behaviour: the whole chunked_prefill_size between two decode steps).
     enable_cache_report : OpenAI responses' usage also has
         `prompt_tokens_details.cached_tokens` (the prompt tokens taken from the prefix cache).
     incremental_streaming_output : streamed chunks carry only the ids and text added since the
@@ -116,6 +120,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     disable_cascade_attn: bool = False
     chunked_prefill_size: int | None = None
+    decode_chunked_prefill_size: int | None = None
     enable_cache_report: bool = False
     incremental_streaming_output: bool = False
     log_level: str | None = None
@@ -157,13 +162,12 @@ class ServerArgs:
                 f"context_length must be an int >= 1 (or None: the model's), "
                 f"got {self.context_length!r}"
             )
-        chunk = self.chunked_prefill_size
-        if chunk is not None and (
-            isinstance(chunk, bool) or not isinstance(chunk, int) or (chunk < 1 and chunk != -1)
-        ):
-            raise ValueError(
-                f"chunked_prefill_size must be an int >= 1, or -1 (off), got {chunk!r}"
-            )
+        for name in ("chunked_prefill_size", "decode_chunked_prefill_size"):
+            chunk = getattr(self, name)
+            if chunk is not None and (
+                isinstance(chunk, bool) or not isinstance(chunk, int) or (chunk < 1 and chunk != -1)
+            ):
+                raise ValueError(f"{name} must be an int >= 1, or -1 (off), got {chunk!r}")
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
@@ -211,14 +215,24 @@ class ServerArgs:
         on_cuda = device.startswith("cuda")
         backend = self.attention_backend or ("triton" if on_cuda else "torch_native")
         check_device_backends(device, backend)
-        chunk = self.chunked_prefill_size
+        chunk, decode_chunk = self.chunked_prefill_size, self.decode_chunked_prefill_size
         return dataclasses.replace(
             self,
             device=device,
             attention_backend=backend,
             disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
             chunked_prefill_size=default_chunked_prefill_size(device) if chunk is None else chunk,
+            decode_chunked_prefill_size=DEFAULT_DECODE_CHUNK
+            if decode_chunk is None
+            else decode_chunk,
         )
+
+
+# Prompt tokens of a chunked request per step while others decode. A Llama-3-8B decode step of
+# 32 requests on an H100 takes ~7 ms; a chunk of 256 tokens after up to 32K cached keys adds
+# ~7-20 ms (its linear layers stay near the weight-read floor below ~300 tokens; its attention,
+# split-KV, grows with the keys), against ~50 ms for 512 tokens and ~400 ms for SGLang's 8192.
+DEFAULT_DECODE_CHUNK = 256
 
 
 def default_chunked_prefill_size(device: str) -> int:

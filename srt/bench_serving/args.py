@@ -103,6 +103,12 @@ def build_parser() -> ArgumentParser:
         default=None,
         help="prompt tokens per prefill step; -1: off (default: SGLang's for the GPU's memory)",
     )
+    e.add_argument(
+        "--decode-chunked-prefill-size",
+        type=int,
+        default=None,
+        help="the chunk while other requests decode (default 256; -1: no cap, as SGLang)",
+    )
     e.add_argument("--max-running-requests", type=int, default=None)
     e.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
     e.add_argument("--disable-overlap-schedule", action="store_true")
@@ -152,9 +158,10 @@ def validate_args(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None:
             check_positive("--" + flag.replace("_", "-"), value)
-    chunk = args.chunked_prefill_size
-    if chunk is not None and chunk < 1 and chunk != -1:
-        raise CLIError("--chunked-prefill-size must be >= 1, or -1 (off)", chunk)
+    for flag in ("chunked_prefill_size", "decode_chunked_prefill_size"):
+        chunk = getattr(args, flag)
+        if chunk is not None and chunk < 1 and chunk != -1:
+            raise CLIError(f"--{flag.replace('_', '-')} must be >= 1, or -1 (off)", chunk)
     if args.backend == "openai":
         url = args.base_url
         if not url:
@@ -199,6 +206,7 @@ def engine_kwargs(args: argparse.Namespace, context_length: int | None) -> dict[
         disable_radix_cache=args.disable_radix_cache,
         disable_cascade_attn=args.disable_cascade_attn,
         chunked_prefill_size=args.chunked_prefill_size,
+        decode_chunked_prefill_size=args.decode_chunked_prefill_size,
         disable_overlap_schedule=args.disable_overlap_schedule,
         skip_tokenizer_init=True,
         incremental_streaming_output=True,

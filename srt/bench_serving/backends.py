@@ -91,6 +91,7 @@ class EngineBackend:
             "device": str(args.device),
             "disable_radix_cache": args.disable_radix_cache,
             "chunked_prefill_size": args.chunked_prefill_size,
+            "decode_chunked_prefill_size": args.decode_chunked_prefill_size,
             "page_size": args.page_size,
             "kv_cache_dtype": args.kv_cache_dtype,
             "cuda_graph": not args.disable_cuda_graph,

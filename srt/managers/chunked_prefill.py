@@ -4,7 +4,11 @@ steps, while the running requests keep decoding between its chunks.
 The scheduler admits such a request alone (`SchedulePolicy.needs_chunks`), with its whole future
 reserved as any other; it sits in `running` as `chunked_req` but takes no decode step until its
 prompt is done. Steps alternate: one chunk of at most `chunked_prefill_size` tokens, then one
-decode step of the other running requests (when there are any), then the next chunk. After each
+decode step of the other running requests (when there are any), then the next chunk. While others
+decode, a chunk is at most `decode_chunked_prefill_size` tokens (256 by default): each of their
+tokens waits for one chunk, so a long prompt costs them a bounded delay per token instead of a
+stall (vLLM's long-prefill threshold, Sarathi-Serve's stall-free batching); alone, it goes on
+in whole chunks. After each
 chunk but the last, its whole pages go into the radix cache (`cache_unfinished_req`: insert at
 chunk boundaries), so a request sharing the prompt matches them at once; the last chunk samples
 its first token and the request decodes with the others from then on. A chunk that fails is
@@ -56,7 +60,9 @@ class ChunkedPrefillMixin:
     def _prefill_chunk(self, reqs: list[Req]) -> None:
         (req,) = reqs
         rest = len(req.origin_input_ids) - req.kv_len
-        n = min(self.policy.chunked_prefill_size, rest)
+        decoding = any(r is not req for r in self.running)
+        policy = self.policy
+        n = min(policy.decode_chunk_size if decoding else policy.chunked_prefill_size, rest)
         fb = self.batch.prepare_for_extend([req], [n])
         self._check_writes([req], fb)
         if n < rest:  # a middle chunk: no token yet; its whole pages into the prefix cache

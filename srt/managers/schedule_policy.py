@@ -110,6 +110,7 @@ class SchedulePolicy:
     tree_cache : the RadixCache (SWARadixCache on a hybrid pool), or None
         (disable_radix_cache, no ServerArgs).
     chunked_prefill_size : tokens of a prompt computed per step (0: whole prompts).
+    decode_chunk_size : the same while other requests decode (<= chunked_prefill_size).
     """
 
     def __init__(
@@ -128,6 +129,12 @@ class SchedulePolicy:
         self.tree_cache = self._tree_cache(args)
         chunk = getattr(args, "chunked_prefill_size", None) or 0
         self.chunked_prefill_size = max(chunk, 0)
+        decode_chunk = getattr(args, "decode_chunked_prefill_size", None) or 0
+        self.decode_chunk_size = (
+            min(decode_chunk, self.chunked_prefill_size)
+            if decode_chunk > 0
+            else self.chunked_prefill_size
+        )
         # window slots one running request may hold outside its prefill (hybrid pool only)
         self.swa_slots_per_request = (
             swa_tokens_per_request(sliding_window_size, page_size) if self.is_swa else 0

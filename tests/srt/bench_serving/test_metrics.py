@@ -134,6 +134,8 @@ def test_long_prompt_metrics_by_hand():
     assert m.long_ttft_ms == pytest.approx(110.0)
     # gaps overlapping (0.05, 0.16): the stall and the gap ending at 0.16, per decoder
     assert m.prefill_gaps == 4 and m.prefill_gap_max_ms == pytest.approx(100.0)
+    assert m.prefill_gap_median_ms == pytest.approx(55.0)  # 100, 10 per decoder
+    assert m.before_itl_median_ms == pytest.approx(10.0)  # the 5 gaps ending by 0.05
     assert set(m.as_row()) >= {"lpa_decoder_itl_p99_ms", "lpa_itl_p99_over_median"}
     assert any("P99 / median ITL:" in x and "10.00" in x for x in format_long_prompt(m))
     with pytest.raises(ValueError, match="long request"):

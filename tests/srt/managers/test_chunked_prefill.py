@@ -149,3 +149,59 @@ def test_server_args_chunked_prefill_size():
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="chunked_prefill_size"):
             ServerArgs(chunked_prefill_size=bad)  # type: ignore[arg-type]
+
+
+def test_chunks_shrink_while_others_decode():
+    """While other requests decode, a chunk is at most decode_chunked_prefill_size tokens; once
+    they finish, the prompt goes on in whole chunks; every request's tokens are unchanged."""
+    eng = _engine(1, chunked_prefill_size=16, decode_chunked_prefill_size=5)
+    sched, runner = eng.scheduler, eng.model_runner
+    short = [_req(f"s{i}", [9 + i, 6, 7], 4) for i in range(2)]
+    solo = [
+        eng.generate(input_ids=r.origin_input_ids, sampling_params=dict(SP, max_new_tokens=4))
+        for r in short
+    ]
+    long_ids = [(11 * i) % 997 + 3 for i in range(83)]
+    sizes: list[tuple[int, int]] = []  # (chunk tokens, other running requests)
+    real = runner.forward
+
+    def forward(fb, *a, **k):
+        rows = {r.req_pool_idx: r for r in sched.running}
+        mine = [rows[i].rid == "long" for i in fb.req_pool_indices.tolist() if i in rows]
+        if fb.forward_mode.is_extend() and any(mine):
+            others = sum(not r.finished and r.rid != "long" for r in sched.running)
+            sizes.append((fb.extend_seq_lens_cpu[0], others))
+        return real(fb, *a, **k)
+
+    runner.forward = forward
+    for r in short:
+        sched.add_request(r)
+    sched.step()
+    long = _req("long", long_ids, 3)
+    sched.add_request(long)
+    while sched.has_work():
+        sched.step()
+    assert sum(n for n, _ in sizes) == 83
+    assert {n for n, others in sizes if others} == {5}
+    alone = [n for n, others in sizes if not others]
+    assert alone[:-1] and all(n == 16 for n in alone[:-1])
+    assert [r.output_ids for r in short] == [s["output_ids"] for s in solo]
+    want = eng.generate(input_ids=long_ids, sampling_params=dict(SP, max_new_tokens=3))
+    assert long.output_ids == want["output_ids"]
+    eng.shutdown()
+
+
+def test_server_args_decode_chunked_prefill_size():
+    from srt.server_args import DEFAULT_DECODE_CHUNK
+
+    args = ServerArgs(device="cpu").resolved()
+    assert args.decode_chunked_prefill_size == DEFAULT_DECODE_CHUNK
+    assert (
+        ServerArgs(device="cpu", decode_chunked_prefill_size=-1)
+        .resolved()
+        .decode_chunked_prefill_size
+        == -1
+    )
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="decode_chunked_prefill_size"):
+            ServerArgs(decode_chunked_prefill_size=bad)  # type: ignore[arg-type]
