@@ -1,4 +1,5 @@
-"""Compile the eager decode path's kernels at start-up, for the batch sizes no CUDA graph takes.
+"""Compile the eager decode path's kernels at start-up, for the batch sizes no CUDA graph takes,
+and the split-KV extend's.
 
 A Triton kernel compiles on its first launch with a new set of constexprs, and the decode
 kernels' constexprs depend on the batch size rounded up to a power of two (the KV split count,
@@ -10,6 +11,11 @@ a (dummy, empty) shared prefix when the backend has the cascade decode.
 
 The dummy rows are the graph capture's padding rows: token 0 at position 0 of request row 0,
 its K/V written to the padding slot 0, which no request reads.
+
+The same holds for the extend attention's split-KV variants (a short chunk after a long cached
+prefix, `extend_num_splits`: chunked prefill while others decode, a prefix-cache hit): one dummy
+extend of one token after 0, 2048 and 4096 cached keys compiles each split count. Its prefix is
+request row 0's first columns, all the padding slot 0 before any request ran.
 """
 
 from __future__ import annotations
@@ -18,7 +24,13 @@ from typing import Any
 
 import torch
 
-from srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, SharedPrefixes
+from srt.layers.attention.triton_ops.extend_attention import MAX_EXTEND_SPLITS, MIN_SPLIT_KEYS
+from srt.model_executor.forward_batch_info import (
+    ForwardBatch,
+    ForwardMode,
+    SharedPrefixes,
+    compute_extend_metadata,
+)
 
 # Eager sizes warmed at most up to this many requests (larger ones pick the same launch
 # variants for models with 4 or more KV heads; a model with fewer compiles those on first use).
@@ -68,5 +80,43 @@ def warmup_eager_decode(runner: Any, sizes: list[int], cascade: bool) -> None:
                 shared_prefixes=shared,
             )
             runner.forward(fb, use_cuda_graph=False)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def extend_warm_prefixes(context_len: int) -> list[int]:
+    """Cached-key counts whose one-token extend takes each split count up to MAX_EXTEND_SPLITS
+    (0: one program; 2 * MIN_SPLIT_KEYS * s / 2: s chunks), those that fit in the context."""
+    out, splits = [0], 2
+    while splits <= MAX_EXTEND_SPLITS and splits * MIN_SPLIT_KEYS < context_len:
+        out.append(splits * MIN_SPLIT_KEYS)
+        splits *= 2
+    return out
+
+
+def warmup_extend_splits(runner: Any) -> None:
+    """One dummy one-token extend of `runner` per prefix of `extend_warm_prefixes` (before any
+    request: row 0 reads only the padding slot, which the token's K/V overwrites)."""
+    dev = runner.device
+    hybrid = hasattr(runner.token_to_kv_pool, "translate_loc_from_full_to_swa")
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    for prefix in extend_warm_prefixes(
+        min(runner.context_len, runner.req_to_token_pool.req_to_token.shape[1])
+    ):
+        fields = compute_extend_metadata([prefix], [1], dev)
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.EXTEND,
+            batch_size=1,
+            input_ids=zero,
+            req_pool_indices=zero,
+            out_cache_loc=zero,
+            out_cache_loc_swa=zero if hybrid else None,
+            req_to_token_pool=runner.req_to_token_pool,
+            token_to_kv_pool=runner.token_to_kv_pool,
+            attn_backend=runner.attn_backend,
+            enable_fused_rope_kv=runner.server_args.enable_fused_rope_kv,
+            **fields,
+        )
+        runner.forward(fb)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

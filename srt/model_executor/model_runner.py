@@ -362,13 +362,18 @@ class ModelRunner:
                 torch.cuda.synchronize(self.device)
 
     def _warmup_eager_decode(self) -> None:
-        from srt.model_executor.decode_warmup import eager_decode_sizes, warmup_eager_decode
+        from srt.model_executor.decode_warmup import (
+            eager_decode_sizes,
+            warmup_eager_decode,
+            warmup_extend_splits,
+        )
 
         graphs = self.cuda_graph_runner
         first = 1 if graphs is None else graphs.max_bs + 1
         with torch.inference_mode():
             sizes = eager_decode_sizes(first, self.max_running_requests)
             warmup_eager_decode(self, sizes, self.cascade_attn)
+            warmup_extend_splits(self)
 
     # ---- forward ----
     @property

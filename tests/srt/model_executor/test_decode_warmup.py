@@ -63,3 +63,50 @@ def test_gpu_warmup_at_start_and_padding_only():
         _check_only_padding_written(eng, [128, 256], True)
     finally:
         eng.shutdown()
+
+
+def test_extend_warm_prefixes_take_each_split_count(monkeypatch):
+    from srt.layers.attention.triton_ops import extend_attention as ea
+    from srt.model_executor.decode_warmup import extend_warm_prefixes
+
+    assert extend_warm_prefixes(100) == [0]
+    assert extend_warm_prefixes(2049) == [0, 2048]
+    assert extend_warm_prefixes(32768) == [0, 2048, 4096]
+    monkeypatch.setattr(ea, "interpreting", lambda: False)  # the GPU's tile shape
+    for prefix, splits in zip(extend_warm_prefixes(32768), (1, 2, 4), strict=True):
+        assert ea.extend_num_splits(1, 8, 4, 1, prefix + 1, 132) == splits
+
+
+def test_extend_warmup_writes_only_the_padding_slot(monkeypatch):
+    """The dummy extends (split-KV after 2048 cached keys) leave every other slot untouched and
+    launch the split they are there for."""
+    from srt.layers.attention import triton_backend as tb
+    from srt.model_executor.decode_warmup import warmup_extend_splits
+
+    seen = []
+    fwd = tb.extend_attention_fwd
+    monkeypatch.setattr(
+        tb, "extend_attention_fwd", lambda *a, **k: (seen.append(k["num_splits"]), fwd(*a, **k))
+    )
+    eng = srt.Engine(
+        device="cuda" if torch.cuda.is_available() else "cpu",  # the CPU runs Triton interpreted
+        skip_tokenizer_init=True,
+        attention_backend="triton",
+        max_total_tokens=512,
+        context_length=2100,
+        disable_cuda_graph=True,
+    )
+    try:
+        runner = eng.scheduler.runner
+        runner.attn_backend._num_sms = 132
+        pool = runner.token_to_kv_pool
+        for b in (*pool.k_buffer, *pool.v_buffer):
+            b.view(torch.uint8).copy_(torch.randint_like(b.view(torch.uint8), 0, 256))
+        before = kv_bytes(pool)
+        seen.clear()
+        warmup_extend_splits(runner)
+        assert max(seen) == 2
+        for x, y in zip(before, kv_bytes(pool), strict=True):
+            assert torch.equal(x[1:], y[1:])  # slot 0 is the padding slot
+    finally:
+        eng.shutdown()

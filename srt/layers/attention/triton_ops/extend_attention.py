@@ -196,6 +196,9 @@ def _block_m(cfg: ExtendConfig, block_h: int) -> int:
 # Each key chunk of a split-KV extend program covers at least this many keys, so that its
 # partial output and the merge stay small beside the chunk's own reads.
 MIN_SPLIT_KEYS = 1024
+# At most this many (8 and 16 were slower wherever 4 was possible on the H100 sweep, and every
+# split count is one more kernel variant to compile, at start-up: decode_warmup.py).
+MAX_EXTEND_SPLITS = 4
 
 
 def extend_num_splits(
@@ -209,13 +212,14 @@ def extend_num_splits(
     they stay within two waves and each chunk keeps >= MIN_SPLIT_KEYS keys. H100
     (`bench_layers.py --extend-split`): 128 tokens after 8K / 32K keys, 1 split 286 / 1139 us
     a layer, 4 splits 99 / 316 us (8 and 16 slower); 512 tokens (256 programs) gain nothing.
+    At most MAX_EXTEND_SPLITS.
     `max_keys`: the longest request's keys (prefix + new, or the window's span)."""
     block_h = _pow2(group)
     block_m = _block_m(extend_config(batch_size, block_h, max_extend_len), block_h)
     programs = batch_size * num_kv_heads * -(-max_extend_len // block_m)
     splits = 1
     while (
-        splits < 16
+        splits < MAX_EXTEND_SPLITS
         and programs * splits * 2 <= 2 * num_sms
         and max_keys // (splits * 2) >= MIN_SPLIT_KEYS
     ):

@@ -296,7 +296,7 @@ def test_extend_num_splits_few_programs_over_long_keys(monkeypatch):
     assert ea.extend_num_splits(1, 8, 4, 512, 32768 + 512, 132) == 1
     assert ea.extend_num_splits(1, 8, 4, 128, 1500, 132) == 1  # too few keys per chunk
     assert ea.extend_num_splits(32, 8, 4, 128, 32768, 132) == 1  # programs enough
-    assert ea.extend_num_splits(1, 1, 1, 1, 10**6, 132) == 16  # at most 16
+    assert ea.extend_num_splits(1, 1, 1, 1, 10**6, 132) == ea.MAX_EXTEND_SPLITS == 4
     assert ea.extend_num_splits(1, 8, 4, 128, 32768, 1) == 1
 
 
