@@ -313,6 +313,10 @@ class CachedLauncher:
             metas.append((a.dtype, a.device, p & 15))
             n += 1
         rest = args[n:]
+        if any(a is None or isinstance(a, torch.Tensor) for a in rest):
+            # off the convention: the JIT, and no key (a key would keep these tensors alive)
+            self.fn[grid](*args, **kwargs)
+            return
         try:
             key = (grid, *metas, *[(a.__class__, a) for a in rest], *kwargs.items())
             plan = self._plans.get(key)
@@ -336,8 +340,6 @@ class CachedLauncher:
     ) -> KernelLauncher | bool:
         """The launcher of a call shape, or False where only the JIT can launch it."""
         if not tensors or tensors[0].device.type != "cuda":
-            return False
-        if any(a is None or isinstance(a, torch.Tensor) for a in rest):
             return False
         if self._params is None:
             self._params = {p.name: p for p in self.fn.params}

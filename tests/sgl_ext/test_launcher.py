@@ -245,10 +245,18 @@ def test_cached_launcher_falls_back_to_jit(direct_on, compiled_mode):
         for _ in range(2):
             lau[(1,)](*args, X=1)
     assert len(fn.jit_calls) == 8 and not fn.runs
+    # a tensor or None among the scalars is never part of a key: the launcher, alive for the
+    # process, would keep that tensor (a dead engine's KV tables) alive with it
+    assert not any(isinstance(x, torch.Tensor) for k in lau._plans for x in _leaves(k))
     with settings.override(direct_launch=False):
         lau[(1,)](a, a, 5, X=1)
         lau[(1,)](a, a, 5, X=1)
     assert len(fn.jit_calls) == 10 and not fn.runs
+
+
+def _leaves(key):
+    for x in key if isinstance(key, tuple) else (key,):
+        yield from _leaves(x) if isinstance(x, tuple) else (x,)
 
 
 def test_bare_cuda_device_means_the_current_one(monkeypatch):
