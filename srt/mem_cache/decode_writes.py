@@ -38,31 +38,32 @@ _BLOCK = 128  # requests a program writes
 
 @triton.jit
 def _decode_rows_kernel(
+    # the pointers first, then the integers (CachedLauncher's convention: direct launches)
     Block,  # int64 [R, B]: ids, rows, seq_lens, slots, positions (, window slots)
-    B,
     Ids,  # int64 [B] ids to copy into block row 0 (HAS_IDS)
     ReqToToken,  # int32 [rows, ctx] (both tables of one shape)
-    r2t_stride,
     ReqToSwa,  # int32 [rows, ctx] (HAS_SWA)
-    r2s_stride,
     Mapping,  # int64 [full slots] full -> window slot (HAS_SWA)
-    n_rows,
-    ctx,
-    n_map,
     Dest,  # int64 [R, >= B] at dest_stride (HAS_DEST): receives the block
-    dest_stride,
     Host,  # int64 [B] pinned host memory (HAS_HOST): receives Ids
     Resets,  # int64 [n_resets] full slots whose mapping entry becomes -1 (HAS_SWA)
-    n_resets,
-    row_programs,  # programs of the rows above; the scrubs' programs follow
     BasesA,  # scrub A (SCRUBS >= 1): SlotTable bases / row words, slots [n_a]
     WordsA,
     SlotsA,
-    n_a,
-    bufs_a,
     BasesB,  # scrub B (SCRUBS == 2)
     WordsB,
     SlotsB,
+    B,
+    r2t_stride,
+    r2s_stride,
+    n_rows,
+    ctx,
+    n_map,
+    dest_stride,
+    n_resets,
+    row_programs,  # programs of the rows above; the scrubs' programs follow
+    n_a,
+    bufs_a,
     n_b,
     bufs_b,
     HAS_IDS: tl.constexpr,
@@ -223,9 +224,11 @@ def write_decode_rows_native(
 
 @dataclass(frozen=True)
 class _ScrubLaunch:
-    """The kernel's scrub part: its arguments (two groups of five), constexprs and programs."""
+    """The kernel's scrub part: its pointers (two groups of three), integers (two pairs),
+    constexprs and programs."""
 
-    args: tuple
+    ptrs: tuple
+    ints: tuple
     constexprs: dict[str, int]
     programs: int
 
@@ -243,20 +246,23 @@ def _scrub_launch(
         tables.append(table)
     if len(scrubs) > 2:
         return None
-    args: list = []
+    ptrs: list = []
+    ints: list = []
     meta: dict[str, int] = {"SCRUBS": len(scrubs)}
     programs = 0
     for j, name in enumerate("AB"):
         if j < len(scrubs):
             t, slots = tables[j], scrubs[j][1]
             n, bufs = slots.shape[0], t.bases.shape[0]
-            args += [t.bases, t.row_words, slots, n, bufs]
+            ptrs += [t.bases, t.row_words, slots]
+            ints += [n, bufs]
             meta[f"BLOCK_{name}"] = row_block(t)
             meta[f"BITS_{name}"] = t.word_bits
             programs += n * bufs  # one a (slot, buffer)
         else:
-            args += [block, block, block, 0, 0]  # never read
-    return _ScrubLaunch(tuple(args), meta, programs)
+            ptrs += [block, block, block]  # never read
+            ints += [0, 0]
+    return _ScrubLaunch(tuple(ptrs), tuple(ints), meta, programs)
 
 
 def write_decode_rows(
@@ -316,23 +322,24 @@ def write_decode_rows(
     swa = req_to_swa_token is not None
     cached_launcher(_decode_rows_kernel)[(programs,)](
         block,
-        b,
         block if input_ids is None else input_ids,  # any pointer when unused
         req_to_token,
-        req_to_token.stride(0),
         req_to_token if req_to_swa_token is None else req_to_swa_token,
-        0 if req_to_swa_token is None else req_to_swa_token.stride(0),
         block if mapping is None else mapping,
+        block if dest is None else dest,
+        block if host is None else host,
+        block if resets is None else resets,
+        *scrub.ptrs,
+        b,
+        req_to_token.stride(0),
+        0 if req_to_swa_token is None else req_to_swa_token.stride(0),
         req_to_token.shape[0],
         req_to_token.shape[1],
         0 if mapping is None else mapping.shape[0],
-        block if dest is None else dest,
         0 if dest is None else dest.stride(0),
-        block if host is None else host,
-        block if resets is None else resets,
         n_resets,
         row_programs,
-        *scrub.args,
+        *scrub.ints,
         HAS_IDS=input_ids is not None,
         HAS_SWA=swa,
         HAS_DEST=dest is not None,
