@@ -203,7 +203,7 @@ class CudaGraphRunner:
         self.is_capturing = True
         pool.set_stream_overlap(True)
         try:
-            stream = torch.cuda.Stream(device=self.device)
+            stream = capture_stream(self.device)
             for bs in reversed(self.capture_bs):
                 self.graphs[bs], self.outputs[bs] = self._capture_one(bs, stream)
                 if bs in self.cascade_bs:
@@ -321,3 +321,19 @@ class CudaGraphRunner:
         if greedy is not None:  # the replay computes out's argmax (ModelRunner.greedy_ids)
             greedy.pending = out
         return out
+
+
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream graphs are captured on, one per device for the process: torch keeps a
+    cuBLAS workspace (32 MiB on Hopper) per stream that ran a GEMM until the process ends, so a
+    new stream per engine grew every later engine's footprint by one."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    stream = _CAPTURE_STREAMS.get(device)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream(device=device)
+    return stream

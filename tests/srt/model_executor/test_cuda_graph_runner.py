@@ -45,6 +45,7 @@ def test_capture_failure_resets_flags(monkeypatch):
     calls, seen = [], []
     monkeypatch.setattr(runner.token_to_kv_pool, "set_stream_overlap", calls.append)
     monkeypatch.setattr(cgr.torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(cgr, "_CAPTURE_STREAMS", {})  # no stand-in stream kept
 
     def boom(self, bs, stream):
         seen.append((self, self.is_capturing, runner.is_capturing is False))
@@ -202,6 +203,7 @@ def _simulate_cuda_graphs(monkeypatch, runner):
 
     cuda = cgr.torch.cuda
     monkeypatch.setattr(cuda, "Stream", lambda device=None: _SimStream())
+    monkeypatch.setattr(cgr, "_CAPTURE_STREAMS", {})  # no stand-in stream kept
     monkeypatch.setattr(cuda, "current_stream", lambda device=None: _SimStream())
     monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
