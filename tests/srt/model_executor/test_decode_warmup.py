@@ -23,28 +23,37 @@ def test_sizes_are_the_powers_of_two_past_the_graphs():
     assert eager_decode_sizes(2 * MAX_WARM_BATCH, 4 * MAX_WARM_BATCH) == []
 
 
-def _check_only_padding_written(eng, sizes, cascade):
-    runner = eng.scheduler.runner
-    pool = runner.token_to_kv_pool
+def _only_padding_written(pool, warm) -> None:
+    """warm() leaves every KV slot but the padding slot 0 as it was."""
     for b in (*pool.k_buffer, *pool.v_buffer):  # fresh random bytes everywhere
         b.view(torch.uint8).copy_(torch.randint_like(b.view(torch.uint8), 0, 256))
     before = kv_bytes(pool)
-    warmup_eager_decode(runner, sizes, cascade)
-    after = kv_bytes(pool)
-    for x, y in zip(before, after, strict=True):
+    warm()
+    for x, y in zip(before, kv_bytes(pool), strict=True):
         assert torch.equal(x[1:], y[1:])  # slot 0 is the padding slot
 
 
-@pytest.mark.parametrize("cascade", [False, True])
-def test_dummy_decodes_write_only_the_padding_slot(cascade):
-    eng = srt.Engine(
+def _check_only_padding_written(eng, sizes, cascade):
+    runner = eng.scheduler.runner
+    _only_padding_written(
+        runner.token_to_kv_pool, lambda: warmup_eager_decode(runner, sizes, cascade)
+    )
+
+
+def _triton_engine(context_length: int) -> srt.Engine:
+    return srt.Engine(
         device="cuda" if torch.cuda.is_available() else "cpu",  # the CPU runs Triton interpreted
         skip_tokenizer_init=True,
         attention_backend="triton",
         max_total_tokens=512,
-        context_length=64,
+        context_length=context_length,
         disable_cuda_graph=True,
     )
+
+
+@pytest.mark.parametrize("cascade", [False, True])
+def test_dummy_decodes_write_only_the_padding_slot(cascade):
+    eng = _triton_engine(64)
     try:
         _check_only_padding_written(eng, [1, 3], cascade)
         # and the engine still serves after it
@@ -88,25 +97,12 @@ def test_extend_warmup_writes_only_the_padding_slot(monkeypatch):
     monkeypatch.setattr(
         tb, "extend_attention_fwd", lambda *a, **k: (seen.append(k["num_splits"]), fwd(*a, **k))
     )
-    eng = srt.Engine(
-        device="cuda" if torch.cuda.is_available() else "cpu",  # the CPU runs Triton interpreted
-        skip_tokenizer_init=True,
-        attention_backend="triton",
-        max_total_tokens=512,
-        context_length=2100,
-        disable_cuda_graph=True,
-    )
+    eng = _triton_engine(2100)
     try:
         runner = eng.scheduler.runner
         runner.attn_backend._num_sms = 132
-        pool = runner.token_to_kv_pool
-        for b in (*pool.k_buffer, *pool.v_buffer):
-            b.view(torch.uint8).copy_(torch.randint_like(b.view(torch.uint8), 0, 256))
-        before = kv_bytes(pool)
         seen.clear()
-        warmup_extend_splits(runner)
+        _only_padding_written(runner.token_to_kv_pool, lambda: warmup_extend_splits(runner))
         assert max(seen) == 2
-        for x, y in zip(before, kv_bytes(pool), strict=True):
-            assert torch.equal(x[1:], y[1:])  # slot 0 is the padding slot
     finally:
         eng.shutdown()
