@@ -87,7 +87,7 @@ def build_parser() -> ArgumentParser:
         "--decode-chunked-prefill-size",
         type=int,
         default=None,
-        help="the chunk while other requests decode (default 256; -1: no cap, as SGLang)",
+        help="the chunk while other requests decode (default 256; -1: no cap)",
     )
     a(
         "--enable-cache-report",

@@ -73,7 +73,7 @@ class ServerArgs:
     decode_chunked_prefill_size : the chunk instead while other requests decode (at most
         chunked_prefill_size), so that a long prompt's chunks do not stall their every token:
         each decode step waits for one chunk. None: DEFAULT_DECODE_CHUNK (256); -1: no cap
-        (SGLang's behaviour: the whole chunked_prefill_size between two decode steps).
+        (whole chunks of chunked_prefill_size between two decode steps).
     enable_cache_report : OpenAI responses' usage also has
         `prompt_tokens_details.cached_tokens` (the prompt tokens taken from the prefix cache).
     incremental_streaming_output : streamed chunks carry only the ids and text added since the

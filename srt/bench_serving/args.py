@@ -107,7 +107,7 @@ def build_parser() -> ArgumentParser:
         "--decode-chunked-prefill-size",
         type=int,
         default=None,
-        help="the chunk while other requests decode (default 256; -1: no cap, as SGLang)",
+        help="the chunk while other requests decode (default 256; -1: no cap)",
     )
     e.add_argument("--max-running-requests", type=int, default=None)
     e.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
