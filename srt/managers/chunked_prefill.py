@@ -8,12 +8,12 @@ decode step of the other running requests (when there are any), then the next ch
 decode, a chunk is at most `decode_chunked_prefill_size` tokens (256 by default): each of their
 tokens waits for one chunk, so a long prompt costs them a bounded delay per token instead of a
 stall (vLLM's long-prefill threshold, Sarathi-Serve's stall-free batching); alone, it goes on
-in whole chunks. After each
-chunk but the last, its whole pages go into the radix cache (`cache_unfinished_req`: insert at
-chunk boundaries), so a request sharing the prompt matches them at once; the last chunk samples
-its first token and the request decodes with the others from then on. A chunk that fails is
-undone like any step (the pages of earlier chunks, in the tree or the request's own, stay) and
-fails the request alone. A request that scores its prompt (input logprobs) is never chunked.
+in whole chunks. After each chunk but the last, its whole pages go into the radix cache
+(`cache_unfinished_req`: insert at chunk boundaries), so a request sharing the prompt matches
+them at once; the last chunk samples its first token and the request decodes with the others
+from then on. A chunk that fails is undone like any step (the pages of earlier chunks, in the
+tree or the request's own, stay) and fails the request alone. A request that scores its prompt
+(input logprobs) is never chunked.
 """
 
 from __future__ import annotations

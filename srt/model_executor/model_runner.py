@@ -122,8 +122,8 @@ class ModelRunner:
         self.cuda_graph_runner: CudaGraphRunner | None = None
         if not args.disable_cuda_graph and self.device.type == "cuda":
             self._init_cuda_graphs()
-        if self.device.type == "cuda":  # eager decode sizes compiled now, not mid-serving
-            self._warmup_eager_decode()
+        if self.device.type == "cuda":  # eager decode sizes, split-KV extends: compiled now
+            self._warmup_eager()
 
     # ---- construction ----
     def _check_tp(self) -> int:
@@ -361,7 +361,7 @@ class ModelRunner:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
 
-    def _warmup_eager_decode(self) -> None:
+    def _warmup_eager(self) -> None:
         from srt.model_executor.decode_warmup import (
             eager_decode_sizes,
             warmup_eager_decode,
