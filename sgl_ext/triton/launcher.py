@@ -273,15 +273,21 @@ class CachedLauncher:
     that plan's compiled kernel directly. Any other call shape (a tensor among the scalars, a
     None, an unhashable value), CPU tensors, the interpreter, torch.compile tracing or
     `SGL_EXT_DIRECT_LAUNCH=0` go through the JIT as `fn[grid](...)` would.
+
+    `call_names`: the runtime parameters' names in call order, for a kernel that declares them
+    in another order (scalars between its pointers): the call passes its tensors first and the
+    launcher passes each where the kernel declares it (KernelLauncher's call_names), so the
+    kernel's own order, and its code, stay.
     """
 
-    __slots__ = ("fn", "_plans", "_params", "_fast")
+    __slots__ = ("fn", "call_names", "_plans", "_params", "_fast")
 
-    def __init__(self, fn: Any) -> None:
+    def __init__(self, fn: Any, call_names: tuple[str, ...] | None = None) -> None:
         from sgl_ext.fast_launch import OpTable
         from sgl_ext.plan_cache import PlanCache
 
         self.fn = fn
+        self.call_names = call_names
         self._plans = PlanCache()
         self._params: dict[str, Any] | None = None
         # the C fast path: key (grid, tensors' dtype / device / data_ptr() % 16, the other
@@ -300,7 +306,7 @@ class CachedLauncher:
             return
         s = settings.get()
         if s.interpret or not s.direct_launch or not DIRECT_SUPPORTED or _compiling():
-            self.fn[grid](*args, **kwargs)
+            self._jit(grid, args, kwargs)
             return
         ptrs = []
         metas = []
@@ -315,18 +321,18 @@ class CachedLauncher:
         rest = args[n:]
         if any(a is None or isinstance(a, torch.Tensor) for a in rest):
             # off the convention: the JIT, and no key (a key would keep these tensors alive)
-            self.fn[grid](*args, **kwargs)
+            self._jit(grid, args, kwargs)
             return
         try:
             key = (grid, *metas, *[(a.__class__, a) for a in rest], *kwargs.items())
             plan = self._plans.get(key)
         except TypeError:  # unhashable
-            self.fn[grid](*args, **kwargs)
+            self._jit(grid, args, kwargs)
             return
         if plan is None:
             plan = self._plans.put(key, self._plan(grid, args[:n], rest, kwargs))
         if plan is False:
-            self.fn[grid](*args, **kwargs)
+            self._jit(grid, args, kwargs)
         elif plan.compiled is not None:
             plan.direct(*ptrs)
             if fast == 0:  # the next call with this key launches from C
@@ -334,6 +340,13 @@ class CachedLauncher:
                 self._fast.register(plan, leaves, grid, *args, *kwargs.items())
         else:
             plan.launch(*args[:n])
+
+    def _jit(self, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
+        """Launch through the JIT (the call's arguments by name where the order differs)."""
+        if self.call_names is None:
+            self.fn[grid](*args, **kwargs)
+        else:
+            self.fn[grid](**dict(zip(self.call_names, args, strict=True)), **kwargs)
 
     def _plan(
         self, grid: tuple[int, ...], tensors: tuple, rest: tuple, kwargs: dict[str, Any]
@@ -358,7 +371,9 @@ class CachedLauncher:
                 constexprs[name] = p.default
         device = tensors[0].device
         constexprs, options = with_pdl(self.fn, constexprs, options, device)  # type: ignore[assignment]
-        return KernelLauncher(self.fn, grid, rest, constexprs, options, device.index, True)
+        return KernelLauncher(
+            self.fn, grid, rest, constexprs, options, device.index, True, self.call_names
+        )
 
 
 def _compiling() -> bool:
@@ -368,10 +383,13 @@ def _compiling() -> bool:
 _CACHED: dict[Any, CachedLauncher] = {}
 
 
-def cached_launcher(fn: Any) -> CachedLauncher:
+def cached_launcher(fn: Any, call_names: tuple[str, ...] | None = None) -> CachedLauncher:
     """The CachedLauncher of a @triton.jit function (one per function, made on first use):
-    `cached_launcher(kernel)[grid](*args, **kwargs)` launches like `kernel[grid](...)`."""
+    `cached_launcher(kernel)[grid](*args, **kwargs)` launches like `kernel[grid](...)`.
+    call_names: see CachedLauncher (one order per kernel)."""
     lau = _CACHED.get(fn)
     if lau is None:
-        lau = _CACHED[fn] = CachedLauncher(fn)
+        lau = _CACHED[fn] = CachedLauncher(fn, call_names)
+    elif lau.call_names != call_names:
+        raise ValueError(f"{fn} is launched with call_names {lau.call_names}, not {call_names}")
     return lau

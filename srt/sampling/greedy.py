@@ -31,6 +31,11 @@ _EMPTY = -(2**63)  # the accumulator between launches: below every key
 _EMPTY_KEY: tl.constexpr = tl.constexpr(_EMPTY)
 
 
+# The argmax kernel's runtime parameters in call order: its pointers first, so CachedLauncher
+# launches it directly (the kernel declares V, stride_b and NUM_BLOCKS before Rows).
+_ARGMAX_CALL = tuple("Logits Acc Count Ids Host Rows Temps Seeds V stride_b NUM_BLOCKS".split())
+
+
 @triton.jit
 def _argmax_kernel(
     Logits,  # [B, V] float32 / bf16 / fp16, rows at stride_b, columns contiguous
@@ -116,18 +121,18 @@ def gumbel_max(
     acc = torch.full((r,), _EMPTY, dtype=torch.int64, device=logits.device)
     count = torch.zeros(r, dtype=torch.int32, device=logits.device)
     blocks = -(-v // BLOCK)
-    cached_launcher(_argmax_kernel)[(r, blocks)](
+    cached_launcher(_argmax_kernel, _ARGMAX_CALL)[(r, blocks)](
         logits,
         acc,
         count,
         ids,
         ids,
-        v,
-        logits.stride(0),
-        blocks,
         rows,
         temps,
         seeds,
+        v,
+        logits.stride(0),
+        blocks,
         BLOCK=BLOCK,
         HAS_HOST=False,
         GUMBEL=True,
@@ -193,18 +198,18 @@ class GreedySampler:
         if not cuda and not interpreting():  # no Triton on the CPU: the reference
             return self.ids[:B].copy_(argmax_native(logits))
         blocks = -(-V // BLOCK)  # (triton.cdiv is a JIT function: µs of host a call)
-        cached_launcher(_argmax_kernel)[(B, blocks)](
+        cached_launcher(_argmax_kernel, _ARGMAX_CALL)[(B, blocks)](
             logits,
             self.acc,
             self.count,
             self.ids,
             self.host if cuda else self.ids,
-            V,
-            logits.stride(0),
-            blocks,
             self.ids,  # Rows, Temps, Seeds: unused
             self.ids,
             self.ids,
+            V,
+            logits.stride(0),
+            blocks,
             BLOCK=BLOCK,
             HAS_HOST=cuda,
             GUMBEL=False,

@@ -254,6 +254,32 @@ def test_cached_launcher_falls_back_to_jit(direct_on, compiled_mode):
     assert len(fn.jit_calls) == 10 and not fn.runs
 
 
+def test_cached_launcher_call_names(direct_on, compiled_mode):
+    """A kernel with a scalar between its pointers (a_ptr, n, b_ptr), called tensors first
+    with call_names: planned, launched through the JIT in the kernel's order, then directly
+    with the pointers where the kernel declares them; the JIT fallback (interpreter) passes
+    them by name; one order per kernel."""
+    fn = _FakeJit()
+    fn.params = [fn.params[0], fn.params[2], fn.params[1], *fn.params[3:]]  # a_ptr, n, b_ptr
+    _fake_params(fn)
+    names = ("a_ptr", "b_ptr", "n")
+    lau = L.CachedLauncher(fn, names)
+    a, b = _fake(), _fake()
+    lau[(3,)](a, b, 5, X=1)
+    assert fn.jit_calls[-1] == ((3,), (a, 5, b), {"X": 1, "Y": 7})
+    lau[(3,)](b, a, 5, X=1)
+    assert len(fn.jit_calls) == 1 and fn.runs[-1][-5:] == (b.data_ptr(), 5, a.data_ptr(), 1, 7)
+    assert len(lau._plans) == 1
+    with settings.override(interpret=True):
+        lau[(3,)](a, b, 6, X=1)
+    assert fn.jit_calls[-1] == ((3,), (), {"a_ptr": a, "b_ptr": b, "n": 6, "X": 1})
+    L._CACHED.pop(fn, None)
+    assert L.cached_launcher(fn, names).call_names == names
+    with pytest.raises(ValueError, match="call_names"):
+        L.cached_launcher(fn)
+    L._CACHED.pop(fn, None)
+
+
 def _leaves(key):
     for x in key if isinstance(key, tuple) else (key,):
         yield from _leaves(x) if isinstance(x, tuple) else (x,)

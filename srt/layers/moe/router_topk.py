@@ -31,6 +31,14 @@ MAX_TOP_K = 16
 MAX_HIDDEN = 8192  # one tile of x a program
 
 
+# The kernel's runtime parameters in call order: pointers first (CachedLauncher's direct launch;
+# the kernel keeps the norm's pointers beside their strides)
+_ROUTER_CALL = tuple(
+    "X W Bias Logits Count Weights Ids X16 Inv R NW XN K E stride_xm stride_wn stride_hm "
+    "stride_rm stride_nm eps".split()
+)
+
+
 @triton.jit
 def _router_topk_kernel(
     X,  # [T, K] bf16
@@ -297,7 +305,7 @@ def _launch(
         residual, norm_weight, eps, xn = x, x, 0.0, x
     epb = 1
     block_k = triton.next_power_of_2(H)
-    cached_launcher(_router_topk_kernel)[(T, triton.cdiv(E, epb))](
+    cached_launcher(_router_topk_kernel, _ROUTER_CALL)[(T, triton.cdiv(E, epb))](
         x,
         weight,
         bias if bias is not None else weight,
@@ -307,14 +315,14 @@ def _launch(
         ids,
         xf.words,
         xf.inv,
+        residual,
+        norm_weight,
+        xn,
         H,
         E,
         x.stride(0),
         weight.stride(0),
         xf.words.stride(0),
-        residual,
-        norm_weight,
-        xn,
         residual.stride(0),
         xn.stride(0),
         eps,

@@ -56,6 +56,13 @@ def topk_softmax_row(
     tl.store(ids_row + kk, ids.to(tl.int64), mask=in_k)
 
 
+# The kernel's runtime parameters in call order: pointers first (CachedLauncher's direct launch)
+_TOPK_CALL = tuple(
+    "logits_ptr weights_ptr ids_ptr x_ptr x16_ptr inv_ptr stride_t num_experts K stride_xm "
+    "stride_hm".split()
+)
+
+
 @triton.jit
 def _topk_softmax_kernel(
     logits_ptr,
@@ -188,17 +195,18 @@ def _topk_softmax_triton(
     ids = torch.empty(T, top_k, dtype=torch.int64, device=router_logits.device)
     block_e = triton.next_power_of_2(E)
     if x is not None and xf is not None:
-        xs = (x, xf.words, xf.inv, x.shape[1], x.stride(0), xf.words.stride(0))
+        ptrs, ints = (x, xf.words, xf.inv), (x.shape[1], x.stride(0), xf.words.stride(0))
         block_x = triton.next_power_of_2(x.shape[1])
     else:
-        xs, block_x = (router_logits, router_logits, router_logits, 0, 0, 0), 1
-    cached_launcher(_topk_softmax_kernel)[(T,)](
+        ptrs, ints, block_x = (router_logits,) * 3, (0, 0, 0), 1
+    cached_launcher(_topk_softmax_kernel, _TOPK_CALL)[(T,)](
         router_logits,
         weights,
         ids,
+        *ptrs,
         router_logits.stride(0),
         E,
-        *xs,
+        *ints,
         TOP_K=top_k,
         BLOCK_E=block_e,
         BLOCK_K=triton.next_power_of_2(top_k),
