@@ -67,15 +67,18 @@ def _req(rid: str, ids: list[int], n: int) -> Req:
     return Req(rid, ids, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True))
 
 
+def _short_requests(eng: srt.Engine, first: int, n: int) -> tuple[list[Req], list[dict]]:
+    """Two 3-token requests of n tokens each, and their outputs served alone."""
+    short = [_req(f"s{i}", [first + i, 6, 7], n) for i in range(2)]
+    sp = dict(SP, max_new_tokens=n)
+    return short, [eng.generate(input_ids=r.origin_input_ids, sampling_params=sp) for r in short]
+
+
 @pytest.mark.parametrize("ps", [1, 4])
 def test_decodes_step_between_chunks_and_chunks_enter_the_cache(ps):
     eng = _engine(ps, chunked_prefill_size=8)
     sched, runner = eng.scheduler, eng.model_runner
-    short = [_req(f"s{i}", [5 + i, 6, 7], 40) for i in range(2)]
-    solo = [
-        eng.generate(input_ids=r.origin_input_ids, sampling_params=dict(SP, max_new_tokens=40))
-        for r in short
-    ]
+    short, solo = _short_requests(eng, 5, 40)
     long_ids = [(7 * i) % 997 + 3 for i in range(61)]
     kinds: list[str] = []
     real = runner.forward
@@ -156,11 +159,7 @@ def test_chunks_shrink_while_others_decode():
     they finish, the prompt goes on in whole chunks; every request's tokens are unchanged."""
     eng = _engine(1, chunked_prefill_size=16, decode_chunked_prefill_size=5)
     sched, runner = eng.scheduler, eng.model_runner
-    short = [_req(f"s{i}", [9 + i, 6, 7], 4) for i in range(2)]
-    solo = [
-        eng.generate(input_ids=r.origin_input_ids, sampling_params=dict(SP, max_new_tokens=4))
-        for r in short
-    ]
+    short, solo = _short_requests(eng, 9, 4)
     long_ids = [(11 * i) % 997 + 3 for i in range(83)]
     sizes: list[tuple[int, int]] = []  # (chunk tokens, other running requests)
     real = runner.forward
