@@ -257,12 +257,14 @@ class SchedulePolicy:
             lo = max(0, m.prefix_len - self.sliding_window_size) // self.page_size
             req.swa_page_start, req.swa_pages = lo, list(m.swa_pages[lo:])
 
-    def admit(self, waiting: deque[Req], running: list[Req]) -> list[Req]:
+    def admit(self, waiting: deque[Req], running: list[Req], chunking: bool = False) -> list[Req]:
         """Pop the waiting requests that fit now, in order (FIFO: the first that does not fit
         stops admission, so none starves); each starts from its cached prefix, if any. A
         request prefilled in chunks is admitted alone. With the cache, a request that shares a
         prefix with one admitted in this batch (`IN_BATCH_PREFIX_THRESHOLD` tokens more than
-        the tree holds) also stops admission: the next step it matches that prefix."""
+        the tree holds) also stops admission: the next step it matches that prefix. While a
+        prompt is prefilled in chunks (`chunking`), a request that would be chunked too waits
+        (one chunked prompt at a time) and stops admission."""
         allocator = self.runner.token_to_kv_pool_allocator
         free = allocator.available_size() - self.reserved_slots(running)
         held_swa = self._reserved_swa_slots(running) if self.is_swa else 0  # running + admitted
@@ -290,6 +292,7 @@ class SchedulePolicy:
                 free_swa = self._free_swa_slots() - held_swa
             long = 0 < self.chunked_prefill_size < n and not wants_input_logprobs(req)
             fits = not admitted or (prefill_tokens + n <= self.max_prefill_tokens and not long)
+            fits = fits and not (long and chunking)
             tree = self.tree_cache
             if tree is not None and fits and free < need <= free + tree.evictable_size():
                 free += tree.evict(need - free)  # unlocked prefixes, LRU first, only to fit

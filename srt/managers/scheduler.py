@@ -1,8 +1,8 @@
 """Scheduler: continuous batching with admission control over one ModelRunner.
 
-Each step either prefills newly admitted requests (prefill first, as in SGLang) or runs one
-decode step for every running request. Requests join the running batch between decode steps and
-leave it as soon as they finish, freeing their KV slots for the requests still waiting.
+Each step prefills newly admitted requests (prefill first, as in SGLang), or one chunk of a long
+prompt (`chunked_prefill.py`), or decodes every running request; requests join and leave the
+running batch between steps (their KV slots freed for those still waiting).
 
 Admission (`schedule_policy.py`) is conservative: a request is admitted only if the KV pool can
 hold its whole future on top of what the running requests may still need, so a decode step
@@ -15,22 +15,20 @@ goes into the tree after its prefill (`_cache_prompts`), the rest when it finish
 fails or is aborted unlocks and inserts nothing (`SWARadixCache` on the hybrid pool).
 
 Overlapped decode (SGLang's overlap schedule; `disable_overlap_schedule` turns it off): while
-decode step N runs on the GPU, the host prepares and launches step N + 1, its input tokens
-copied on the device from step N's ids (greedy or sampled there), and only then waits for
-step N's tokens. The host's work per step (slot allocation, the batch's upload, window
-eviction, finish checks) then hides under the GPU's. Every device effect of that host work
-(scrubs, mapping writes, the next step) is queued on the same stream after step N, so freeing
+decode step N runs on the GPU, the host prepares and launches step N + 1 (its input tokens
+copied on the device from step N's ids) and only then waits for step N's tokens: the host's
+work (slots, upload, window eviction, finish checks) hides under the GPU's. Its device effects
+(scrubs, mapping writes, the next step) queue on the same stream after step N, so freeing
 memory step N still reads is safe. A request known to finish by length at step N is left out
 of step N + 1; one that stops on a token at step N has run one step more, whose token is
-dropped (a sampled one has drawn from its generator once more, which nothing reads again).
-Greedy and sampled requests without penalties, logit_bias or logprobs, at TP 1 and with no
-request waiting to be admitted.
+dropped (a sampled one drew once more from its generator, which nothing reads again). For
+greedy and sampled requests without penalties, logit_bias or logprobs, at TP 1, none waiting.
 
 Isolation: a step that raises an Exception is undone (every request restored from its
 `ReqSnapshot`, the KV slots the step took given back) and retried in halves, down to single
 requests: a request whose step still fails is finished alone (finish reason abort with the
 message and status 500, `Req.error` set, its memory freed), and the others' tokens are those
-of a step without it. A failed overlapped launch falls back to the step-by-step decode.
+of a step without it (a failed overlapped launch falls back to the step-by-step decode).
 Anything else (KeyboardInterrupt, a failure while undoing) propagates: the caller aborts all.
 """
 
@@ -392,7 +390,7 @@ class Scheduler(ChunkedPrefillMixin):
             return finished
         if self._chunk_due():  # chunked prefill (chunked_prefill.py)
             self._step_chunk(finished)
-        elif self.chunked_req is None and (new := self.policy.admit(self.waiting, self.running)):
+        elif new := self.policy.admit(self.waiting, self.running, self.chunked_req is not None):
             total = self.runner.max_total_num_tokens
             usage = 1 - self.available_kv_size() / total if total else 0.0
             self.stats.record_prefill(new, usage, len(self.running) - len(new), len(self.waiting))
@@ -403,6 +401,8 @@ class Scheduler(ChunkedPrefillMixin):
             else:
                 self._isolated(new, self._prefill)
                 self._cache_prompts(new)
+        elif self._chunk_alone():  # none else to step (chunked_prefill.py)
+            self._step_chunk(finished)
         elif self.running:
             self._chunk_turn = True  # a chunk in progress goes on after this decode step
             reqs = [r for r in self.running if r is not self.chunked_req]

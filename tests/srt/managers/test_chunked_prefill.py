@@ -204,3 +204,41 @@ def test_server_args_decode_chunked_prefill_size():
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="decode_chunked_prefill_size"):
             ServerArgs(decode_chunked_prefill_size=bad)  # type: ignore[arg-type]
+
+
+def test_requests_are_admitted_between_chunks_one_chunked_prompt_at_a_time():
+    """A short request that arrives while a long prompt is chunked is prefilled between its
+    chunks (its first token comes before the long prompt's); a second long prompt waits until
+    the first is done (and stops admission: FIFO); every request's tokens equal its solo run."""
+    eng = _engine(1, chunked_prefill_size=8, decode_chunked_prefill_size=8)
+    sched = eng.scheduler
+    sp = dict(SP, max_new_tokens=3)
+    ids = {
+        "long1": [(7 * i) % 997 + 3 for i in range(61)],
+        "short": [9, 8, 7, 6],
+        "long2": [(5 * i) % 991 + 4 for i in range(40)],
+        "late": [4, 5, 6],
+    }
+    solo = {k: eng.generate(input_ids=v, sampling_params=sp)["output_ids"] for k, v in ids.items()}
+    assert eng.flush_cache()  # computed again, in chunks
+    reqs = {k: _req(k, v, 3) for k, v in ids.items()}
+    sched.add_request(reqs["long1"])
+    sched.step()  # long1's first chunk
+    for k in ("short", "long2", "late"):
+        sched.add_request(reqs[k])
+    first: dict[str, int] = {}
+    chunked: list[str] = []
+    step = 0
+    while sched.has_work():
+        sched.step()
+        step += 1
+        if sched.chunked_req is not None:
+            chunked.append(sched.chunked_req.rid)
+        for k, r in reqs.items():
+            if r.output_ids and k not in first:
+                first[k] = step
+    assert first["short"] < first["long1"]  # admitted between long1's chunks
+    assert chunked.index("long2") > max(i for i, rid in enumerate(chunked) if rid == "long1")
+    assert first["late"] > first["long1"]  # behind long2 in the queue
+    assert {k: r.output_ids for k, r in reqs.items()} == solo
+    eng.shutdown()
