@@ -52,34 +52,44 @@ def eager_decode_sizes(first: int, last: int) -> list[int]:
     return sizes
 
 
+def _dummy_forward(runner: Any, zeros: torch.Tensor, **fields: Any) -> None:
+    """One eager forward of `runner` over dummy rows: request row 0, token 0, K/V into the
+    padding slot 0 (zeros: int64 [rows or tokens] on the runner's device)."""
+    hybrid = hasattr(runner.token_to_kv_pool, "translate_loc_from_full_to_swa")
+    fb = ForwardBatch(
+        input_ids=zeros,
+        req_pool_indices=zeros,
+        out_cache_loc=zeros,
+        out_cache_loc_swa=zeros if hybrid else None,
+        req_to_token_pool=runner.req_to_token_pool,
+        token_to_kv_pool=runner.token_to_kv_pool,
+        attn_backend=runner.attn_backend,
+        enable_fused_rope_kv=runner.server_args.enable_fused_rope_kv,
+        **fields,
+    )
+    runner.forward(fb, use_cuda_graph=False)
+
+
 def warmup_eager_decode(runner: Any, sizes: list[int], cascade: bool) -> None:
     """One dummy eager decode forward of `runner` (a ModelRunner) per batch size, and one with a
     shared prefix too when `cascade` (the backend's cascade launches); nothing is kept."""
     dev = runner.device
-    hybrid = hasattr(runner.token_to_kv_pool, "translate_loc_from_full_to_swa")
     for bs in sizes:
         zeros = torch.zeros(bs, dtype=torch.int64, device=dev)
         seq_lens = torch.ones(bs, dtype=torch.int64, device=dev)
         variants = [None] + ([SharedPrefixes((tuple(range(bs)),), (0,), (0,))] if cascade else [])
         for shared in variants:
-            fb = ForwardBatch(
+            _dummy_forward(
+                runner,
+                zeros,
                 forward_mode=ForwardMode.DECODE,
                 batch_size=bs,
-                input_ids=zeros,
-                req_pool_indices=zeros,
                 seq_lens=seq_lens,
-                out_cache_loc=zeros,
                 seq_lens_sum=bs,
                 positions=zeros,
-                out_cache_loc_swa=zeros if hybrid else None,
                 seq_lens_cpu=torch.ones(bs, dtype=torch.int64),
-                req_to_token_pool=runner.req_to_token_pool,
-                token_to_kv_pool=runner.token_to_kv_pool,
-                attn_backend=runner.attn_backend,
-                enable_fused_rope_kv=runner.server_args.enable_fused_rope_kv,
                 shared_prefixes=shared,
             )
-            runner.forward(fb, use_cuda_graph=False)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
@@ -98,25 +108,10 @@ def warmup_extend_splits(runner: Any) -> None:
     """One dummy one-token extend of `runner` per prefix of `extend_warm_prefixes` (before any
     request: row 0 reads only the padding slot, which the token's K/V overwrites)."""
     dev = runner.device
-    hybrid = hasattr(runner.token_to_kv_pool, "translate_loc_from_full_to_swa")
     zero = torch.zeros(1, dtype=torch.int64, device=dev)
-    for prefix in extend_warm_prefixes(
-        min(runner.context_len, runner.req_to_token_pool.req_to_token.shape[1])
-    ):
+    width = min(runner.context_len, runner.req_to_token_pool.req_to_token.shape[1])
+    for prefix in extend_warm_prefixes(width):
         fields = compute_extend_metadata([prefix], [1], dev)
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.EXTEND,
-            batch_size=1,
-            input_ids=zero,
-            req_pool_indices=zero,
-            out_cache_loc=zero,
-            out_cache_loc_swa=zero if hybrid else None,
-            req_to_token_pool=runner.req_to_token_pool,
-            token_to_kv_pool=runner.token_to_kv_pool,
-            attn_backend=runner.attn_backend,
-            enable_fused_rope_kv=runner.server_args.enable_fused_rope_kv,
-            **fields,
-        )
-        runner.forward(fb)
+        _dummy_forward(runner, zero, forward_mode=ForwardMode.EXTEND, batch_size=1, **fields)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
