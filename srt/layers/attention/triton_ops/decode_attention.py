@@ -36,7 +36,11 @@ import triton
 import triton.language as tl
 
 from sgl_ext.launch import cached_launcher, interpreting, pdl_enter
-from srt.layers.attention.triton_ops.decode_merge import merge_kernel
+from srt.layers.attention.triton_ops.decode_merge import (
+    decode_scratch_shape,
+    merge_kernel,
+    merge_scratch,
+)
 from srt.layers.attention.triton_ops.kv_load import (
     KV_FP8_NONE,
     AttnFlags,
@@ -269,15 +273,6 @@ def pre_tiles(batch_size: int, num_splits: int, window: int, block_n: int) -> in
     return 1
 
 
-def decode_scratch_shape(
-    batch_size: int, num_q_heads: int, v_head_dim: int, splits: int
-) -> tuple[int, int, int, int]:
-    """Shape of the float32 partial-output scratch [B, Hq, splits, BLOCK_DV] (the log-sum-exp
-    scratch is its first three dims). `splits`: the slots in all, with a cascade the stage-1
-    splits + the prefix chunks P."""
-    return batch_size, num_q_heads, splits, max(16, _pow2(v_head_dim))
-
-
 @dataclass(frozen=True)
 class DecodeLaunch:
     """Everything a decode launch passes besides its tensors, worked out once per call shape:
@@ -488,12 +483,7 @@ def decode_attention_fwd(
     plan = plan_decode(*args, config, P)
     if num_splits + P > 1:
         shape = decode_scratch_shape(B, Hq, kv.v_buffer.shape[-1], num_splits + P)
-        if mid_o is None:
-            mid_o = q.new_empty(shape, dtype=torch.float32)
-        if mid_lse is None:
-            mid_lse = q.new_empty(shape[:3], dtype=torch.float32)
-        if tuple(mid_o.shape) != shape or tuple(mid_lse.shape) != shape[:3]:
-            raise ValueError(f"mid_o / mid_lse must be {shape} / {shape[:3]}")
+        mid_o, mid_lse = merge_scratch(q, shape, mid_o, mid_lse)
     launch_decode(
         plan, q, o, req_to_token, req_pool_indices, seq_lens, kv, sinks, mid_o, mid_lse, cascade
     )

@@ -12,10 +12,38 @@ hold stale data, which is masked out of the loads (w = 0 would not cancel a stal
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from sgl_ext.launch import pdl_enter
+from srt.layers.attention.triton_ops.kv_load import pow2
+
+
+def decode_scratch_shape(
+    batch_size: int, num_q_heads: int, v_head_dim: int, splits: int
+) -> tuple[int, int, int, int]:
+    """Shape of the float32 partial-output scratch [B, Hq, splits, BLOCK_DV] (the log-sum-exp
+    scratch is its first three dims; rows are new tokens for the extend). `splits`: the slots
+    in all, with a cascade the stage-1 splits + the prefix chunks P."""
+    return batch_size, num_q_heads, splits, max(16, pow2(v_head_dim))
+
+
+def merge_scratch(
+    q: torch.Tensor,
+    shape: tuple[int, int, int, int],
+    mid_o: torch.Tensor | None,
+    mid_lse: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merge kernel's inputs: mid_o `shape` (`decode_scratch_shape`) and mid_lse shape[:3],
+    float32 contiguous; allocated on q's device where None, else checked (a ValueError naming
+    the one that is not)."""
+    mid_o = q.new_empty(shape, dtype=torch.float32) if mid_o is None else mid_o
+    mid_lse = q.new_empty(shape[:3], dtype=torch.float32) if mid_lse is None else mid_lse
+    for name, t, want in (("mid_o", mid_o, shape), ("mid_lse", mid_lse, shape[:3])):
+        if tuple(t.shape) != want or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be float32 contiguous {want}")
+    return mid_o, mid_lse
 
 
 @triton.jit

@@ -18,7 +18,11 @@ import triton
 import triton.language as tl
 
 from sgl_ext.launch import cached_launcher, interpreting
-from srt.layers.attention.triton_ops.decode_merge import merge_kernel
+from srt.layers.attention.triton_ops.decode_merge import (
+    decode_scratch_shape,
+    merge_kernel,
+    merge_scratch,
+)
 from srt.layers.attention.triton_ops.kv_load import (
     KV_FP8_NONE,
     AttnFlags,
@@ -281,12 +285,8 @@ def extend_attention_fwd(
         raise ValueError(f"num_splits must be a power of two in [1, 16], got {num_splits}")
     block_dv = max(16, _pow2(DV))
     if num_splits > 1:
-        shape = (T, Hq, num_splits, block_dv)
-        mid_o = q.new_empty(shape, dtype=torch.float32) if mid_o is None else mid_o
-        mid_lse = q.new_empty(shape[:3], dtype=torch.float32) if mid_lse is None else mid_lse
-        for name, t, want in (("mid_o", mid_o, shape), ("mid_lse", mid_lse, shape[:3])):
-            if tuple(t.shape) != want or t.dtype != torch.float32 or not t.is_contiguous():
-                raise ValueError(f"{name} must be float32 contiguous {want}")
+        shape = decode_scratch_shape(T, Hq, DV, num_splits)
+        mid_o, mid_lse = merge_scratch(q, shape, mid_o, mid_lse)
     grid = (B, Hkv, -(-max_extend_len // block_m) * num_splits)
     cached_launcher(_extend_kernel)[grid](  # direct launch once planned
         q,
