@@ -37,6 +37,7 @@ from srt.layers.attention.triton_ops.kv_load import (
     SCALE_FLOAT,
     SCALE_NONE,
     SCALE_PTR,
+    sm_count,
 )
 from srt.layers.attention.triton_ops.prefix_decode import (
     CASCADE_ROWS_PER_ITEM,
@@ -195,11 +196,7 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         self.max_extend_len = 0
         self.max_extend_keys = 0  # the longest request's prefix + new tokens (split-KV extend)
         self.num_kv_splits = num_kv_splits
-        self._num_sms = (
-            torch.cuda.get_device_properties(self.device).multi_processor_count
-            if self.device.type == "cuda"
-            else 1
-        )
+        self._num_sms = sm_count(self.device)
         # Decode split scratch, kept for the backend's life (captured graphs hold its pointers):
         # base buffers per (rows rounded up to a power of two, Hq, Dv, splits), views per B.
         self._scratch_base: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -414,7 +411,7 @@ class TritonAttnBackend(DecodeGraphMixin, AttentionBackend):
         r2t = req_to_token_for_layer(self.req_to_token_pool or fb.req_to_token_pool, layer, fb)
         window = layer.sliding_window_size
         keys = self.max_extend_keys
-        if window is not None and window >= 0:  # a token sees at most window + 1 keys
+        if window >= 0:  # a token sees at most window + 1 keys (RadixAttention: -1 or W)
             keys = min(keys, window + self.max_extend_len + 1)
         splits = extend_num_splits(
             fb.batch_size,

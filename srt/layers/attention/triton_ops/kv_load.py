@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import torch
 import triton
 import triton.language as tl
 
@@ -31,6 +32,13 @@ AttnFlags = namedtuple(
     "AttnFlags",
     "D DV BLOCK_N PAGE_SIZE KV_FP8 K_SCALE_MODE V_SCALE_MODE TILE_F32 USE_CAP DOT_PRECISION P_LOW",
 )
+
+
+def sm_count(device: torch.device) -> int:
+    """The GPU's SM count, which the split counts aim their programs at; 1 off the GPU."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def pow2(n: int) -> int:

@@ -51,6 +51,7 @@ from srt.layers.attention.triton_ops.kv_load import (
     KVHead,
     load_tile,
     pow2,
+    sm_count,
     softmax_step,
 )
 
@@ -357,9 +358,4 @@ def check_cascade(
             raise ValueError(f"cascade.{name} must be contiguous {shape}, got {tuple(t.shape)}")
     if splits is not None:
         return splits
-    sms = (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 1
-    )
-    return cascade_splits(batch_size, kv.k_buffer.shape[-2], sms)
+    return cascade_splits(batch_size, kv.k_buffer.shape[-2], sm_count(device))
