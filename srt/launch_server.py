@@ -33,6 +33,7 @@ from srt.utils.cli import (
     ArgumentParser,
     CLIError,
     add_model_impl_args,
+    add_prefix_cache_args,
     check_model_impl_args,
     check_positive,
     error_line,
@@ -71,24 +72,7 @@ def build_parser() -> ArgumentParser:
         action="store_true",
         help="prepare each decode step only after the previous one is read back",
     )
-    a("--disable-radix-cache", action="store_true", help="no prefix cache: compute every prompt")
-    a(
-        "--disable-cascade-attn",
-        action="store_true",
-        help="decode reads every request's whole KV, even a prefix several requests share",
-    )
-    a(
-        "--chunked-prefill-size",
-        type=int,
-        default=None,
-        help="prompt tokens per step of one request (-1: off; default: SGLang's per GPU)",
-    )
-    a(
-        "--decode-chunked-prefill-size",
-        type=int,
-        default=None,
-        help="the chunk while other requests decode (default 256; -1: no cap)",
-    )
+    add_prefix_cache_args(p)
     a(
         "--enable-cache-report",
         action="store_true",

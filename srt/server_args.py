@@ -231,7 +231,7 @@ class ServerArgs:
 # Prompt tokens of a chunked request per step while others decode. A Llama-3-8B decode step of
 # 32 requests on an H100 takes ~7 ms; a chunk of 256 tokens after up to 32K cached keys adds
 # ~7-20 ms (its linear layers stay near the weight-read floor below ~300 tokens; its attention,
-# split-KV, grows with the keys), against ~50 ms for 512 tokens and ~400 ms for SGLang's 8192.
+# split-KV, grows with the keys), against ~50 ms for 512 tokens and ~400 ms for 8192.
 DEFAULT_DECODE_CHUNK = 256
 
 

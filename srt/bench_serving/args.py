@@ -9,7 +9,13 @@ import math
 from typing import Any
 
 from srt.bench_args import add_model_args, validate_model_args
-from srt.utils.cli import ArgumentParser, CLIError, check_positive
+from srt.utils.cli import (
+    ArgumentParser,
+    CLIError,
+    add_prefix_cache_args,
+    check_positive,
+    check_prefix_cache_args,
+)
 
 DATASETS = ("random", "generated-shared-prefix", "long-prompt-arrival")
 BACKENDS = ("engine", "openai")
@@ -89,26 +95,7 @@ def build_parser() -> ArgumentParser:
         graph_default="64",
     )
     e = p.add_argument_group("engine")
-    e.add_argument(
-        "--disable-radix-cache", action="store_true", help="no prefix cache (RadixAttention)"
-    )
-    e.add_argument(
-        "--disable-cascade-attn",
-        action="store_true",
-        help="decode reads every request's whole KV, even a prefix several requests share",
-    )
-    e.add_argument(
-        "--chunked-prefill-size",
-        type=int,
-        default=None,
-        help="prompt tokens per prefill step; -1: off (default: SGLang's for the GPU's memory)",
-    )
-    e.add_argument(
-        "--decode-chunked-prefill-size",
-        type=int,
-        default=None,
-        help="the chunk while other requests decode (default 256; -1: no cap)",
-    )
+    add_prefix_cache_args(e)
     e.add_argument("--max-running-requests", type=int, default=None)
     e.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
     e.add_argument("--disable-overlap-schedule", action="store_true")
@@ -158,10 +145,7 @@ def validate_args(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None:
             check_positive("--" + flag.replace("_", "-"), value)
-    for flag in ("chunked_prefill_size", "decode_chunked_prefill_size"):
-        chunk = getattr(args, flag)
-        if chunk is not None and chunk < 1 and chunk != -1:
-            raise CLIError(f"--{flag.replace('_', '-')} must be >= 1, or -1 (off)", chunk)
+    check_prefix_cache_args(args)
     if args.backend == "openai":
         url = args.base_url
         if not url:

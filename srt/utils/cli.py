@@ -111,6 +111,39 @@ def check_model_impl_args(args: argparse.Namespace) -> None:
             raise CLIError("--model-file is not a .py file", args.model_file)
 
 
+def add_prefix_cache_args(group: Any) -> None:
+    """The prefix cache's and chunked prefill's flags (ServerArgs' fields of those names) on a
+    parser or argument group."""
+    group.add_argument(
+        "--disable-radix-cache", action="store_true", help="no prefix cache: compute every prompt"
+    )
+    group.add_argument(
+        "--disable-cascade-attn",
+        action="store_true",
+        help="decode reads every request's whole KV, even a prefix several requests share",
+    )
+    group.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="prompt tokens per step of one request (-1: off; default: SGLang's per GPU)",
+    )
+    group.add_argument(
+        "--decode-chunked-prefill-size",
+        type=int,
+        default=None,
+        help="the chunk while other requests decode (default 256; -1: no cap)",
+    )
+
+
+def check_prefix_cache_args(args: argparse.Namespace) -> None:
+    """Raise CLIError for a chunk size that is neither >= 1 nor -1."""
+    for flag in ("chunked_prefill_size", "decode_chunked_prefill_size"):
+        chunk = getattr(args, flag)
+        if chunk is not None and chunk < 1 and chunk != -1:
+            raise CLIError(f"--{flag.replace('_', '-')} must be >= 1, or -1 (off)", chunk)
+
+
 def run_cli(body: Callable[[], int], debug: bool) -> int:
     """Run ``body``; a user error prints one ``error:`` line (and the traceback with --debug).
 
