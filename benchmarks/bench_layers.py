@@ -237,6 +237,7 @@ def bench_cascade(preset: str, bw: float, B: int = 256, groups: int = 8) -> None
     requests in `groups` groups of a 2048-key shared prefix and 256 keys of their own, distinct
     caches per layer; the plain kernel and the cascade, graph-timed per layer."""
     from srt.layers.attention.triton_ops.decode_attention import num_kv_splits
+    from srt.layers.attention.triton_ops.kv_load import sm_count
     from srt.layers.attention.triton_ops.prefix_decode import cascade_splits
 
     _, _, hq, hkv, d = SHAPES[preset]
@@ -246,7 +247,7 @@ def bench_cascade(preset: str, bw: float, B: int = 256, groups: int = 8) -> None
         SHAPES[preset], B, groups, prefix, own, 2
     )
     o = torch.empty_like(q)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count(q.device)
     s, P = num_kv_splits(B, hkv, sms), cascade_splits(B, hkv, sms)
     per_key = 2 * hkv * d * 2  # K and V, bf16
     for name, cas, slots_n, nbytes in (
@@ -333,6 +334,7 @@ def extend_split(
     """Split-KV extend: one request's chunk of C new tokens after P cached ones (a chunked long
     prompt, or a short turn after a long cached prefix), KV split counts 1..16, graph-timed per
     layer; the floor column is the FLOPs at 500 TFLOP/s (dense bf16)."""
+    from srt.layers.attention.triton_ops.decode_merge import decode_scratch_shape
     from srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 
     _, _, hq, hkv, d = SHAPES[preset]
@@ -347,7 +349,7 @@ def extend_split(
         for splits in (1, 2, 4, 8, 16):
             mid = {}
             if splits > 1:
-                shape = (C, hq, splits, max(16, 1 << (d - 1).bit_length()))
+                shape = decode_scratch_shape(C, hq, d, splits)
                 mid = dict(
                     mid_o=torch.empty(shape, device="cuda"),
                     mid_lse=torch.empty(shape[:3], device="cuda"),
